@@ -1,0 +1,30 @@
+"""hf_posenc: swap or rescale the positional mechanism of a pretrained Hugging Face model.
+
+    import hf_posenc as hp
+    hp.patch(model, "yarn", max_position_embeddings=32768)
+    hp.describe(model)
+"""
+
+from . import config as configs
+from .api import describe, from_pretrained, patch, unpatch
+from .errors import (
+    AlreadyPatchedError,
+    InvalidParameterError,
+    MethodNotApplicableError,
+    NotPatchedError,
+    ParameterTypeError,
+    PosEncError,
+    SequenceTooLongError,
+    UnknownMethodError,
+    UnsupportedModelError,
+)
+from .loading import load_model, load_tokenizer
+from .registry import list_methods
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "patch", "unpatch", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
+    "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
+    "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
+]

@@ -1,0 +1,131 @@
+"""Everything that knows transformers versions and config formats lives here.
+
+transformers v5 keeps RoPE settings in `config.rope_parameters`: either one flat dict
+(`{"rope_type": ..., "rope_theta": ..., ...}`) or, for models with several attention types
+(Gemma 3, ...), a dict nested by layer type (`{"full_attention": {...}, "sliding_attention": {...}}`).
+A flat dict is addressed here with `layer_type=None`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import transformers
+from packaging.version import Version
+
+TRANSFORMERS_FLOOR = "5.23.0"  # the oldest version the test suite runs against
+
+if Version(transformers.__version__) < Version(TRANSFORMERS_FLOOR):
+    raise ImportError(
+        f"hf_posenc needs transformers>={TRANSFORMERS_FLOOR} (the v5 `rope_parameters` format); "
+        f"found {transformers.__version__}. Upgrade with: pip install 'transformers>={TRANSFORMERS_FLOOR},<6'"
+    )
+
+from transformers import PreTrainedConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+# rope_type names transformers computes itself (DESIGN.md rule 2), "default" included.
+STOCK_ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+# Layer types that only ever attend inside a window: rescaling them gains nothing.
+_LOCAL_LAYER_HINTS = ("sliding", "chunked", "local")
+
+
+def rope_layer_types(config: PreTrainedConfig) -> list[str | None]:
+    """The keys of a nested `rope_parameters`, or `[None]` when it is one flat dict."""
+    params = getattr(config, "rope_parameters", None) or {}
+    nested = config.nested_rope_parameter_keys(params) if hasattr(config, "nested_rope_parameter_keys") else []
+    return [key for key in nested if params[key] is not None] or [None]
+
+
+def global_layer_types(config: PreTrainedConfig) -> list[str | None]:
+    """Layer types whose attention spans the whole context (the ones a context extension rescales)."""
+    types = rope_layer_types(config)
+    if types == [None]:
+        return types
+    return [t for t in types if not any(hint in t for hint in _LOCAL_LAYER_HINTS)] or types
+
+
+def get_rope_parameters(config: PreTrainedConfig, layer_type: str | None) -> dict:
+    params = config.rope_parameters
+    return dict(params if layer_type is None else params[layer_type])
+
+
+def set_rope_parameters(config: PreTrainedConfig, layer_type: str | None, value: dict) -> None:
+    if layer_type is None:
+        config.rope_parameters = dict(value)
+    else:
+        config.rope_parameters = {**config.rope_parameters, layer_type: dict(value)}
+
+
+def head_dim(config: PreTrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rotary_dim(config: PreTrainedConfig, layer_type: str | None) -> int:
+    """Number of rotated channels per head (partial rotary: GPT-NeoX, Phi, StableLM, ...)."""
+    factor = get_rope_parameters(config, layer_type).get("partial_rotary_factor", 1.0)
+    return int(head_dim(config) * factor)
+
+
+def has_rope(config: PreTrainedConfig) -> bool:
+    params = getattr(config, "rope_parameters", None)
+    return isinstance(params, dict) and bool(params)
+
+
+def sub_configs(config: PreTrainedConfig) -> list[PreTrainedConfig]:
+    """The config and every config nested in it (text_config, vision_config, ...), depth first."""
+    found = [config]
+    for value in vars(config).values():
+        if isinstance(value, PreTrainedConfig):
+            found.extend(sub_configs(value))
+    return found
+
+
+def copy_config_tree(config: PreTrainedConfig) -> tuple[PreTrainedConfig, dict[int, PreTrainedConfig]]:
+    """A deep copy of `config`, and a map from id(old sub-config) to its copy."""
+    new = copy.deepcopy(config)
+    return new, {id(old): twin for old, twin in zip(sub_configs(config), sub_configs(new))}
+
+
+def is_rotary_module(module: torch.nn.Module) -> bool:
+    """transformers' rotary modules: built from a config, they hold `rope_type` and `inv_freq` buffers."""
+    return (
+        type(module).__name__.endswith("RotaryEmbedding")
+        and isinstance(getattr(module, "config", None), PreTrainedConfig)
+        and hasattr(module, "rope_type")
+        and any(name.endswith("inv_freq") for name, _ in module.named_buffers(recurse=False))
+    )
+
+
+def build_rotary(module_cls: type, config: PreTrainedConfig, device: torch.device | None) -> torch.nn.Module:
+    """Build a family's own rotary module from `config`, the way the family's model does."""
+    if "device" in inspect.signature(module_cls.__init__).parameters:
+        return module_cls(config=config, device=device)
+    return module_cls(config=config).to(device)
+
+
+def rope_init(config: PreTrainedConfig, layer_type: str | None, seq_len: int | None, module_cls: type, device=None):
+    """(inv_freq, attention_scaling) for `config`'s rope_parameters, computed by transformers itself."""
+    rope_type = get_rope_parameters(config, layer_type)["rope_type"]
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    if rope_type == "default":
+        return module_cls.compute_default_rope_parameters(config, device, **kwargs)
+    return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=seq_len, **kwargs)
+
+
+def is_gguf_quantized(model: torch.nn.Module) -> bool:
+    qc = getattr(model.config, "quantization_config", None)
+    method = getattr(qc, "quant_method", None) if not isinstance(qc, dict) else qc.get("quant_method")
+    return str(getattr(method, "value", method)) == "gguf"
+
+
+def drop_gguf_quantization(model: torch.nn.Module) -> None:
+    """transformers de-quantizes GGUF weights on load but keeps the GGUF quantizer attached, which
+    blocks `save_pretrained`. The weights are plain tensors: detach the quantizer."""
+    model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config

@@ -1,0 +1,106 @@
+"""patch / unpatch / describe / from_pretrained: look up the family and the method, apply, record."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import transformers
+
+from . import families  # noqa: F401  (registers the family adapters)
+from . import loading
+from .config import MethodConfig
+from .errors import AlreadyPatchedError, MethodNotApplicableError, NotPatchedError, ParameterTypeError
+from .plan import RECORD_ATTR, UNDO_ATTR, is_patched, undo
+from .registry import FAMILIES, find_family, get_method, methods_for
+
+
+def _method_config(method: str | MethodConfig, params: dict) -> MethodConfig:
+    if isinstance(method, MethodConfig):
+        if params:
+            raise ParameterTypeError(
+                f"give the parameters either in the {type(method).__name__} or as keywords, not both "
+                f"(got keywords {sorted(params)})"
+            )
+        return method
+    return get_method(method).from_dict(params)
+
+
+def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch.nn.Module:
+    """Swap or rescale `model`'s positional mechanism in place; returns the same model.
+
+    `method` is a name from `list_methods()` or a method config (`hp.configs.YarnConfig(...)`).
+    The target context is `max_position_embeddings=`; `factor=` over the original context is
+    derived from it, or the reverse. Everything is checked before the model is touched: a refused
+    call leaves the model as it was."""
+    cfg = _method_config(method, params)
+    if is_patched(model):
+        record = getattr(model.config, RECORD_ATTR, None) or {}
+        raise AlreadyPatchedError(
+            f"this model is already patched (method {record.get('method')!r}); to re-patch, call "
+            f"hp.unpatch(model) first, then hp.patch(model, {cfg.name!r}, ...)"
+        )
+    family = find_family(model)
+    if family.mechanism not in cfg.mechanisms:
+        raise MethodNotApplicableError(
+            f"method {cfg.name!r} applies to {'/'.join(cfg.mechanisms)} positions, but this "
+            f"{model.config.model_type} model uses {family.mechanism} positions; methods that apply: "
+            f"{', '.join(methods_for(family.mechanism))}"
+        )
+    family.plan(model, cfg).apply()
+    return model
+
+
+def unpatch(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo `patch` exactly: the original modules and config come back."""
+    if UNDO_ATTR not in model.__dict__:
+        if getattr(getattr(model, "config", None), RECORD_ATTR, None) is not None:
+            raise NotPatchedError(
+                "this model was loaded from a patched checkpoint by stock transformers, so the original modules "
+                "are not in memory; load it with hp.from_pretrained(path) to be able to unpatch it"
+            )
+        raise NotPatchedError("this model carries no hf_posenc patch")
+    undo(model)
+    return model
+
+
+def describe(model: torch.nn.Module) -> dict:
+    """The model's positional mechanism and, when patched, the method and its parameters."""
+    family = find_family(model)
+    config = model.config.get_text_config()
+    record = getattr(model.config, RECORD_ATTR, None)
+    info = {
+        "model_type": config.model_type,
+        "family": family.name,
+        **family.describe(model),
+        "method": None,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+    if record:
+        params = dict(record["params"])
+        info.update(
+            method=record["method"],
+            factor=params.pop("factor", None),
+            original_max_position_embeddings=record["original"]["max_position_embeddings"],
+            params={k: v for k, v in params.items() if k != "max_position_embeddings"},
+        )
+    return info
+
+
+def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **kwargs) -> torch.nn.Module:
+    """Load a checkpoint and restore any hf_posenc patch recorded in its config, including the ones
+    stock transformers cannot express (`dynamic`, `dynamic_yarn`, ...). Keyword arguments go to
+    transformers' `from_pretrained` (dtype=, attn_implementation=, ...). A `.gguf` path works too."""
+    name, extra = loading.resolve(path, gguf_file)
+    config = transformers.AutoConfig.from_pretrained(name, **extra)
+    record = getattr(config, RECORD_ATTR, None)
+    if record is None:
+        return loading.load_model(path, gguf_file=gguf_file, **kwargs)
+    family = next(f for f in FAMILIES if f.name == record["family"])
+    family.unpatched_config(config, record)
+    delattr(config, RECORD_ATTR)
+    model = loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
+    method = get_method(record["method"])
+    field_names = {f.name for f in dataclasses.fields(method)}
+    return patch(model, method.from_dict({k: v for k, v in record["params"].items() if k in field_names}))

@@ -1,0 +1,320 @@
+"""One dataclass per method. Each validates its own fields in `__post_init__`, so a bad value is
+refused before the model is touched; `resolve(original)` then fills the target context and the
+factor from each other once the model's original context is known."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import InvalidParameterError, ParameterTypeError
+
+
+def check_number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None,
+                 integer: bool = False, optional: bool = True) -> None:
+    """Refuse bools, strings, NaN and inf; enforce `value >= minimum` or `value > above`."""
+    if value is None:
+        if optional:
+            return
+        raise InvalidParameterError(f"{name} is required")
+    kind = "an int" if integer else "a number"
+    allowed = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        # numpy / torch scalars are fine when they hold a plain number
+        if not isinstance(value, bool) and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+            return check_number(name, value.item(), minimum=minimum, above=above, integer=integer, optional=optional)
+        raise ParameterTypeError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise InvalidParameterError(f"{name} must be finite, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidParameterError(f"{name} must be >= {minimum}, got {value!r}")
+    if above is not None and value <= above:
+        raise InvalidParameterError(f"{name} must be > {above}, got {value!r}")
+
+
+@dataclass
+class MethodConfig:
+    """Fields every method shares: the target context, or the factor over the original one."""
+
+    name: ClassVar[str]
+    mechanisms: ClassVar[tuple[str, ...]]
+    summary: ClassVar[str] = ""
+    # True when positions of a token depend on the length of the whole input (dynamic scaling):
+    # a one-pass evaluation or cached generation is not the same as separate forwards.
+    length_dependent: ClassVar[bool] = False
+
+    max_position_embeddings: int | None = None
+    factor: float | None = None
+
+    def __post_init__(self) -> None:
+        check_number("max_position_embeddings", self.max_position_embeddings, above=0, integer=True)
+        check_number("factor", self.factor, above=0)
+
+    def resolve(self, original: int) -> MethodConfig:
+        """A copy with `factor` and `max_position_embeddings` both set, checked against `original`."""
+        factor, target = self.factor, self.max_position_embeddings
+        if factor is None and target is None:
+            raise InvalidParameterError(
+                f"method {self.name!r} needs max_position_embeddings= (the target context, >= the original "
+                f"{original}) or factor= (>= 1)"
+            )
+        if factor is not None and factor < 1:
+            raise InvalidParameterError(
+                f"factor must be >= 1 (a target context at least the original {original}), got {factor!r}"
+            )
+        if target is not None and target < original:
+            raise InvalidParameterError(
+                f"max_position_embeddings={target} is shorter than the model's original context {original}; "
+                f"it must be >= {original}"
+            )
+        if factor is None:
+            factor = target / original
+        elif target is None:
+            target = round(original * factor)
+        elif round(original * factor) != target:
+            raise InvalidParameterError(
+                f"factor={factor!r} and max_position_embeddings={target} disagree: the original context is "
+                f"{original}, so factor={factor!r} means {round(original * factor)}; give one of them, or "
+                f"factor={target / original:g}"
+            )
+        return dataclasses.replace(self, factor=float(factor), max_position_embeddings=int(target))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MethodConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidParameterError(
+                f"unknown parameter(s) {unknown} for method {cls.name!r}; allowed: {sorted(names)}"
+            )
+        return cls(**data)
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        """Each parameter with its default, for `hf-posenc methods`."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+            else:
+                out[f.name] = "<required>"
+        return out
+
+
+@dataclass
+class RopeMethodConfig(MethodConfig):
+    """A RoPE method. `layer_types` picks the attention types to rescale in models with several
+    (Gemma 3 ...); None means every type that attends over the whole context (not sliding windows).
+    `replace_native=True` allows rescaling a checkpoint that already ships its own rope scaling:
+    the new method then starts from its plain rope_theta and its original pretraining context."""
+
+    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+
+    layer_types: tuple[str, ...] | None = None
+    replace_native: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, str):
+                self.layer_types = (self.layer_types,)
+            self.layer_types = tuple(self.layer_types)
+            if not self.layer_types or not all(isinstance(t, str) for t in self.layer_types):
+                raise ParameterTypeError(f"layer_types must be a non-empty list of str, got {self.layer_types!r}")
+        if not isinstance(self.replace_native, bool):
+            raise ParameterTypeError(f"replace_native must be a bool, got {self.replace_native!r}")
+
+
+@dataclass
+class BaseConfig(RopeMethodConfig):
+    """Adjusted base frequency (ABF, Code Llama): a new rope_theta, given as theta= or as factor= times
+    the old one. Here `factor` multiplies the base, not the context; max_position_embeddings
+    (default: unchanged) only sets the advertised context."""
+
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = "new rope_theta (adjusted base frequency), theta= or factor= times the old base"
+
+    theta: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("theta", self.theta, above=0)
+
+    def resolve_theta(self, old_theta: float) -> float:
+        if self.theta is None and self.factor is None:
+            raise InvalidParameterError(f"method 'base' needs theta= (the new rope_theta, > 0) or factor= (> 0)")
+        if self.theta is not None and self.factor is not None and not math.isclose(self.theta, old_theta * self.factor):
+            raise InvalidParameterError(
+                f"theta={self.theta!r} and factor={self.factor!r} disagree: the model's rope_theta is {old_theta!r}, "
+                f"so factor={self.factor!r} means theta={old_theta * self.factor!r}; give one of them"
+            )
+        return float(self.theta if self.theta is not None else old_theta * self.factor)
+
+    def resolve(self, original: int) -> BaseConfig:
+        target = self.max_position_embeddings
+        if target is not None and target < original:
+            raise InvalidParameterError(
+                f"max_position_embeddings={target} is shorter than the model's original context {original}; "
+                f"it must be >= {original}"
+            )
+        return dataclasses.replace(self, max_position_embeddings=int(target or original))
+
+
+@dataclass
+class NTKConfig(RopeMethodConfig):
+    """NTK-aware static scaling: theta' = theta * s^(d / (d - 2)), d the rotary dimension."""
+
+    name: ClassVar[str] = "ntk"
+    summary: ClassVar[str] = "NTK-aware scaling: theta * s^(d/(d-2))"
+
+
+@dataclass
+class LinearConfig(RopeMethodConfig):
+    """Position interpolation (Chen et al. 2023): positions divided by the factor."""
+
+    name: ClassVar[str] = "linear"
+    summary: ClassVar[str] = "position interpolation (PI): positions / s"
+
+
+@dataclass
+class DynamicConfig(RopeMethodConfig):
+    """Dynamic NTK: the base grows with the current length L past the *original* context L0,
+    theta' = theta * (s * L / L0 - (s - 1))^(d / (d - 2)); inputs up to L0 see the original model."""
+
+    name: ClassVar[str] = "dynamic"
+    summary: ClassVar[str] = "dynamic NTK, measured from the original context"
+    length_dependent: ClassVar[bool] = True
+
+
+def _check_betas(beta_fast: float, beta_slow: float) -> None:
+    check_number("beta_fast", beta_fast, above=0, optional=False)
+    check_number("beta_slow", beta_slow, above=0, optional=False)
+    if beta_fast <= beta_slow:
+        raise InvalidParameterError(
+            f"beta_fast must be > beta_slow (rotations that mark the extrapolated and the interpolated "
+            f"dimensions), got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
+        )
+
+
+@dataclass
+class YarnConfig(RopeMethodConfig):
+    """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention temperature
+    (attention_factor, default 0.1 ln s + 1, or from mscale / mscale_all_dim)."""
+
+    name: ClassVar[str] = "yarn"
+    summary: ClassVar[str] = "YaRN: per-dimension interpolation ramp + attention factor"
+
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_betas(self.beta_fast, self.beta_slow)
+        check_number("attention_factor", self.attention_factor, above=0)
+        check_number("mscale", self.mscale, above=0)
+        check_number("mscale_all_dim", self.mscale_all_dim, above=0)
+        if not isinstance(self.truncate, bool):
+            raise ParameterTypeError(f"truncate must be a bool, got {self.truncate!r}")
+
+
+@dataclass
+class DynamicYarnConfig(RopeMethodConfig):
+    """YaRN whose factor follows the current length: s = max(1, L / L0), up to the target context."""
+
+    name: ClassVar[str] = "dynamic_yarn"
+    summary: ClassVar[str] = "YaRN with s = max(1, L / original), exact inside the original context"
+    length_dependent: ClassVar[bool] = True
+
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_betas(self.beta_fast, self.beta_slow)
+        check_number("mscale", self.mscale, above=0)
+        check_number("mscale_all_dim", self.mscale_all_dim, above=0)
+        if not isinstance(self.truncate, bool):
+            raise ParameterTypeError(f"truncate must be a bool, got {self.truncate!r}")
+
+
+@dataclass
+class Llama3Config(RopeMethodConfig):
+    """Llama 3.1's frequency-dependent scaling: long wavelengths / s, short ones kept, a smooth ramp between."""
+
+    name: ClassVar[str] = "llama3"
+    summary: ClassVar[str] = "Llama 3.1 scaling: low frequencies / s, high kept, smooth between"
+
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("low_freq_factor", self.low_freq_factor, above=0, optional=False)
+        check_number("high_freq_factor", self.high_freq_factor, above=0, optional=False)
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise InvalidParameterError(
+                f"high_freq_factor must be > low_freq_factor, got high_freq_factor={self.high_freq_factor!r}, "
+                f"low_freq_factor={self.low_freq_factor!r}"
+            )
+
+
+@dataclass
+class LongRopeConfig(RopeMethodConfig):
+    """LongRoPE (Ding et al. 2024): one rescale factor per frequency, `long_factor` past the original
+    context and `short_factor` (default all 1) inside it; one value per rotary pair (d/2 values)."""
+
+    name: ClassVar[str] = "longrope"
+    summary: ClassVar[str] = "LongRoPE: per-frequency factors, short and long sets"
+    length_dependent: ClassVar[bool] = True  # switches between the two sets with the input length
+
+    long_factor: list[float] | None = None
+    short_factor: list[float] | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ParameterTypeError(f"{name} must be a list of numbers, got {value!r}")
+            value = [float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) else v for v in value]
+            for i, v in enumerate(value):
+                check_number(f"{name}[{i}]", v, above=0, optional=False)
+            setattr(self, name, value)
+        check_number("attention_factor", self.attention_factor, above=0)
+
+    def check_lengths(self, half_dim: int) -> None:
+        if self.long_factor is None:
+            raise InvalidParameterError(
+                f"method 'longrope' needs long_factor= (a list of {half_dim} numbers, one per rotary pair)"
+            )
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is not None and len(value) != half_dim:
+                raise InvalidParameterError(
+                    f"{name} has {len(value)} values; this model's rotary dimension needs exactly {half_dim} "
+                    f"(one per rotary pair, head_dim * partial_rotary_factor / 2)"
+                )
+
+
+ROPE_METHOD_CONFIGS: tuple[type[RopeMethodConfig], ...] = (
+    BaseConfig, NTKConfig, LinearConfig, DynamicConfig, YarnConfig, DynamicYarnConfig, Llama3Config, LongRopeConfig,
+)
+
+__all__ = [c.__name__ for c in ROPE_METHOD_CONFIGS] + ["MethodConfig", "RopeMethodConfig", "check_number"]

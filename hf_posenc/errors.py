@@ -1,0 +1,39 @@
+"""The errors hf_posenc raises. Each is a ValueError or TypeError subclass, so callers that
+already catch those keep working, and each message names the parameter, the value and what is
+allowed."""
+
+
+class PosEncError(Exception):
+    """Base class of every hf_posenc error."""
+
+
+class UnknownMethodError(PosEncError, ValueError):
+    """A method name that is not registered."""
+
+
+class UnsupportedModelError(PosEncError, ValueError):
+    """No family adapter knows where this model keeps its positions."""
+
+
+class MethodNotApplicableError(PosEncError, ValueError):
+    """The method exists but does not apply to this model's mechanism."""
+
+
+class InvalidParameterError(PosEncError, ValueError):
+    """A parameter has the right type but a value that is not allowed."""
+
+
+class ParameterTypeError(PosEncError, TypeError):
+    """A parameter has the wrong type (a bool or a str where a number is expected, ...)."""
+
+
+class AlreadyPatchedError(PosEncError, ValueError):
+    """The model already carries an hf_posenc patch."""
+
+
+class NotPatchedError(PosEncError, ValueError):
+    """`unpatch` on a model that carries no hf_posenc patch."""
+
+
+class SequenceTooLongError(PosEncError, ValueError):
+    """An input is longer than the positions the model (or its patch) supports."""

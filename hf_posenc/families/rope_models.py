@@ -1,0 +1,159 @@
+"""Every model whose rotary embedding is a module built from its config (Llama and its kin:
+the model-level `rotary_emb` of transformers v5). The method's rope_parameters go into a copy of
+the config, and the family's own rotary class is rebuilt from it."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+
+from .. import _compat
+from ..config import MethodConfig, RopeMethodConfig
+from ..errors import InvalidParameterError, MethodNotApplicableError
+from ..methods import rope
+from ..plan import RECORD_ATTR, PatchPlan
+from ..registry import register_family
+
+# Causal-LM families of transformers 5.23 covered by tests/test_rope_families.py.
+TESTED_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi",
+    "phi3", "gpt_neox", "olmo", "olmo2", "stablelm", "granite", "cohere", "starcoder2", "smollm3",
+)
+
+
+class RopeModels:
+    name = "rope"
+    mechanism = "rope"
+    model_types = TESTED_MODEL_TYPES
+
+    def rotary_modules(self, model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+        """(parent, attribute, module) for each rotary module driven by the model's text config."""
+        text_config = model.config.get_text_config()
+        return [
+            (parent, name, child)
+            for parent in model.modules()
+            for name, child in parent.named_children()
+            if isinstance(child, rope.LengthDependentRotary)
+            or (_compat.is_rotary_module(child) and child.config is text_config)
+        ]
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        config = getattr(model, "config", None)
+        return config is not None and _compat.has_rope(config.get_text_config()) and bool(self.rotary_modules(model))
+
+    def original_context(self, model: torch.nn.Module) -> int:
+        return model.config.get_text_config().max_position_embeddings
+
+    def describe(self, model: torch.nn.Module) -> dict:
+        config = model.config.get_text_config()
+        layer_types = _compat.global_layer_types(config)
+        params = _compat.get_rope_parameters(config, layer_types[0])
+        return {
+            "mechanism": "rope",
+            "rope_type": params.get("rope_type", "default"),
+            "rope_theta": params.get("rope_theta"),
+            "rotary_dim": _compat.rotary_dim(config, layer_types[0]),
+            "head_dim": _compat.head_dim(config),
+            "factor": params.get("factor", 1.0),
+            "original_max_position_embeddings": params.get("original_max_position_embeddings",
+                                                           config.max_position_embeddings),
+            "rope_layer_types": [t for t in _compat.rope_layer_types(config) if t is not None] or None,
+        }
+
+    def unpatched_config(self, config, record: dict) -> None:
+        """Put the pre-patch rope settings back into a loaded config (for `hp.from_pretrained`)."""
+        text_config = config.get_text_config()
+        text_config.rope_parameters = copy.deepcopy(record["original"]["rope_parameters"])
+        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
+
+    def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
+        assert isinstance(method, RopeMethodConfig)
+        config = model.config.get_text_config()
+        layer_types = self._layer_types(config, method)
+        natives = {lt: _compat.get_rope_parameters(config, lt) for lt in layer_types}
+        original = self._original_context(config, natives, method)
+        method = method.resolve(original)
+        dims = {lt: _compat.rotary_dim(config, lt) for lt in layer_types}
+        if method.name == "longrope":
+            for lt in layer_types:
+                method.check_lengths(dims[lt] // 2)
+
+        new_root, config_map = _compat.copy_config_tree(model.config)
+        new_config = config_map[id(config)]
+        for lt in layer_types:
+            _compat.set_rope_parameters(new_config, lt, rope.stock_parameters(method, natives[lt], original, dims[lt]))
+        new_config.max_position_embeddings = method.max_position_embeddings
+
+        record = {
+            "family": self.name,
+            "mechanism": self.mechanism,
+            "method": method.name,
+            "params": method.to_dict(),
+            "original": {"max_position_embeddings": config.max_position_embeddings,
+                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
+        }
+        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=record)
+        rebuilt: dict[int, torch.nn.Module] = {}
+        for parent, name, old in self.rotary_modules(model):
+            if id(old) not in rebuilt:
+                rebuilt[id(old)] = self._rebuild(old, new_config, method, layer_types, natives, original)
+            plan.swaps.append((parent, name, rebuilt[id(old)]))
+        return plan
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _layer_types(self, config, method: RopeMethodConfig) -> list[str | None]:
+        available = _compat.rope_layer_types(config)
+        if method.layer_types is None:
+            return _compat.global_layer_types(config)
+        if available == [None]:
+            raise InvalidParameterError(
+                f"layer_types={list(method.layer_types)} given, but this {config.model_type} model has one RoPE "
+                f"for all layers; leave layer_types unset"
+            )
+        unknown = [t for t in method.layer_types if t not in available]
+        if unknown:
+            raise InvalidParameterError(f"layer_types {unknown} not in this model's RoPE layer types {available}")
+        return list(method.layer_types)
+
+    def _original_context(self, config, natives: dict, method: RopeMethodConfig) -> int:
+        scaled = {lt: p["rope_type"] for lt, p in natives.items() if p.get("rope_type", "default") != "default"}
+        if scaled and not method.replace_native:
+            lt, rope_type = next(iter(scaled.items()))
+            raise MethodNotApplicableError(
+                f"this {config.model_type} checkpoint already ships rope_type={rope_type!r} scaling "
+                f"({'layer type ' + repr(lt) + ', ' if lt else ''}max_position_embeddings="
+                f"{config.max_position_embeddings}); hf_posenc rescales plain RoPE. Pass replace_native=True to "
+                f"replace that scaling, starting from the plain rope_theta and the original pretraining context"
+            )
+        for params in natives.values():
+            if "original_max_position_embeddings" in params:
+                return int(params["original_max_position_embeddings"])
+        return int(config.max_position_embeddings)
+
+    def _rebuild(self, old: torch.nn.Module, new_config, method: RopeMethodConfig, layer_types, natives, original):
+        device = next(old.buffers()).device
+        dtype = next(b for name, b in old.named_buffers() if name.endswith("inv_freq")).dtype
+        if not method.length_dependent or method.name == "longrope":
+            # longrope switches its two factor sets by input length inside transformers itself
+            return _compat.build_rotary(type(old), new_config, device).to(dtype)
+        # Frequencies that follow the input length: the family's module, built with plain RoPE on a
+        # private config whose context is the original one, wrapped so each call sets them for L.
+        inner_config = copy.deepcopy(new_config)
+        inner_config.max_position_embeddings = original
+        for lt in layer_types:
+            _compat.set_rope_parameters(inner_config, lt, rope.base_parameters(natives[lt]))
+        if hasattr(inner_config, RECORD_ATTR):
+            delattr(inner_config, RECORD_ATTR)
+        inner = _compat.build_rotary(type(old), inner_config, device).to(dtype)
+        at = functools.partial(_parameters_at, method, natives, original)
+        return rope.LengthDependentRotary(inner, layer_types, at)
+
+
+def _parameters_at(method, natives, original, seq_len, layer_type):
+    return rope.parameters_at_length(method, natives[layer_type], original, seq_len)
+
+
+register_family(RopeModels())

@@ -1,0 +1,72 @@
+"""Load a model from a hub id, a local folder or a GGUF file, ready to patch and save."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import transformers
+
+from . import _compat
+
+CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
+
+
+def resolve(ref: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, dict]:
+    """(name_or_path, extra from_pretrained kwargs) for a hub id, a folder, or a `.gguf` file."""
+    ref = str(ref)
+    if gguf_file is None and ref.endswith(".gguf"):
+        if not os.path.isfile(ref):
+            raise FileNotFoundError(f"GGUF file not found: {ref}")
+        return os.path.dirname(os.path.abspath(ref)), {"gguf_file": os.path.basename(ref)}
+    return ref, ({"gguf_file": gguf_file} if gguf_file else {})
+
+
+def _gguf_cache(folder: str, gguf_file: str) -> Path:
+    """Where the de-quantized copy of a GGUF file is kept: converting takes ~20 s, loading the copy ~1 s."""
+    path = Path(folder) / gguf_file
+    stat = path.stat() if path.exists() else None
+    key = f"{path.resolve()}:{stat.st_size if stat else ''}:{stat.st_mtime_ns if stat else ''}"
+    return CACHE_DIR / "gguf" / f"{path.stem}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
+def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_class=None, cache: bool = True,
+               **kwargs):
+    """Load a model the way transformers does. For GGUF files the de-quantized weights are kept as a
+    plain checkpoint in the hf_posenc cache (unless cache=False), so the next load is fast and the
+    model can `save_pretrained`."""
+    name, extra = resolve(ref, gguf_file)
+    if "gguf_file" in extra:
+        cached = _gguf_cache(name, extra["gguf_file"])
+        if cache and (cached / "config.json").exists():
+            name, extra = str(cached), {}
+        else:
+            model = _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+            _compat.drop_gguf_quantization(model)
+            if cache and not {"config", "dtype", "torch_dtype"} & set(kwargs):
+                model.save_pretrained(cached)
+                load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
+            return model
+    return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+
+
+def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):
+    name, extra = resolve(ref, gguf_file)
+    if "gguf_file" in extra:
+        cached = _gguf_cache(name, extra["gguf_file"])
+        if (cached / "tokenizer_config.json").exists():
+            return transformers.AutoTokenizer.from_pretrained(str(cached))
+    return transformers.AutoTokenizer.from_pretrained(name, **extra)
+
+
+def _auto_class(name: str, extra: dict, auto_class, config):
+    """The architecture class the checkpoint names (so an encoder stays an encoder), else a causal LM."""
+    if auto_class is not None:
+        return auto_class
+    config = config or transformers.AutoConfig.from_pretrained(name, **extra)
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM

@@ -1,0 +1,157 @@
+"""RoPE: the math of each scaling method, then the module for the length-dependent ones.
+
+Rotary position embedding rotates each pair i of q/k channels by the angle m * theta_i at
+position m, with theta_i = base^(-2i/d) (d = rotary dimension). Every method here only changes
+the frequencies theta_i (and, for YaRN/LongRoPE, a scale on cos/sin). Where transformers already
+knows a method, this file only writes the `rope_parameters` that select it; transformers' own
+`ROPE_INIT_FUNCTIONS` do the arithmetic (DESIGN.md rule 2).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .. import _compat
+from ..config import RopeMethodConfig
+
+# Fields of a rope_parameters dict that belong to a scaling method, not to the model's base RoPE.
+SCALING_KEYS = frozenset({
+    "rope_type", "type", "factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+    "beta_slow", "mscale", "mscale_all_dim", "truncate", "long_factor", "short_factor", "low_freq_factor",
+    "high_freq_factor",
+})
+# rope_type written into a saved config for methods transformers lacks: stock loading stops with
+# KeyError on this name instead of silently building a different model (DESIGN.md rule 3).
+CUSTOM_ROPE_TYPE_PREFIX = "hf_posenc_"
+
+
+def inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """The seed formula: theta_i = base^(-2i/d), i = 0 .. d/2 - 1."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def ntk_theta(theta: float, factor: float, dim: int) -> float:
+    """NTK-aware base: stretches the lowest frequency by exactly `factor`, the highest by ~1."""
+    return theta * factor ** (dim / (dim - 2))
+
+
+def base_parameters(native: dict) -> dict:
+    """The model's plain RoPE settings (rope_theta, partial_rotary_factor, ...) without any scaling."""
+    return {k: v for k, v in native.items() if k not in SCALING_KEYS} | {"rope_type": "default"}
+
+
+def _optional(method: RopeMethodConfig, *names: str) -> dict:
+    return {n: getattr(method, n) for n in names if getattr(method, n) is not None}
+
+
+def stock_parameters(method: RopeMethodConfig, native: dict, original: int, dim: int) -> dict:
+    """The rope_parameters that make transformers build `method` (resolved), for a layer type whose
+    plain RoPE settings are `native`, pretrained at `original` tokens. Methods whose frequencies
+    follow the input length get a marker rope_type that stock transformers refuses."""
+    base = base_parameters(native)
+    theta, factor = base["rope_theta"], method.factor
+    match method.name:
+        case "base":
+            return base | {"rope_theta": method.resolve_theta(theta)}
+        case "ntk":
+            return base | {"rope_theta": ntk_theta(theta, factor, dim)}
+        case "linear":
+            return base | {"rope_type": "linear", "factor": factor}
+        case "yarn":
+            return base | {
+                "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+                "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
+            } | _optional(method, "attention_factor", "mscale", "mscale_all_dim")
+        case "llama3":
+            return base | {
+                "rope_type": "llama3", "factor": factor, "original_max_position_embeddings": original,
+                "low_freq_factor": method.low_freq_factor, "high_freq_factor": method.high_freq_factor,
+            }
+        case "longrope":
+            return base | {
+                "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": original,
+                "long_factor": list(method.long_factor),
+                "short_factor": list(method.short_factor or [1.0] * (dim // 2)),
+            } | _optional(method, "attention_factor")
+        case "dynamic" | "dynamic_yarn":
+            return base | {
+                "rope_type": CUSTOM_ROPE_TYPE_PREFIX + method.name, "factor": factor,
+                "original_max_position_embeddings": original,
+            }
+    raise ValueError(f"not a RoPE method: {method.name!r}")
+
+
+def parameters_at_length(method: RopeMethodConfig, native: dict, original: int, seq_len: int) -> dict | None:
+    """For a length-dependent method, the static rope_parameters it amounts to for an input of
+    `seq_len` tokens, or None inside the original context (where the model is left exactly as it was)."""
+    if seq_len <= original:
+        return None
+    base = base_parameters(native)
+    match method.name:
+        case "dynamic":
+            # transformers' "dynamic" formula, read against the original context (the scratch config
+            # that evaluates it keeps max_position_embeddings = original)
+            return base | {"rope_type": "dynamic", "factor": method.factor}
+        case "dynamic_yarn":
+            return base | {
+                "rope_type": "yarn", "factor": seq_len / original, "original_max_position_embeddings": original,
+                "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
+            } | _optional(method, "mscale", "mscale_all_dim")
+    raise ValueError(f"method {method.name!r} does not depend on the input length")
+
+
+class LengthDependentRotary(nn.Module):
+    """Wraps a family's own rotary module, built with plain RoPE, and before each call sets its
+    frequencies (and cos/sin scale) for the current input length L = max(position_ids) + 1.
+
+    Inside the original context the wrapped module keeps its original frequencies bit for bit.
+    With a KV cache, keys already cached keep the rotation they were computed with; this is how
+    dynamic scaling is defined (and how transformers' own "dynamic" type behaves)."""
+
+    def __init__(self, inner: nn.Module, layer_types: list[str | None],
+                 parameters_at: Callable[[int, str | None], dict | None]):
+        super().__init__()
+        self.inner = inner
+        self.layer_types = list(layer_types)
+        self.parameters_at = parameters_at
+        # transformers evaluates each static equivalent on this private config copy; its
+        # max_position_embeddings stays the original context ("dynamic" measures from it).
+        self._scratch = copy.deepcopy(inner.config)
+        self._seq_len = 0
+        for layer_type in self.layer_types:
+            buffer = getattr(inner, _prefix(layer_type) + "inv_freq")
+            self.register_buffer(_prefix(layer_type) + "original_inv_freq", buffer.clone(), persistent=False)
+        self._original_scaling = {lt: getattr(inner, _prefix(lt) + "attention_scaling") for lt in self.layer_types}
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+        seq_len = int(position_ids.max()) + 1
+        if seq_len != self._seq_len:
+            self._set_length(seq_len, x.device)
+        return self.inner(x, position_ids, *args, **kwargs)
+
+    @torch.no_grad()
+    def _set_length(self, seq_len: int, device: torch.device) -> None:
+        for layer_type in self.layer_types:
+            prefix = _prefix(layer_type)
+            params = self.parameters_at(seq_len, layer_type)
+            if params is None:
+                freqs = getattr(self, prefix + "original_inv_freq")
+                scaling = self._original_scaling[layer_type]
+            else:
+                _compat.set_rope_parameters(self._scratch, layer_type, params)
+                freqs, scaling = _compat.rope_init(self._scratch, layer_type, seq_len, type(self.inner), device)
+            current = getattr(self.inner, prefix + "inv_freq")
+            setattr(self.inner, prefix + "inv_freq", freqs.to(device=current.device, dtype=current.dtype))
+            setattr(self.inner, prefix + "attention_scaling", scaling)
+        self._seq_len = seq_len
+
+    def extra_repr(self) -> str:
+        return f"layer_types={self.layer_types}"
+
+
+def _prefix(layer_type: str | None) -> str:
+    return "" if layer_type is None else f"{layer_type}_"

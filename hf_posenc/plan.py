@@ -1,0 +1,74 @@
+"""A patch as data: the new config tree and the submodules to swap, computed in full before
+anything is touched, then applied in one step and undone exactly.
+
+Patching never mutates a config that another model might share: transformers hands the same
+config object to every model built from it, so the plan works on a deep copy and re-points this
+model's modules at the copy (DESIGN.md rule 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedConfig
+
+UNDO_ATTR = "_hf_posenc_undo"
+RECORD_ATTR = "hf_posenc"  # the config field that records a patch (saved in config.json)
+
+
+def _first_tensor(module: torch.nn.Module) -> torch.Tensor | None:
+    return next(iter([*module.parameters(), *module.buffers()]), None)
+
+
+def _match_placement(module: torch.nn.Module, like: torch.nn.Module) -> torch.nn.Module:
+    """Move `module` to the device (and floating dtype) that `like` lives on now: the model may
+    have been moved or cast since the original module was put aside."""
+    ref, own = _first_tensor(like), _first_tensor(module)
+    if ref is None or own is None:
+        return module
+    if own.is_floating_point() and ref.is_floating_point() and own.dtype != ref.dtype:
+        return module.to(device=ref.device, dtype=ref.dtype)
+    return module.to(device=ref.device)
+
+
+@dataclass
+class Undo:
+    config: PreTrainedConfig
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]]
+    config_refs: list[tuple[torch.nn.Module, PreTrainedConfig]]
+
+    def apply(self, model: torch.nn.Module) -> None:
+        for parent, name, original in self.swaps:
+            setattr(parent, name, _match_placement(original, getattr(parent, name)))
+        for module, config in self.config_refs:
+            module.config = config
+
+
+@dataclass
+class PatchPlan:
+    model: torch.nn.Module
+    new_config: PreTrainedConfig
+    config_map: dict[int, PreTrainedConfig]  # id(old config or sub-config) -> its copy
+    record: dict
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list)
+
+    def apply(self) -> None:
+        model = self.model
+        undo = Undo(config=model.config, swaps=[(p, n, getattr(p, n)) for p, n, _ in self.swaps], config_refs=[])
+        for parent, name, new in self.swaps:
+            setattr(parent, name, new)
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if isinstance(config, PreTrainedConfig) and id(config) in self.config_map:
+                undo.config_refs.append((module, config))
+                module.config = self.config_map[id(config)]
+        setattr(self.new_config, RECORD_ATTR, self.record)
+        model.__dict__[UNDO_ATTR] = undo
+
+
+def is_patched(model: torch.nn.Module) -> bool:
+    return UNDO_ATTR in model.__dict__ or getattr(getattr(model, "config", None), RECORD_ATTR, None) is not None
+
+
+def undo(model: torch.nn.Module) -> None:
+    model.__dict__.pop(UNDO_ATTR).apply(model)

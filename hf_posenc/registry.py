@@ -1,0 +1,84 @@
+"""Method and family registries. Lookups that fail raise with the list of what exists."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from . import config as _config
+from .errors import UnknownMethodError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .plan import PatchPlan
+
+METHODS: dict[str, type[_config.MethodConfig]] = {}
+FAMILIES: list[Family] = []
+
+
+class Family(Protocol):
+    """Knows where one architecture family keeps its positions and how to swap them."""
+
+    name: str
+    mechanism: str
+    model_types: tuple[str, ...]  # the model_types the test suite covers
+
+    def matches(self, model: torch.nn.Module) -> bool: ...
+
+    def original_context(self, model: torch.nn.Module) -> int: ...
+
+    def describe(self, model: torch.nn.Module) -> dict: ...
+
+    def plan(self, model: torch.nn.Module, method: _config.MethodConfig) -> PatchPlan: ...
+
+
+def register_method(cls: type[_config.MethodConfig]) -> type[_config.MethodConfig]:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def register_family(family: Family) -> Family:
+    FAMILIES.append(family)
+    return family
+
+
+def get_method(name: str) -> type[_config.MethodConfig]:
+    if not isinstance(name, str):
+        raise UnknownMethodError(f"method must be a name or a method config, got {name!r}; known: {sorted(METHODS)}")
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UnknownMethodError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}") from None
+
+
+def methods_for(mechanism: str) -> list[str]:
+    return sorted(name for name, cls in METHODS.items() if mechanism in cls.mechanisms)
+
+
+def supported_model_types() -> list[str]:
+    return sorted({t for family in FAMILIES for t in family.model_types})
+
+
+def find_family(model: torch.nn.Module) -> Family:
+    for family in FAMILIES:
+        if family.matches(model):
+            return family
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    raise UnsupportedModelError(
+        f"no positional module found in model_type {model_type!r} ({type(model).__name__}); hf_posenc supports "
+        f"models with a rotary module built from their config or a learned position table. Tested families: "
+        f"{', '.join(supported_model_types())}"
+    )
+
+
+def list_methods() -> list[dict]:
+    """Every method: its name, the mechanisms it applies to, its parameters with their defaults."""
+    return [
+        {"name": name, "mechanisms": list(cls.mechanisms), "summary": cls.summary,
+         "length_dependent": cls.length_dependent, "parameters": cls.parameters()}
+        for name, cls in sorted(METHODS.items())
+    ]
+
+
+for _cls in _config.ROPE_METHOD_CONFIGS:
+    register_method(_cls)

@@ -1,0 +1,27 @@
+"""Tiny models built from config: no hub, seconds each."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, head_dim=16, tie_word_embeddings=False,
+)
+
+
+def tiny_config(model_type: str = "llama", **overrides):
+    kwargs = {**TINY, **overrides}
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def tiny_model(model_type: str = "llama", seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), attn_implementation="sdpa")
+    return model.eval()
+
+
+def token_ids(n: int, batch: int = 1, vocab: int = 128, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, n), generator=g)
