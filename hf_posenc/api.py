@@ -98,6 +98,8 @@ def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **
     if record is None:
         return loading.load_model(path, gguf_file=gguf_file, **kwargs)
     family = next(f for f in FAMILIES if f.name == record["family"])
+    if hasattr(family, "load_patched"):  # families whose saved weights differ from the unpatched model's
+        return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)
     family.unpatched_config(config, record)
     delattr(config, RECORD_ATTR)
     model = loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
