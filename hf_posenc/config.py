@@ -186,7 +186,8 @@ class LinearConfig(RopeMethodConfig):
 @dataclass
 class DynamicConfig(RopeMethodConfig):
     """Dynamic NTK: the base grows with the current length L past the *original* context L0,
-    theta' = theta * (s * L / L0 - (s - 1))^(d / (d - 2)); inputs up to L0 see the original model."""
+    theta' = theta * (s * L / L0 - (s - 1))^(d / (d - 2)) with L capped at the target context;
+    inputs up to L0 see the original model, factor 1 is the original model."""
 
     name: ClassVar[str] = "dynamic"
     summary: ClassVar[str] = "dynamic NTK, measured from the original context"
@@ -230,7 +231,8 @@ class YarnConfig(RopeMethodConfig):
 
 @dataclass
 class DynamicYarnConfig(RopeMethodConfig):
-    """YaRN whose factor follows the current length: s = max(1, L / L0), up to the target context."""
+    """YaRN whose factor follows the current length: s = max(1, L / L0), capped at the target factor;
+    inputs up to L0 see the original model exactly."""
 
     name: ClassVar[str] = "dynamic_yarn"
     summary: ClassVar[str] = "YaRN with s = max(1, L / original), exact inside the original context"

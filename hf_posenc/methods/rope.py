@@ -85,9 +85,13 @@ def stock_parameters(method: RopeMethodConfig, native: dict, original: int, dim:
     raise ValueError(f"not a RoPE method: {method.name!r}")
 
 
-def parameters_at_length(method: RopeMethodConfig, native: dict, original: int, seq_len: int) -> dict | None:
+def parameters_at_length(method: RopeMethodConfig, native: dict, original: int,
+                         seq_len: int) -> tuple[dict, int] | None:
     """For a length-dependent method, the static rope_parameters it amounts to for an input of
-    `seq_len` tokens, or None inside the original context (where the model is left exactly as it was)."""
+    `seq_len` tokens (and the length to evaluate them at), or None inside the original context (where the model is left exactly as it was).
+    The scaling follows the length up to the target context and stays there past it, so factor 1
+    is the unpatched model and the target context gets exactly the static method at `factor`."""
+    seq_len = min(seq_len, method.max_position_embeddings)
     if seq_len <= original:
         return None
     base = base_parameters(native)
@@ -95,12 +99,12 @@ def parameters_at_length(method: RopeMethodConfig, native: dict, original: int, 
         case "dynamic":
             # transformers' "dynamic" formula, read against the original context (the scratch config
             # that evaluates it keeps max_position_embeddings = original)
-            return base | {"rope_type": "dynamic", "factor": method.factor}
+            return base | {"rope_type": "dynamic", "factor": method.factor}, seq_len
         case "dynamic_yarn":
             return base | {
                 "rope_type": "yarn", "factor": seq_len / original, "original_max_position_embeddings": original,
                 "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
-            } | _optional(method, "mscale", "mscale_all_dim")
+            } | _optional(method, "mscale", "mscale_all_dim"), seq_len
     raise ValueError(f"method {method.name!r} does not depend on the input length")
 
 
@@ -113,7 +117,7 @@ class LengthDependentRotary(nn.Module):
     dynamic scaling is defined (and how transformers' own "dynamic" type behaves)."""
 
     def __init__(self, inner: nn.Module, layer_types: list[str | None],
-                 parameters_at: Callable[[int, str | None], dict | None]):
+                 parameters_at: Callable[[int, str | None], tuple[dict, int] | None]):
         super().__init__()
         self.inner = inner
         self.layer_types = list(layer_types)
@@ -137,13 +141,14 @@ class LengthDependentRotary(nn.Module):
     def _set_length(self, seq_len: int, device: torch.device) -> None:
         for layer_type in self.layer_types:
             prefix = _prefix(layer_type)
-            params = self.parameters_at(seq_len, layer_type)
-            if params is None:
+            scaled = self.parameters_at(seq_len, layer_type)
+            if scaled is None:
                 freqs = getattr(self, prefix + "original_inv_freq")
                 scaling = self._original_scaling[layer_type]
             else:
+                params, length = scaled
                 _compat.set_rope_parameters(self._scratch, layer_type, params)
-                freqs, scaling = _compat.rope_init(self._scratch, layer_type, seq_len, type(self.inner), device)
+                freqs, scaling = _compat.rope_init(self._scratch, layer_type, length, type(self.inner), device)
             current = getattr(self.inner, prefix + "inv_freq")
             setattr(self.inner, prefix + "inv_freq", freqs.to(device=current.device, dtype=current.dtype))
             setattr(self.inner, prefix + "attention_scaling", scaling)
