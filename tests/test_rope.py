@@ -302,3 +302,11 @@ def test_natively_scaled_checkpoint_needs_replace_native():
         hp.patch(model, "yarn", factor=4.0)
     hp.patch(model, "yarn", factor=4.0, replace_native=True)
     assert model.config.rope_parameters["rope_type"] == "yarn"
+
+
+def test_unpatch_after_the_model_was_cast():
+    model = hp.patch(tiny_model(), "yarn", factor=2.0).double()
+    hp.unpatch(model)
+    reference = tiny_model().double()
+    ids = token_ids(2 * CTX)
+    assert torch.equal(logits(model, ids), logits(reference, ids))

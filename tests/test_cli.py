@@ -1,0 +1,50 @@
+"""The `hf-posenc` command on a tiny local checkpoint."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hf_posenc.cli import main
+from tiny import tiny_model, token_ids
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "tiny"
+    tiny_model().save_pretrained(path)
+    return path
+
+
+def test_methods_lists_every_method_with_defaults(capsys):
+    main(["methods", "--json"])
+    methods = {m["name"]: m for m in json.loads(capsys.readouterr().out)}
+    assert {"base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope"} <= set(methods)
+    assert methods["yarn"]["parameters"]["beta_fast"] == 32.0 and methods["yarn"]["mechanisms"] == ["rope"]
+
+
+def test_inspect(checkpoint, capsys):
+    main(["inspect", str(checkpoint)])
+    info = json.loads(capsys.readouterr().out)
+    assert (info["model_type"], info["mechanism"], info["max_position_embeddings"]) == ("llama", "rope", 64)
+
+
+def test_patch_saves_a_stock_loadable_checkpoint(checkpoint, tmp_path, capsys):
+    out = tmp_path / "patched"
+    main(["patch", str(checkpoint), "--method", "yarn", "--max-position-embeddings", "256",
+          "--param", "beta_fast=16", "--out", str(out)])
+    assert "saved to" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.rope_parameters["beta_fast"] == 16 and model.config.max_position_embeddings == 256
+    assert model(token_ids(200)).logits.shape == (1, 200, 128)
+
+
+def test_patch_refuses_before_loading(checkpoint, tmp_path):
+    with pytest.raises(SystemExit, match="factor must be > 0"):
+        main(["patch", str(checkpoint), "--method", "linear", "--factor", "-1", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
+        main(["patch", str(checkpoint), "--method", "yarnn", "--factor", "2", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit, match="exists and is not empty; pass --overwrite"):
+        main(["patch", str(checkpoint), "--method", "linear", "--factor", "2", "--out", str(checkpoint)])
