@@ -11,7 +11,7 @@ import torch
 
 from .. import _compat
 from ..config import MethodConfig, RopeMethodConfig
-from ..errors import InvalidParameterError, MethodNotApplicableError
+from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
 from ..plan import RECORD_ATTR, PatchPlan
 from ..registry import register_family
@@ -19,7 +19,8 @@ from ..registry import register_family
 # Causal-LM families of transformers 5.23 covered by tests/test_rope_families.py.
 TESTED_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi",
-    "phi3", "gpt_neox", "olmo", "olmo2", "stablelm", "granite", "cohere", "starcoder2", "smollm3",
+    "gpt_neox", "phi3", "olmo", "olmo2", "stablelm", "granite", "cohere", "starcoder2", "smollm3", "deepseek_v3",
+    "olmo3", "llama4_text",
 )
 
 
@@ -71,6 +72,13 @@ class RopeModels:
     def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
         assert isinstance(method, RopeMethodConfig)
         config = model.config.get_text_config()
+        private = self._private_rotary_modules(model)
+        if private:
+            raise UnsupportedModelError(
+                f"this {config.model_type} model builds rotary modules from private copies of its config "
+                f"({', '.join(private)}); a patch written into the model's config would not reach them, so hf_posenc "
+                f"does not rescale this model"
+            )
         layer_types = self._layer_types(config, method)
         natives = {lt: _compat.get_rope_parameters(config, lt) for lt in layer_types}
         original = self._original_context(config, natives, method)
@@ -85,6 +93,12 @@ class RopeModels:
         for lt in layer_types:
             _compat.set_rope_parameters(new_config, lt, rope.stock_parameters(method, natives[lt], original, dims[lt]))
         new_config.max_position_embeddings = method.max_position_embeddings
+        refused = _compat.rope_validation_error(new_config)
+        if refused and not _compat.rope_validation_error(config):
+            raise MethodNotApplicableError(
+                f"method {method.name!r} cannot be written into this {config.model_type} model's config: its own RoPE "
+                f"check refuses the result ({refused}), so the patched model could not be saved or loaded back"
+            )
 
         record = {
             "family": self.name,
@@ -103,6 +117,13 @@ class RopeModels:
         return plan
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _private_rotary_modules(self, model: torch.nn.Module) -> list[str]:
+        """Rotary modules built from a config that is not part of the model's config tree (GraniteSWA
+        keeps one per RoPE base, each on a deep copy of the config)."""
+        known = {id(c) for c in _compat.sub_configs(model.config)}
+        return [name for name, module in model.named_modules()
+                if _compat.is_rotary_module(module) and id(module.config) not in known]
 
     def _layer_types(self, config, method: RopeMethodConfig) -> list[str | None]:
         available = _compat.rope_layer_types(config)
@@ -131,6 +152,11 @@ class RopeModels:
         for params in natives.values():
             if "original_max_position_embeddings" in params:
                 return int(params["original_max_position_embeddings"])
+        # Phi-3 and kin keep the pretraining context at the top of the config, and transformers copies it
+        # over the one in rope_parameters when it builds llama3 / yarn / longrope: use the same value
+        top_level = getattr(config, "original_max_position_embeddings", None)
+        if isinstance(top_level, int) and not isinstance(top_level, bool):
+            return top_level
         return int(config.max_position_embeddings)
 
     def _rebuild(self, old: torch.nn.Module, new_config, method: RopeMethodConfig, layer_types, natives, original):
@@ -138,7 +164,13 @@ class RopeModels:
         dtype = next(b for name, b in old.named_buffers() if name.endswith("inv_freq")).dtype
         if not method.length_dependent or method.name == "longrope":
             # longrope switches its two factor sets by input length inside transformers itself
-            return _compat.build_rotary(type(old), new_config, device).to(dtype)
+            try:
+                return _compat.build_rotary(type(old), new_config, device).to(dtype)
+            except (ValueError, KeyError) as error:  # e.g. a rotary class that knows only "default"
+                raise MethodNotApplicableError(
+                    f"method {method.name!r} is refused by this {new_config.model_type} model's own rotary module "
+                    f"{type(old).__name__}: {error}"
+                ) from error
         # Frequencies that follow the input length: the family's module, built with plain RoPE on a
         # private config whose context is the original one, wrapped so each call sets them for L.
         inner_config = copy.deepcopy(new_config)

@@ -1,0 +1,330 @@
+"""The generic RoPE adapter across the causal-LM families of transformers it is tested on:
+parity with transformers' own RoPE functions and with the seed formulas, stock save/load round
+trips, checkpoints stock transformers cannot express, unpatch and factor-1 identity.
+
+Everything here builds tiny models from config (no hub) and runs them on one thread; the save/load
+round trips take a rotating subset of methods per family. The whole file takes ~15-30 s on two cores."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import hf_posenc as hp
+from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
+from tiny import tiny_config, token_ids
+
+CTX = 64  # the tiny models' original context (tiny.TINY)
+LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
+STOCK = ["base", "ntk", "linear", "yarn", "llama3", "longrope"]  # expressible as stock rope_parameters
+DYNAMIC = ["dynamic", "dynamic_yarn"]  # recorded in config.hf_posenc only
+ALL = STOCK + DYNAMIC
+
+# model_type -> config overrides on top of tiny.TINY (and the attention implementation to use).
+FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": 16},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "gemma": {},
+    "gemma2": {"attn_implementation": "eager", "sliding_window": 16},  # soft-capping: no sdpa
+    # nested rope_parameters, one dict per layer type: only full_attention is rescaled by default
+    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    "phi": {},  # partial_rotary_factor 0.5: rotary dim 8 of head_dim 16
+    "gpt_neox": {},  # partial_rotary_factor 0.25: rotary dim 4
+    # its default pad_token_id is outside the tiny vocabulary; its top-level original context (4096 by
+    # default) is the one transformers uses for longrope
+    "phi3": {"pad_token_id": 0, "original_max_position_embeddings": CTX},
+    "olmo": {},
+    "olmo2": {},
+    "stablelm": {},  # partial_rotary_factor 0.25
+    "granite": {},
+    "cohere": {},  # interleaved (repeat_interleave) rotary layout
+    "starcoder2": {},
+    "smollm3": {"pad_token_id": 0},
+    # multi-head latent attention: RoPE on a qk_rope_head_dim slice, kept apart from the rest of the head
+    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8},
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},  # nested, one theta
+    "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 2,  # complex-valued rotary, chunked layers
+                    "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 16},
+}
+
+# Methods a family's own config check refuses (so transformers could neither save nor load them):
+# hf_posenc refuses them at patch time, before the model is touched.
+REFUSED = {
+    "phi3": {"linear", "yarn", "llama3", "dynamic", "dynamic_yarn"},  # Phi3Config accepts default / longrope only
+}
+
+
+def supported(family, methods):
+    return [m for m in methods if m not in REFUSED.get(family, ())]
+
+
+def build(family):
+    overrides = dict(FAMILIES[family])
+    attn = overrides.pop("attn_implementation", "sdpa")
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config(family, **overrides), attn_implementation=attn).eval()
+
+
+def attn_of(family):
+    return FAMILIES[family].get("attn_implementation", "sdpa")
+
+
+@torch.no_grad()
+def logits(model, ids):
+    return model(ids).logits
+
+
+def scaled_key(config):
+    """The rope_parameters key a default patch rescales: "full_attention" when nested by layer type."""
+    return "full_attention" if "full_attention" in config.rope_parameters else None
+
+
+def native_parameters(config, key):
+    return dict(config.rope_parameters if key is None else config.rope_parameters[key])
+
+
+def rotary_dim(config, native):
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * native.get("partial_rotary_factor", 1.0))
+
+
+def method_params(method, dim, factor=2.0):
+    params = {"factor": factor}
+    if method == "longrope":
+        params["long_factor"] = [1.0 + i / (dim // 2) for i in range(dim // 2)]
+    return params
+
+
+def expected_parameters(method, native, dim):
+    """The rope_parameters that express `method` at factor 2 in transformers' own terms, written
+    out here independently of hf_posenc."""
+    plain = {k: native[k] for k in ("rope_theta", "partial_rotary_factor") if k in native}
+    theta = native["rope_theta"]
+    extended = {"factor": 2.0, "original_max_position_embeddings": CTX}
+    return plain | {
+        "base": {"rope_type": "default", "rope_theta": theta * 2.0},
+        "ntk": {"rope_type": "default", "rope_theta": theta * 2.0 ** (dim / (dim - 2))},
+        "linear": {"rope_type": "linear", "factor": 2.0},
+        "yarn": {"rope_type": "yarn", **extended},
+        "llama3": {"rope_type": "llama3", **extended, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        "longrope": {"rope_type": "longrope", **extended, "long_factor": method_params("longrope", dim)["long_factor"],
+                     "short_factor": [1.0] * (dim // 2)},
+    }[method]
+
+
+# what transformers' ROPE_INIT_FUNCTIONS use for optional keys a config leaves out
+TRANSFORMERS_DEFAULTS = {"yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}}
+
+
+def the_rotary(model):
+    found = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def prefix(key):
+    return "" if key is None else f"{key}_"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: starting intra-op threads costs far more than the arithmetic (~100x on 2 busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+_BASELINES = {}
+
+
+def baseline(family, ids):
+    key = (family, ids.shape[-1])
+    if key not in _BASELINES:
+        _BASELINES[key] = logits(build(family), ids)
+    return _BASELINES[key]
+
+
+def test_tested_model_types_are_this_files_families():
+    assert set(TESTED_MODEL_TYPES) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_is_found_and_described(family):
+    model = build(family)
+    info = hp.describe(model)
+    native = native_parameters(model.config, scaled_key(model.config))
+    assert (info["model_type"], info["family"], info["mechanism"], info["method"]) == (family, "rope", "rope", None)
+    assert info["rotary_dim"] == rotary_dim(model.config, native)
+    assert info["rope_theta"] == native["rope_theta"]
+    assert info["rope_layer_types"] == (list(model.config.rope_parameters) if scaled_key(model.config) else None)
+
+
+@pytest.mark.parametrize(("family", "method"), [(f, m) for f in FAMILIES for m in supported(f, STOCK)])
+def test_rotary_matches_transformers_and_the_seed_formula(family, method):
+    model = build(family)
+    key = scaled_key(model.config)
+    native = native_parameters(model.config, key)
+    dim = rotary_dim(model.config, native)
+    before = {name: b.clone() for name, b in the_rotary(model).named_buffers()}
+    untouched = {k: dict(v) for k, v in model.config.rope_parameters.items() if k != key} if key else {}
+
+    hp.patch(model, method, **method_params(method, dim))
+    expected = expected_parameters(method, native, dim)
+    config = model.config
+    got = native_parameters(config, key)
+    assert math.isclose(got["rope_theta"], expected["rope_theta"], rel_tol=1e-12)
+    others = {k: v for k, v in expected.items() if k != "rope_theta"}
+    assert {k: got.get(k) for k in others} == others
+    # anything else written must be what transformers assumes when the key is absent
+    assert {k: v for k, v in got.items() if k not in expected} == {
+        k: v for k, v in TRANSFORMERS_DEFAULTS.get(expected["rope_type"], {}).items() if k in got}
+    assert config.max_position_embeddings == (CTX if method == "base" else 2 * CTX)
+
+    # transformers' own computation on a fresh config carrying the same rope_parameters
+    overrides = {k: v for k, v in FAMILIES[family].items() if k != "attn_implementation"}
+    rope_parameters = expected if key is None else {**untouched, key: expected}
+    fresh = tiny_config(family, **overrides, max_position_embeddings=config.max_position_embeddings,
+                        rope_parameters=rope_parameters)
+    rotary = the_rotary(model)
+    kwargs = {} if key is None else {"layer_type": key}
+    if expected["rope_type"] == "default":
+        ref_freq, ref_scaling = type(rotary).compute_default_rope_parameters(fresh, **kwargs)
+    else:
+        ref_freq, ref_scaling = ROPE_INIT_FUNCTIONS[expected["rope_type"]](fresh, None, **kwargs)
+    assert torch.equal(getattr(rotary, prefix(key) + "inv_freq"), ref_freq)
+    assert getattr(rotary, prefix(key) + "attention_scaling") == ref_scaling
+
+    if method in ("base", "ntk"):
+        # the seed formula theta_i = base'^(-2i/d), computed here in float64
+        theta = native["rope_theta"]
+        new_base = theta * 2.0 if method == "base" else theta * 2.0 ** (dim / (dim - 2))
+        seed = torch.tensor([new_base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
+        torch.testing.assert_close(getattr(rotary, prefix(key) + "inv_freq").double(), seed, rtol=1e-6, atol=0)
+        assert getattr(rotary, prefix(key) + "attention_scaling") == 1.0
+    if method == "ntk":  # NTK-aware: the lowest frequency is divided by exactly the factor
+        assert math.isclose(before[prefix(key) + "inv_freq"][-1] / getattr(rotary, prefix(key) + "inv_freq")[-1],
+                            2.0, rel_tol=1e-5)
+
+    # other layer types (Gemma 3's sliding window) keep their RoPE bit for bit
+    for other, params in untouched.items():
+        assert config.rope_parameters[other] == params
+        assert torch.equal(getattr(rotary, f"{other}_inv_freq"), before[f"{other}_inv_freq"])
+        assert getattr(rotary, f"{other}_attention_scaling") == 1.0
+
+
+def test_gemma3_layer_types_selects_what_is_rescaled():
+    model = build("gemma3_text")
+    sliding = model.config.rope_parameters["sliding_attention"]["rope_theta"]
+    full = model.config.rope_parameters["full_attention"]["rope_theta"]
+    hp.patch(model, "base", factor=2.0, layer_types=["sliding_attention", "full_attention"])
+    assert model.config.rope_parameters["sliding_attention"]["rope_theta"] == 2.0 * sliding
+    assert model.config.rope_parameters["full_attention"]["rope_theta"] == 2.0 * full
+    hp.unpatch(model)
+    hp.patch(model, "linear", factor=2.0, layer_types="sliding_attention")
+    assert model.config.rope_parameters["sliding_attention"]["rope_type"] == "linear"
+    assert model.config.rope_parameters["full_attention"]["rope_type"] == "default"
+
+
+@pytest.mark.parametrize(("family", "method"), sorted((f, m) for f, ms in REFUSED.items() for m in ms))
+def test_refused_methods_leave_the_model_untouched(family, method):
+    model = build(family)
+    original = model.config.to_dict()
+    rotary = the_rotary(model)
+    with pytest.raises(hp.MethodNotApplicableError, match=f"method '{method}' cannot be written into this {family}"):
+        hp.patch(model, method, factor=2.0)
+    assert hp.describe(model)["method"] is None
+    assert model.config.to_dict() == original
+    assert the_rotary(model) is rotary
+    ids = token_ids(LONG)
+    assert torch.equal(logits(model, ids), baseline(family, ids))
+
+
+def rotation(methods, per_family):
+    """The slow save/load tests: Llama with every method, each other family with `per_family` of
+    them, rotating so that every method meets many families."""
+    pairs = {("llama", m) for m in methods}
+    for i, family in enumerate(FAMILIES):
+        usable = supported(family, methods)
+        pairs |= {(family, usable[(i + k) % len(usable)]) for k in range(min(per_family, len(usable)))}
+    return sorted(pairs, key=lambda pair: (list(FAMILIES).index(pair[0]), methods.index(pair[1])))
+
+
+ROUND_TRIPS = rotation(STOCK, 3)
+DYNAMIC_TRIPS = rotation(DYNAMIC, 1)
+
+
+@pytest.mark.parametrize(("family", "method"), ROUND_TRIPS)
+def test_stock_round_trip(family, method, tmp_path):
+    model = build(family)
+    dim = rotary_dim(model.config, native_parameters(model.config, scaled_key(model.config)))
+    hp.patch(model, method, **method_params(method, dim))
+    ids = token_ids(LONG)
+    out = logits(model, ids)
+    assert not torch.equal(out, baseline(family, ids))
+    model.save_pretrained(tmp_path)
+
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
+    assert torch.equal(logits(stock, ids), out)
+
+    loaded = hp.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
+    assert torch.equal(logits(loaded, ids), out)
+    assert hp.describe(loaded)["method"] == method
+    hp.unpatch(loaded)
+    assert torch.equal(logits(loaded, ids), baseline(family, ids))
+
+
+@pytest.mark.parametrize(("family", "method"), DYNAMIC_TRIPS)
+def test_length_dependent_checkpoint_needs_hf_posenc(family, method, tmp_path):
+    model = build(family)
+    hp.patch(model, method, factor=2.0)
+    ids = token_ids(LONG)
+    out = logits(model, ids)
+    assert not torch.equal(out, baseline(family, ids))
+    model.save_pretrained(tmp_path)
+
+    # stock transformers refuses the marker rope_type instead of building a different model
+    with pytest.raises(KeyError, match=f"hf_posenc_{method}"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=attn_of(family))
+
+    loaded = hp.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
+    assert hp.describe(loaded)["method"] == method
+    assert torch.equal(logits(loaded, ids), out)
+    short = token_ids(CTX)
+    assert torch.equal(logits(loaded, short), baseline(family, short))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_method_changes_logits_and_unpatch_restores_them(family):
+    model = build(family)
+    key = scaled_key(model.config)
+    dim = rotary_dim(model.config, native_parameters(model.config, key))
+    original = model.config.to_dict()
+    ids = token_ids(LONG)
+    before = baseline(family, ids)
+    assert torch.equal(logits(model, ids), before)
+    for method in supported(family, ALL):
+        hp.patch(model, method, **method_params(method, dim))
+        assert not torch.equal(logits(model, ids), before), method
+        hp.unpatch(model)
+        assert torch.equal(logits(model, ids), before), method
+        assert model.config.to_dict() == original, method
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_factor_one_is_bit_identical(family):
+    model = build(family)
+    ids = token_ids(3 * CTX)
+    before = logits(model, ids)
+    for method in supported(family, ["linear", "yarn", "ntk", "dynamic", "dynamic_yarn"]):
+        hp.patch(model, method, factor=1.0)
+        assert torch.equal(logits(model, ids), before), method
+        hp.unpatch(model)
