@@ -9,6 +9,7 @@ from . import config as configs
 from .api import describe, from_pretrained, patch, unpatch
 from .errors import (
     AlreadyPatchedError,
+    CheckpointMismatchError,
     InvalidParameterError,
     MethodNotApplicableError,
     NotPatchedError,
@@ -18,6 +19,7 @@ from .errors import (
     UnknownMethodError,
     UnsupportedModelError,
 )
+from .families.learned_tables import check_length
 from .loading import load_model, load_tokenizer
 from .registry import list_methods
 
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "patch", "unpatch", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
+    "check_length", "CheckpointMismatchError",
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
 ]

@@ -8,8 +8,10 @@ A flat dict is addressed here with `layer_type=None`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import logging
 
 import torch
 import transformers
@@ -106,6 +108,26 @@ def build_rotary(module_cls: type, config: PreTrainedConfig, device: torch.devic
     return module_cls(config=config).to(device)
 
 
+def rope_validation_error(config: PreTrainedConfig) -> str | None:
+    """Why the config class's own RoPE check refuses `config`'s rope_parameters, or None when it
+    accepts them. Some families accept only their own rope types (Phi-3: "default" and "longrope";
+    Phi-MoE: its mscale fields); transformers runs this check in `save_pretrained`, too late."""
+    if not hasattr(config, "validate_rope"):
+        return None
+    # transformers only warns about rope types it has no validator for (hf_posenc's own markers)
+    rope_logger = logging.getLogger("transformers.modeling_rope_utils")
+    level = rope_logger.level
+    rope_logger.setLevel(logging.ERROR)
+    try:
+        copy.deepcopy(config).validate_rope()  # some validators write into the config they check
+    except Exception as error:  # ValueError, TypeError, KeyError, huggingface_hub's validation error
+        cause = getattr(error, "__cause__", None) or error
+        return f"{type(cause).__name__}: {str(cause).strip()}"
+    finally:
+        rope_logger.setLevel(level)
+    return None
+
+
 def rope_init(config: PreTrainedConfig, layer_type: str | None, seq_len: int | None, module_cls: type, device=None):
     """(inv_freq, attention_scaling) for `config`'s rope_parameters, computed by transformers itself."""
     rope_type = get_rope_parameters(config, layer_type)["rope_type"]
@@ -129,3 +151,79 @@ def drop_gguf_quantization(model: torch.nn.Module) -> None:
         model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+
+
+def cache_length(past_key_values) -> int:
+    """Tokens already in a KV cache (a transformers Cache, a legacy tuple of (key, value) pairs, or None)."""
+    if past_key_values is None:
+        return 0
+    if hasattr(past_key_values, "get_seq_length"):
+        return int(past_key_values.get_seq_length())
+    return int(past_key_values[0][0].shape[-2]) if len(past_key_values) else 0
+
+
+def _safetensors_files(path) -> list[str]:
+    """The safetensors files of a checkpoint (a local folder or a hub id), sharded or not."""
+    import json
+    import os
+
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    def find(name):
+        local = os.path.join(str(path), name)
+        if os.path.isfile(local):
+            return local
+        return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
+
+    if single := find(SAFE_WEIGHTS_NAME):
+        return [single]
+    if index := find(SAFE_WEIGHTS_INDEX_NAME):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [find(shard) for shard in shards]
+    raise FileNotFoundError(f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in {path}")
+
+
+def read_checkpoint_tensors(path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors of a saved checkpoint whose key is one of `names` or ends with "." + one of them (the key's
+    prefix depends on the head class that saved it: `transformer.wpe...` for GPT2LMHeadModel)."""
+    from safetensors import safe_open
+
+    found = {}
+    for file in _safetensors_files(path):
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                for name in names:
+                    if key == name or key.endswith("." + name):
+                        found[name] = f.get_tensor(key)
+    return found
+
+
+class _DropLoadReport:
+    """A logging filter that drops transformers' LOAD REPORT when every key it lists is UNEXPECTED and
+    ends with one of `suffixes` (extra tensors hf_posenc saved and reads back itself)."""
+
+    def __init__(self, suffixes: tuple[str, ...]):
+        self.suffixes = suffixes
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" not in message:
+            return True
+        rows = [line.split("|") for line in message.splitlines() if line.count("|") >= 2]
+        rows = [(cells[0].strip(), cells[1].strip()) for cells in rows if cells[0].strip() not in ("", "Key")]
+        ours = all(status == "UNEXPECTED" and key.endswith(self.suffixes) for key, status in rows)
+        return not (rows and ours)
+
+
+@contextlib.contextmanager
+def quiet_load_report(suffixes: tuple[str, ...]):
+    """While loading a checkpoint that holds extra tensors hf_posenc reads itself, keep transformers from
+    reporting them as unexpected (any other finding is still reported)."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    drop = _DropLoadReport(suffixes)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

@@ -320,3 +320,75 @@ ROPE_METHOD_CONFIGS: tuple[type[RopeMethodConfig], ...] = (
 )
 
 __all__ = [c.__name__ for c in ROPE_METHOD_CONFIGS] + ["MethodConfig", "RopeMethodConfig", "check_number"]
+
+
+# -- learned absolute position tables (GPT-2, OPT, BERT and their kin) ------------------------------
+
+SINUSOIDAL_INITS = ("raw", "scaled", "fit")
+
+
+@dataclass
+class LearnedMethodConfig(MethodConfig):
+    """A method for models whose positions are a learned table added to the input. The target context
+    (max_position_embeddings=, or factor=) counts positions, not the padding rows some families keep
+    below position 0 (OPT's 2, RoBERTa's padding_idx + 1)."""
+
+    mechanisms: ClassVar[tuple[str, ...]] = ("learned",)
+
+
+@dataclass
+class SinusoidalConfig(LearnedMethodConfig):
+    """The seed formula PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) in place of the
+    learned table, at any length. `init`: "raw" (the formula as it is), "scaled" (times the ratio of the
+    learned table's RMS to the formula's), "fit" (PE(pos) @ W + b, W and b fitted by least squares to the
+    learned table). `fit_ridge` shrinks W (ridge lambda = fit_ridge * n / 2 for n fitted positions): an
+    exact fit uses huge weights on the near-polynomial low frequencies and explodes past the original
+    context. `trainable` (fit only) leaves W and b trainable. `keep_learned` keeps the first k positions'
+    learned rows (position 0 of BERT/GPT-2 tables is an outlier no sinusoid fits). `max_position_embeddings`
+    only sets the advertised context and the length of the table a saved checkpoint holds."""
+
+    name: ClassVar[str] = "sinusoidal"
+    summary: ClassVar[str] = "fixed sinusoidal positions in place of a learned table, any length; init raw/scaled/fit"
+
+    init: str = "fit"
+    base: float = 10000.0
+    trainable: bool = False
+    fit_ridge: float = 0.1
+    keep_learned: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.init, str) or self.init not in SINUSOIDAL_INITS:
+            raise InvalidParameterError(f"init must be one of {list(SINUSOIDAL_INITS)}, got {self.init!r}")
+        check_number("base", self.base, above=1, optional=False)
+        check_number("fit_ridge", self.fit_ridge, minimum=0, optional=False)
+        check_number("keep_learned", self.keep_learned, minimum=0, integer=True, optional=False)
+        if not isinstance(self.trainable, bool):
+            raise ParameterTypeError(f"trainable must be a bool, got {self.trainable!r}")
+        if self.trainable and self.init != "fit":
+            raise InvalidParameterError(
+                f"trainable=True needs init='fit' (init={self.init!r} has no weights to train; the fitted W and b are)"
+            )
+
+
+@dataclass
+class InterpolateConfig(LearnedMethodConfig):
+    """A longer learned table by linear interpolation: position p of the new table reads the old one at
+    p * (N_old - 1) / (N_new - 1). Trainable afterwards."""
+
+    name: ClassVar[str] = "interpolate"
+    summary: ClassVar[str] = "longer learned table, linearly interpolated from the old one (trainable)"
+
+
+@dataclass
+class TileConfig(LearnedMethodConfig):
+    """A longer learned table made of copies of the old rows, p -> p mod N_old (Longformer's
+    initialisation). Trainable afterwards."""
+
+    name: ClassVar[str] = "tile"
+    summary: ClassVar[str] = "longer learned table, the old rows repeated (Longformer's init; trainable)"
+
+
+LEARNED_METHOD_CONFIGS: tuple[type[LearnedMethodConfig], ...] = (SinusoidalConfig, InterpolateConfig, TileConfig)
+
+__all__ += [c.__name__ for c in LEARNED_METHOD_CONFIGS] + ["LearnedMethodConfig"]

@@ -37,3 +37,7 @@ class NotPatchedError(PosEncError, ValueError):
 
 class SequenceTooLongError(PosEncError, ValueError):
     """An input is longer than the positions the model (or its patch) supports."""
+
+
+class CheckpointMismatchError(PosEncError, ValueError):
+    """A checkpoint's weights no longer match the hf_posenc patch its config records (edited after saving)."""

@@ -80,5 +80,5 @@ def list_methods() -> list[dict]:
     ]
 
 
-for _cls in _config.ROPE_METHOD_CONFIGS:
+for _cls in _config.ROPE_METHOD_CONFIGS + _config.LEARNED_METHOD_CONFIGS:
     register_method(_cls)

@@ -1,0 +1,99 @@
+"""Learned position tables: the math of a longer table (linear interpolation, tiling), how each
+family's model calls its table, and the bounded table module that refuses, with a clear error, an
+input longer than it.
+
+A table has `offset` rows below position 0 (OPT and BART: 2; RoBERTa: padding_idx + 1, the row
+padding tokens read): row r holds position r - offset. Those rows are carried over unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import SequenceTooLongError
+
+# How a family's model calls its table (the same signature for every style):
+#   "ids":    table(row_ids), like nn.Embedding (GPT-2, GPT-Neo, BERT, RoBERTa, DistilBERT ...)
+#   "mask":   table(attention_mask, past_key_values_length, position_ids=None) (OPT, BioGPT)
+#   "arange": table(input_ids, past_key_values_length, position_ids=None) (BART, mBART, PLBart)
+CALL_STYLES = ("ids", "mask", "arange")
+
+
+def interpolate_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """`length` rows; row p reads `rows` at x = p * (n - 1) / (length - 1), linearly between the two
+    neighbours of x. Integer x (every row when length == n) copies a row exactly."""
+    n = rows.shape[0]
+    if n == 1:
+        return rows[torch.zeros(length, dtype=torch.long, device=rows.device)]
+    source = rows.double()
+    x = torch.arange(length, dtype=torch.float64, device=rows.device) * (n - 1) / (length - 1)
+    low = x.floor().long().clamp(max=n - 2)  # the last row is reached with frac == 1
+    frac = (x - low).unsqueeze(1)
+    return (source[low] * (1 - frac) + source[low + 1] * frac).to(rows.dtype)
+
+
+def tile_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """`length` rows: row p is rows[p mod n] (Longformer's initialisation of a longer table)."""
+    return rows[torch.arange(length, device=rows.device) % rows.shape[0]].clone()
+
+
+def table_rows(call: str, offset: int, input: torch.Tensor, past_key_values_length: int = 0,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The table rows a family's model reads for one call (see CALL_STYLES)."""
+    if call == "ids":
+        return input
+    if position_ids is None:
+        if call == "mask":
+            # only attended tokens advance the position; padding reads position -1
+            counts = torch.cumsum(input, dim=1)
+            position_ids = (counts * input - 1).long()[:, past_key_values_length:]
+        else:
+            batch, length = input.shape[:2]
+            position_ids = torch.arange(past_key_values_length, past_key_values_length + length,
+                                        device=input.device).expand(batch, -1)
+    elif call == "arange":
+        position_ids = position_ids.unsqueeze(0)  # BART's table takes one row of positions
+    return position_ids + offset
+
+
+def too_long_message(length: int, limit: int, method: str | None) -> str:
+    """The message of SequenceTooLongError: the length, the limit, and the methods that lift it.
+    `method` is the hf_posenc method that made the table, None for the model's own table."""
+    owner = "this model's learned position table" if method is None else f"the table hf_posenc's {method!r} made"
+    lift = (f"hp.patch(model, 'sinusoidal', max_position_embeddings=...) has no length limit; 'interpolate' or "
+            f"'tile' with max_position_embeddings >= {length} make a longer learned table")
+    if method is not None:
+        lift = "call hp.unpatch(model), then " + lift
+    return (f"an input of {length} tokens is longer than {owner}, which holds {limit} positions (0..{limit - 1}); "
+            f"{lift}")
+
+
+def check_rows(rows: torch.Tensor, num_rows: int, offset: int, method: str | None) -> None:
+    """Refuse rows past the end of a table of `num_rows` rows (`method` as in too_long_message)."""
+    if rows.numel() and (last := int(rows.max())) >= num_rows:
+        raise SequenceTooLongError(too_long_message(last - offset + 1, num_rows - offset, method))
+
+
+class LearnedPositions(nn.Embedding):
+    """A learned position table (trainable) that the family's model calls as it called its own, and
+    that says clearly when an input is longer than it. Saved as `weight`, like the family's table."""
+
+    def __init__(self, weight: torch.Tensor, *, offset: int, call: str, padding_idx: int | None, method: str):
+        super().__init__(weight.shape[0], weight.shape[1], padding_idx=padding_idx, _weight=weight,
+                         device=weight.device, dtype=weight.dtype)
+        self.offset, self.call, self.method = offset, call, method
+
+    @property
+    def limit(self) -> int:
+        """The number of positions it holds."""
+        return self.num_embeddings - self.offset
+
+    def forward(self, input: torch.Tensor, past_key_values_length: int = 0,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        rows = table_rows(self.call, self.offset, input, past_key_values_length, position_ids)
+        check_rows(rows, self.num_embeddings, self.offset, self.method)
+        return super().forward(rows)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, offset={self.offset}, call={self.call!r}, method={self.method!r}"
