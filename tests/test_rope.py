@@ -310,3 +310,18 @@ def test_unpatch_after_the_model_was_cast():
     reference = tiny_model().double()
     ids = token_ids(2 * CTX)
     assert torch.equal(logits(model, ids), logits(reference, ids))
+
+
+def test_yarn_truncate_false_is_refused_where_transformers_would_ignore_it():
+    model = tiny_model("gemma3_text", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    with pytest.raises(hp.MethodNotApplicableError, match="truncate=False cannot be expressed"):
+        hp.patch(model, "yarn", factor=2.0, truncate=False)
+    assert hp.describe(model)["method"] is None
+    hp.patch(tiny_model(), "yarn", factor=2.0, truncate=False)  # a flat rope_parameters takes it
+
+
+def test_per_layer_heterogeneous_configs_are_refused_clearly():
+    model = tiny_model("gemma4_text")
+    for call in (lambda: hp.describe(model), lambda: hp.patch(model, "yarn", factor=2.0)):
+        with pytest.raises(hp.UnsupportedModelError, match="per-layer \\(heterogeneous\\) config"):
+            call()

@@ -48,7 +48,7 @@ class RopeModels:
         return model.config.get_text_config().max_position_embeddings
 
     def describe(self, model: torch.nn.Module) -> dict:
-        config = model.config.get_text_config()
+        config = _homogeneous_text_config(model)
         layer_types = _compat.global_layer_types(config)
         params = _compat.get_rope_parameters(config, layer_types[0])
         return {
@@ -71,7 +71,7 @@ class RopeModels:
 
     def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
         assert isinstance(method, RopeMethodConfig)
-        config = model.config.get_text_config()
+        config = _homogeneous_text_config(model)
         private = self._private_rotary_modules(model)
         if private:
             raise UnsupportedModelError(
@@ -83,6 +83,12 @@ class RopeModels:
         natives = {lt: _compat.get_rope_parameters(config, lt) for lt in layer_types}
         original = self._original_context(config, natives, method)
         method = method.resolve(original)
+        if layer_types != [None] and getattr(method, "truncate", True) is False:
+            # transformers' yarn reads `truncate` from the top of rope_parameters, never from a layer type's dict
+            raise MethodNotApplicableError(
+                f"truncate=False cannot be expressed for this {config.model_type} model's per-layer-type RoPE "
+                f"({layer_types}): transformers ignores it there; leave truncate=True"
+            )
         dims = {lt: _compat.rotary_dim(config, lt) for lt in layer_types}
         if method.name == "longrope":
             for lt in layer_types:
@@ -182,6 +188,16 @@ class RopeModels:
         inner = _compat.build_rotary(type(old), inner_config, device).to(dtype)
         at = functools.partial(_parameters_at, method, natives, original)
         return rope.LengthDependentRotary(inner, layer_types, at)
+
+
+def _homogeneous_text_config(model: torch.nn.Module):
+    config = model.config.get_text_config()
+    if getattr(config, "is_heterogeneous", False):
+        raise UnsupportedModelError(
+            f"this {config.model_type} model has a per-layer (heterogeneous) config whose head_dim and RoPE differ "
+            f"by layer; hf_posenc does not rescale such models yet"
+        )
+    return config
 
 
 def _parameters_at(method, natives, original, seq_len, layer_type):
