@@ -149,7 +149,7 @@ class BaseConfig(RopeMethodConfig):
 
     def resolve_theta(self, old_theta: float) -> float:
         if self.theta is None and self.factor is None:
-            raise InvalidParameterError(f"method 'base' needs theta= (the new rope_theta, > 0) or factor= (> 0)")
+            raise InvalidParameterError("method 'base' needs theta= (the new rope_theta, > 0) or factor= (> 0)")
         if self.theta is not None and self.factor is not None and not math.isclose(self.theta, old_theta * self.factor):
             raise InvalidParameterError(
                 f"theta={self.theta!r} and factor={self.factor!r} disagree: the model's rope_theta is {old_theta!r}, "

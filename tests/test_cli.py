@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from hf_posenc.cli import main
