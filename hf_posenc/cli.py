@@ -76,7 +76,64 @@ def cmd_demo(args) -> None:
     from . import demo
 
     methods = tuple(args.methods.split(",")) if args.methods else demo.DEMO_METHODS
-    demo.run(tokens=args.tokens, methods=methods, dtype=args.dtype, play=args.play)
+    long_variants = tuple(args.long_variants.split(",")) if args.long_variants else demo.LONG_VARIANTS
+    try:
+        demo.run(args.model, tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
+                 long_variants=long_variants, dtype=args.dtype, corpus=args.corpus, out=args.out)
+    except ValueError as err:  # a text too short, a bad variant: say it without a traceback
+        raise SystemExit(f"error: {err}") from None
+
+
+def cmd_plot(args) -> None:
+    import torch
+
+    from . import analysis
+    from .registry import get_method
+
+    asked = [w for w in args.what.split(",") if w]
+    unknown = [w for w in asked if w not in (*analysis.PLOTS, "all")]
+    if unknown:
+        raise SystemExit(f"error: unknown plot(s) {unknown}; known: {', '.join(analysis.PLOTS)}, all")
+    params = _params(args.param)
+    if args.max_position_embeddings is not None:
+        params["max_position_embeddings"] = args.max_position_embeddings
+    if args.factor is not None:
+        params["factor"] = args.factor
+    methods = [m for group in args.method or [] for m in group.split(",") if m]
+    for method in methods:  # check names and parameters before loading any weights
+        get_method(method).from_dict(params)
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    ref = assets.resolve_alias(args.model)
+    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
+    mechanism = analysis.mechanism(model)
+    wanted = [w for group in asked for w in (analysis.plots_for(model) if group == "all" else [group])]
+    for what in wanted:
+        if what not in analysis.PLOTS_FOR[mechanism]:
+            raise SystemExit(f"error: the {what} plot does not apply to this {model.config.model_type} model's "
+                             f"{mechanism} positions; plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+    results = []
+    for what in wanted:
+        if what == "table":
+            for method in [None, *methods]:
+                results.append(analysis.plot_table(model, args.out, method=method, **(params if method else {})))
+        elif what == "similarity":
+            results.append(analysis.plot_similarity(model, args.out, measure=args.measure,
+                                                    variants=args.variants.split(","), **params))
+        elif what in ("wavelengths", "decay"):
+            results.append(analysis.PLOTS[what](model, args.out, methods=methods or analysis.rope.DEFAULT_METHODS,
+                                                **params))
+        else:
+            tokenizer = loading.load_tokenizer(ref, gguf_file=args.gguf_file)
+            ids = tokenizer(assets.shakespeare_text(args.play), return_tensors="pt", verbose=False).input_ids[0]
+            default = {"rope": ["yarn"], "learned": ["interpolate"]}[mechanism]
+            shown = lengths or "half the original context and the new one"
+            print(f"attention: {args.play}, lengths {shown}, methods {methods or default} (eager attention: "
+                  f"minutes on a CPU past a few thousand tokens)", file=sys.stderr)
+            results.append(analysis.plot_attention(model, ids, args.out, lengths=lengths, methods=methods or default,
+                                                   queries=args.queries, **params))
+    for result in results:
+        extra = {k: result.info[k] for k in ("check_relative", "check_rotation") if k in result.info}
+        print(f"{result.png}  (+ .csv, .json){'  ' + json.dumps(extra) if extra else ''}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,11 +161,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_patch)
 
     p = sub.add_parser("demo", help="patch the embedded SmolLM2-135M with every RoPE method and compare")
-    p.add_argument("--tokens", type=int, default=512, help="length of the comparison text (default 512)")
+    p.add_argument("--model", default="smollm2", help="a RoPE causal LM (default: the embedded SmolLM2-135M)")
+    p.add_argument("--tokens", type=int, default=512, help="tokens of the comparison inside the context (default 512)")
     p.add_argument("--methods", help="comma-separated subset of the RoPE methods")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--play", default="hamlet")
+    p.add_argument("--long-tokens", type=int, default=12288,
+                   help="tokens of the perplexity curve past the context (default 12288; 0 skips it)")
+    p.add_argument("--long-variants", help="comma-separated variants for the curve (default none,yarn)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--corpus", default="shakespeare:hamlet", help="text to read (a load_corpus spec; first document)")
+    p.add_argument("--out", default="runs/demo", help="folder of the figure (default runs/demo)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("plot", help="plots of a model's positional mechanism: PNG, with the numbers as CSV and JSON")
+    p.add_argument("model", help="hub id, local folder, .gguf file, or 'smollm2' / 'minilm' (embedded)")
+    p.add_argument("--what", default="all",
+                   help="comma-separated: table, similarity (position tables), wavelengths, decay (RoPE), attention; "
+                        "'all' (default): those that apply to the model")
+    p.add_argument("--method", action="append", metavar="METHOD[,METHOD...]",
+                   help="table: one more plot per method, patched; wavelengths, decay: the methods compared "
+                        "(default linear,ntk,yarn,llama3); attention: the patches (default yarn / interpolate)")
+    p.add_argument("--max-position-embeddings", type=int, help="the target context (default: 2x the original)")
+    p.add_argument("--factor", type=float)
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="a method parameter (repeatable)")
+    p.add_argument("--variants", default="model,sinusoidal,fit,interpolate",
+                   help="similarity: the tables compared (model, sinusoidal, scaled, fit, interpolate, tile)")
+    p.add_argument("--measure", default="cosine", choices=["cosine", "dot"], help="similarity: the measure")
+    p.add_argument("--lengths", help="attention: comma-separated text lengths in tokens "
+                                     "(default: half the original context, and the new one)")
+    p.add_argument("--queries", type=int, default=256, help="attention: the last N queries of each text")
+    p.add_argument("--play", default="hamlet", help="attention: the Shakespeare play used as text")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--gguf-file")
+    p.add_argument("--out", required=True, help="the folder the plots go to")
+    p.set_defaults(func=cmd_plot)
     return parser
 
 

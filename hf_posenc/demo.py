@@ -1,85 +1,113 @@
-"""`hf-posenc demo`: the embedded SmolLM2-135M, patched with every RoPE method to twice its
-context, compared with the unpatched model on a short real text."""
+"""`hf-posenc demo`: the embedded SmolLM2-135M patched with every RoPE method to twice its context.
+
+1. Inside the original context, every method against the unpatched model on the same text: how far
+   its log-probabilities move (what a patch costs before any fine-tuning), and the perplexity.
+2. Past the original context, perplexity by position for a few variants, and the figure.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from . import api, assets, loading
-from .registry import METHODS
+from . import api, assets, data, loading
+from . import eval as hpe
 
 DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope")
-
-
-def demo_params(method: str, model, target: int) -> dict:
-    """The parameters the demo uses for each method (a target context of `target` tokens)."""
-    info = api.describe(model)
-    factor = target / info["max_position_embeddings"]
-    if method == "base":  # the ABF recipe: raise the base by the NTK amount for this factor
-        return {"factor": factor ** (info["rotary_dim"] / (info["rotary_dim"] - 2)), "max_position_embeddings": target}
-    if method == "longrope":  # no searched factors here: a ramp from 1 (fast pairs) to s (slow pairs)
-        half = info["rotary_dim"] // 2
-        return {"max_position_embeddings": target,
-                "long_factor": [round(1 + (factor - 1) * i / (half - 1), 4) for i in range(half)]}
-    return {"max_position_embeddings": target}
+LONG_VARIANTS = ("none", "yarn")
 
 
 @torch.inference_mode()
-def run(tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS, dtype: str = "float32", play: str = "hamlet",
-        print_fn=print) -> list[dict]:
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(sorted(METHODS))}")
+def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
+        long_tokens: int = 12288, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "bfloat16",
+        corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo", print_fn=print) -> dict:
+    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2."""
+    for spec in (*methods, *long_variants):  # unknown methods stop here, before loading
+        hpe.parse_variant(spec)
     started = time.perf_counter()
-    path = assets.smollm2_gguf()
-    print_fn(f"loading {path.name} (the first run de-quantizes and caches it, ~20 s)")
-    model = loading.load_model(path, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
-    tokenizer = loading.load_tokenizer(path)
-    info = api.describe(model)
+    ref = assets.resolve_alias(model)
+    print_fn(f"loading {Path(ref).name} (a GGUF file is de-quantized once and cached, ~20 s)")
+    # dtype= at loading, not .to(dtype) after it: that would also cast the rotary inv_freq buffer to bfloat16
+    lm = loading.load_model(ref, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    tokenizer = loading.load_tokenizer(ref)
+    info = api.describe(lm)
+    context = info["max_position_embeddings"]
+    target = 2 * context
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
-             f"rotary dim {info['rotary_dim']}, context {info['max_position_embeddings']}")
-    ids = tokenizer(assets.shakespeare_text(play), return_tensors="pt").input_ids[:, :tokens]
-    print_fn(f"text: {play}, first {ids.shape[1]} tokens")
+             f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
+    text = data.load_corpus(corpus)[0]["text"]
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    if len(ids) < max(tokens, long_tokens):
+        raise ValueError(f"{corpus} has {len(ids)} tokens; the demo needs {max(tokens, long_tokens)}")
 
-    reference = torch.log_softmax(model(ids).logits.float(), -1)
-    target = 2 * info["max_position_embeddings"]
-    rows = [_row("none", {}, info["max_position_embeddings"], reference, reference, ids, 0.0)]
-    for method in tqdm(methods, desc="patching", unit="method"):
-        params = demo_params(method, model, target)
+    inside = _inside_context(lm, ids[:tokens], methods, target)
+    print_fn(f"\n1. Inside the original context: the first {tokens} tokens of {corpus}\n")
+    print_fn(format_inside(inside))
+    print_fn("\nΔ log-prob and KL: against the unpatched model on the same tokens. dynamic and dynamic_yarn "
+             "leave inputs within the original context exactly as they were, by design.")
+
+    past = {}
+    if long_tokens:
+        past = _past_context(lm, ids[:long_tokens], long_variants, target, context)
+        print_fn(f"\n2. Past the original context: perplexity by position over {long_tokens} tokens\n")
+        print_fn(format_past(past, context))
+        if out is not None:
+            from .eval import plots
+
+            path = plots.plot_perplexity_curves({k: v["curve"] for k, v in past.items()},
+                                                Path(out) / "perplexity_curve.png", original_context=context,
+                                                title=f"{info['model_type']}, {corpus}: perplexity by position")
+            print_fn(f"\nfigure: {path}")
+    print_fn(f"total {time.perf_counter() - started:.0f} s. More: python recipes/evaluate.py --config "
+             f"recipes/configs/eval_smollm2.yaml (perplexity curves, passkey, needle)")
+    return {"inside": inside, "past": past}
+
+
+def _inside_context(model, ids: torch.Tensor, methods, target: int) -> list[dict]:
+    reference = torch.log_softmax(model(ids[None]).logits[0].float(), -1)
+    rows = [_row("none", {}, reference, reference, ids, 0.0)]
+    for method in tqdm(methods, desc="inside the context", unit="method"):
         start = time.perf_counter()
-        api.patch(model, method, **params)
-        logprobs = torch.log_softmax(model(ids).logits.float(), -1)
-        rows.append(_row(method, params, api.describe(model)["max_position_embeddings"], logprobs, reference, ids,
-                         time.perf_counter() - start))
-        api.unpatch(model)
-
-    print_fn("")
-    print_fn(format_table(rows))
-    print_fn(f"\ndrift = logits of the patched model against the unpatched one on the same {ids.shape[1]} tokens "
-             f"(inside the original context). dynamic and dynamic_yarn are exact there by design.")
-    print_fn(f"total {time.perf_counter() - started:.0f} s")
+        with hpe.patched(model, method, target) as params:
+            logprobs = torch.log_softmax(model(ids[None]).logits[0].float(), -1)
+        rows.append(_row(method, params, logprobs, reference, ids, time.perf_counter() - start))
     return rows
 
 
-def _row(method, params, context, logprobs, reference, ids, seconds) -> dict:
-    kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
-    nll = -logprobs[0, :-1].gather(-1, ids[0, 1:, None]).mean().item()
+def _row(method, params, logprobs, reference, ids, seconds) -> dict:
+    nll = -logprobs[:-1].gather(-1, ids[1:, None]).mean().item()
     shown = {k: v for k, v in params.items() if k != "max_position_embeddings"}
     if "long_factor" in shown:
         shown["long_factor"] = f"ramp 1..{shown['long_factor'][-1]:g}"
-    return {"method": method, "params": shown, "context": context,
-            "max_abs_logprob_drift": (logprobs - reference).abs().max().item(), "kl": kl,
+    return {"method": method, "params": shown, "max_abs_logprob_drift": (logprobs - reference).abs().max().item(),
+            "kl": (reference.exp() * (reference - logprobs)).sum(-1).mean().item(),
             "ppl": float(torch.tensor(nll).exp()), "seconds": seconds}
 
 
-def format_table(rows: list[dict]) -> str:
-    lines = ["| method | parameters | context | max abs Δ log-prob | mean KL | ppl | time (s) |",
-             "|---|---|---|---|---|---|---|"]
+def _past_context(model, ids: torch.Tensor, variants, target: int, context: int) -> dict:
+    rows = {}
+    for spec in variants:
+        start = time.perf_counter()
+        with hpe.patched(model, spec, target):
+            curve = hpe.perplexity_curve(model, [ids], length=len(ids), bucket=min(512, context // 2))
+        rows[spec] = {"curve": curve, "inside": hpe.curve_perplexity(curve, 0, context),
+                      "past": hpe.curve_perplexity(curve, context), "seconds": time.perf_counter() - start}
+    return rows
+
+
+def format_inside(rows: list[dict]) -> str:
+    lines = ["| method | parameters | max abs Δ log-prob | mean KL | ppl | time (s) |", "|---|---|---|---|---|---|"]
     for r in rows:
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
-        lines.append(f"| {r['method']} | {params or '-'} | {r['context']} | {r['max_abs_logprob_drift']:.3g} | "
-                     f"{r['kl']:.2e} | {r['ppl']:.2f} | {r['seconds']:.1f} |")
+        lines.append(f"| {r['method']} | {params or '-'} | {r['max_abs_logprob_drift']:.3g} | {r['kl']:.2e} | "
+                     f"{r['ppl']:.2f} | {r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def format_past(rows: dict, context: int) -> str:
+    lines = [f"| variant | ppl, positions < {context} | ppl, positions >= {context} | time (s) |", "|---|---|---|---|"]
+    lines += [f"| {k} | {r['inside']:.2f} | {r['past']:.2f} | {r['seconds']:.0f} |" for k, r in rows.items()]
     return "\n".join(lines)

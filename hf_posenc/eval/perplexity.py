@@ -1,0 +1,148 @@
+"""Perplexity of a causal LM three ways: per document, with a sliding window over a long text, and
+as a curve over positions (how well the model predicts token p, for p up to and past its context).
+
+All work from `token_nll`, the loss of every token from one forward pass. For a long input the
+output layer runs in chunks, so 16k tokens x a 49k vocabulary never sit in memory as float logits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .. import _compat
+from ..plan import RECORD_ATTR
+from ..registry import METHODS
+
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chosen from the input length
+
+
+def is_length_dependent(model: torch.nn.Module) -> bool:
+    """True when the positions of a token depend on the length of the whole input (dynamic scaling,
+    LongRoPE's short/long switch): then one pass over L tokens is not what a prompt of p < L tokens sees."""
+    record = getattr(model.config, RECORD_ATTR, None)
+    if record and record["method"] in METHODS:
+        return METHODS[record["method"]].length_dependent
+    config = model.config.get_text_config()
+    if not _compat.has_rope(config):
+        return False
+    return any(_compat.get_rope_parameters(config, t).get("rope_type") in LENGTH_DEPENDENT_ROPE_TYPES
+               for t in _compat.rope_layer_types(config))
+
+
+def _chunked_head(model: torch.nn.Module):
+    """(body, head) when logits are exactly head(body(ids)), checked on a few tokens; else None
+    (soft-capped or rescaled logits: the caller then uses the full forward)."""
+    head, body = model.get_output_embeddings(), getattr(model, "base_model", model)
+    if head is None or body is model:
+        return None
+    probe = torch.arange(8, device=model.device)[None] % model.config.get_text_config().vocab_size
+    full = model(probe, use_cache=False).logits
+    return (body, head) if torch.equal(head(body(probe, use_cache=False)[0]), full) else None
+
+
+@torch.inference_mode()
+def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+    """Negative log-likelihood (nats, float32) of each token given the ones before it, from one forward
+    pass: [batch, length - 1] for input_ids [batch, length] (entry t scores token t + 1)."""
+    ids = torch.as_tensor(input_ids, device=model.device)
+    ids = ids[None] if ids.dim() == 1 else ids
+    targets = ids[:, 1:]
+    split = _chunked_head(model) if ids.shape[1] > chunk_size else None
+    if split is None:
+        logits = model(ids, use_cache=False).logits[:, :-1]
+        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    body, head = split
+    hidden = body(ids, use_cache=False)[0][:, :-1]
+    return torch.cat([
+        F.cross_entropy(head(hidden[:, s:s + chunk_size]).float().transpose(1, 2), targets[:, s:s + chunk_size],
+                        reduction="none")
+        for s in range(0, hidden.shape[1], chunk_size)
+    ], dim=1)
+
+
+def _summary(nll_sum: float, tokens: int) -> dict:
+    return {"nll": nll_sum / tokens, "perplexity": math.exp(nll_sum / tokens), "tokens": tokens}
+
+
+def document_perplexity(model: torch.nn.Module, documents: Sequence[Sequence[int]], *, max_length: int,
+                        progress: bool = True) -> dict:
+    """Each document (token ids) truncated to `max_length` tokens and scored in one pass. Returns the
+    token-weighted perplexity over all documents and each document's own ("per_document")."""
+    per_doc, total, count = [], 0.0, 0
+    for doc in tqdm(documents, desc="perplexity", unit="doc", disable=not progress):
+        ids = torch.as_tensor(doc[:max_length])
+        if len(ids) < 2:
+            raise ValueError(f"a document needs at least 2 tokens to be scored, got {len(ids)}")
+        nll = token_nll(model, ids)[0]
+        per_doc.append(math.exp(nll.mean().item()))
+        total, count = total + nll.sum().item(), count + nll.numel()
+    return {**_summary(total, count), "per_document": per_doc}
+
+
+def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, window: int, stride: int,
+                       progress: bool = True) -> dict:
+    """Perplexity of one long text with a sliding window (transformers' "perplexity of fixed-length
+    models" recipe): windows of `window` tokens start every `stride` tokens, and each scores only the
+    tokens no earlier window scored, so every token is scored once with at least `window - stride`
+    tokens of context (all of them in the first window). The first token has no context and is not
+    scored; nor is the first token of each window when stride == window (plain chunks)."""
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in 1..window ({window}), got {stride}")
+    ids = torch.as_tensor(input_ids)
+    if len(ids) < 2:
+        raise ValueError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
+    total, count, scored_to = 0.0, 0, 1  # token 0 has no context: never scored
+    starts = range(0, max(len(ids) - window, 0) + stride, stride)
+    for begin in tqdm(starts, desc=f"strided perplexity ({window})", unit="window", disable=not progress):
+        end = min(begin + window, len(ids))
+        nll = token_nll(model, ids[begin:end])[0]  # scores tokens begin + 1 .. end - 1
+        new = nll[max(scored_to - begin - 1, 0):]
+        total, count, scored_to = total + new.sum().item(), count + new.numel(), end
+        if end == len(ids):
+            break
+    return {**_summary(total, count), "window": window, "stride": stride}
+
+
+def perplexity_curve(model: torch.nn.Module, documents: Sequence[Sequence[int]], *, length: int,
+                     bucket: int = 256, prefix: bool | None = None, progress: bool = True) -> dict:
+    """Perplexity by position: documents of at least `length` tokens, cut to `length`, averaged per
+    bucket of `bucket` positions ("positions" holds each bucket's last position, "perplexity" its value).
+
+    One forward pass of `length` tokens per document scores every position at once. That equals
+    scoring each position from its own prefix (causal attention) unless the model is length dependent
+    (`is_length_dependent`): then `prefix=True` (the default for such models) scores each bucket from a
+    separate pass over the tokens up to its end, as a prompt of that length would be run."""
+    docs = [torch.as_tensor(d[:length]) for d in documents if len(d) >= length]
+    if not docs:
+        longest = max((len(d) for d in documents), default=0)
+        raise ValueError(f"no document has {length} tokens (the longest has {longest}); use a shorter length "
+                         f"or a corpus with longer documents")
+    if prefix is None:
+        prefix = is_length_dependent(model)
+    ends = list(range(bucket, length, bucket)) + [length]  # bucket i scores tokens ends[i-1] .. ends[i] - 1
+    nll = torch.zeros(length - 1)
+    bar = tqdm(total=len(docs) * (len(ends) if prefix else 1), desc=f"perplexity curve ({length})",
+               disable=not progress)
+    for doc in docs:
+        if prefix:
+            for start, end in zip([1] + ends[:-1], ends):
+                nll[start - 1:end - 1] += token_nll(model, doc[:end])[0, start - 1:].cpu()
+                bar.update()
+        else:
+            nll += token_nll(model, doc)[0].cpu()
+            bar.update()
+    bar.close()
+    nll /= len(docs)
+    means = [nll[start - 1:end - 1].mean().item() for start, end in zip([1] + ends[:-1], ends)]
+    return {"length": length, "bucket": bucket, "documents": len(docs), "prefix": prefix,
+            "positions": [e - 1 for e in ends], "nll": means, "perplexity": [math.exp(m) for m in means]}
+
+
+def curve_perplexity(curve: dict, start: int, end: int | None = None) -> float:
+    """Perplexity over the curve's buckets whose positions fall in [start, end)."""
+    nll = [n for p, n in zip(curve["positions"], curve["nll"]) if p >= start and (end is None or p < end)]
+    return math.exp(sum(nll) / len(nll)) if nll else float("nan")

@@ -1,0 +1,85 @@
+"""Figures of an evaluation: perplexity by position, retrieval accuracy by length and by depth.
+Each takes results keyed by variant ("none", "yarn", ...) and writes one PNG (matplotlib's object
+API: no pyplot state, no backend to set)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+
+def _context_line(ax, original_context: int | None) -> None:
+    if original_context:
+        ax.axvline(original_context, color="0.5", linestyle=":", linewidth=1)
+        ax.annotate("original context", (original_context, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12), textcoords="offset points", fontsize=8, color="0.4")
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return path
+
+
+def plot_perplexity_curves(curves: dict[str, dict], path: str | Path, *, original_context: int | None = None,
+                           title: str = "perplexity by position") -> Path:
+    """One line per variant: perplexity (log scale) of each bucket of positions."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for label, curve in curves.items():
+        ax.plot(curve["positions"], curve["perplexity"], marker=".", markersize=3, linewidth=1.2, label=label)
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20, 30, 50 rather than 2x10^1 ...
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    finite = [p for c in curves.values() for p in c["perplexity"] if math.isfinite(p)]
+    if finite and max(finite) > 50 * min(finite):  # a collapsed variant would flatten the others
+        ax.set_ylim(min(finite) * 0.9, min(max(finite), 50 * min(finite)))
+    _context_line(ax, original_context)
+    ax.set(xlabel="position (tokens)", ylabel="perplexity", title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_retrieval_by_length(results: dict[str, dict], path: str | Path, *, original_context: int | None = None,
+                             title: str = "retrieval accuracy") -> Path:
+    """One line per variant: accuracy (over depths and trials) at each context length."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for label, res in results.items():
+        ax.plot(res["lengths"], res["by_length"], marker="o", linewidth=1.2, label=label)
+    _context_line(ax, original_context)
+    ax.set(xlabel="context length (tokens)", ylabel="accuracy", title=title, ylim=(-0.05, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_retrieval_depths(results: dict[str, dict], path: str | Path, *, title: str = "retrieval accuracy") -> Path:
+    """One heatmap per variant: accuracy by depth of the hidden fact (rows) and length (columns)."""
+    columns = min(len(results), 3)
+    rows = math.ceil(len(results) / columns)
+    fig = Figure(figsize=(3.4 * columns, 2.6 * rows + 0.4), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax, (label, res) in zip(axes, results.items()):
+        image = ax.imshow(res["accuracy"], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(res["lengths"])), [f"{n // 1024}k" if n >= 1024 else str(n) for n in res["lengths"]],
+                      fontsize=7)
+        ax.set_yticks(range(len(res["depths"])), [f"{d:.0%}" for d in res["depths"]], fontsize=7)
+        for (i, j), value in _cells(res["accuracy"]):
+            ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=6)
+        ax.set_title(label, fontsize=9)
+    for ax in axes[len(results):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=list(axes[:len(results)]), shrink=0.8, label="accuracy")
+    fig.suptitle(f"{title} (rows: depth, columns: length)", fontsize=10)
+    return _save(fig, path)
+
+
+def _cells(grid):
+    return [((i, j), v) for i, row in enumerate(grid) for j, v in enumerate(row)]

@@ -1,0 +1,137 @@
+"""Retrieval at long context: a fact hidden at a depth in a haystack of a given length, then a question.
+
+- passkey (Mohtashami & Jaggi 2023): a 5-digit pass key in a haystack of one repeated filler line.
+- needle (RULER's single needle): a 7-digit "special magic number" for a named key, in real text
+  (any corpus, e.g. Shakespeare).
+
+A trial is right when greedy decoding would produce the answer: one forward pass over prompt +
+answer (teacher forcing), and the argmax at every answer position is the answer token. The answer's
+log-probability is kept as well, a softer score."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+TASKS = ("passkey", "needle")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
+         "memorize it. I will quiz you about it.\n\n")
+KEYS = ("apple", "river", "candle", "falcon", "garden", "harbor", "lantern", "meadow", "orchid", "pepper",
+        "quartz", "saddle", "thunder", "violet", "walnut", "zephyr")
+
+
+@dataclass
+class Trial:
+    prompt: list[int]
+    answer: list[int]
+    length: int  # the length asked for; prompt + answer is at most that, within one haystack line
+    depth: float  # the fraction of the haystack before the hidden fact
+
+
+class Haystack:
+    """A text split into lines, each tokenized once; `take` fills a token budget with whole lines."""
+
+    def __init__(self, tokenizer, text: str):
+        lines = text.splitlines(keepends=True)
+        self.lines = [ids for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] if ids]
+        if not self.lines:
+            raise ValueError("the haystack text is empty")
+
+    def take(self, budget: int, start: int = 0) -> list[list[int]]:
+        """Consecutive lines from `start` (wrapping around) whose tokens fit in `budget`."""
+        out, used, i = [], 0, start
+        while used + len(self.lines[i % len(self.lines)]) <= budget:
+            out.append(self.lines[i % len(self.lines)])
+            used += len(out[-1])
+            i += 1
+        return out
+
+
+def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, answer: str, length: int,
+                depth: float, start: int = 0) -> Trial:
+    """intro + haystack lines with `needle` inserted at the line boundary nearest `depth` + question;
+    the answer follows the question."""
+    if not 0 <= depth <= 1:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    head, fact, tail, ans = encode(INTRO), encode(needle), encode(question), encode(answer)
+    budget = length - len(head) - len(fact) - len(tail) - len(ans)
+    if budget < 0:
+        raise ValueError(f"length {length} is too short for the retrieval prompt ({length - budget} tokens "
+                         f"without any haystack)")
+    lines = haystack.take(budget, start)
+    cut = round(depth * len(lines))
+    prompt = head + [t for line in lines[:cut] for t in line] + fact + [t for line in lines[cut:] for t in line] + tail
+    return Trial(prompt=prompt, answer=ans, length=length, depth=depth)
+
+
+def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequence[float], trials: int = 1,
+                haystack: str | None = None, seed: int = 0) -> list[Trial]:
+    """`trials` trials per (length, depth), each with its own random key (same seed, same trials).
+    `haystack` is the text of the needle task (ignored by passkey, which uses its filler line)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
+    if task == "needle" and not haystack:
+        raise ValueError("the needle task needs a haystack text (e.g. a corpus document)")
+    hay = Haystack(tokenizer, FILLER if task == "passkey" else haystack)
+    rng, out = random.Random(seed), []
+    for length in lengths:
+        for depth in depths:
+            for _ in range(trials):
+                if task == "passkey":
+                    key = rng.randint(10000, 99999)
+                    needle, question = f"The pass key is {key}. Remember it. {key} is the pass key.\n", \
+                        "\nWhat is the pass key? The pass key is"
+                    start = 0
+                else:
+                    word, key = rng.choice(KEYS), rng.randint(1_000_000, 9_999_999)
+                    needle = f"One of the special magic numbers for {word} is: {key}.\n"
+                    question = (f"\nWhat is the special magic number for {word} mentioned in the provided text? "
+                                f"The special magic number for {word} mentioned in the provided text is")
+                    start = rng.randrange(len(hay.lines))
+                out.append(build_trial(tokenizer, hay, needle=needle, question=question, answer=f" {key}",
+                                       length=length, depth=depth, start=start))
+    return out
+
+
+def _answer_logits(model: torch.nn.Module, ids: torch.Tensor, keep: int) -> torch.Tensor:
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return model(ids, use_cache=False, logits_to_keep=keep).logits
+    return model(ids, use_cache=False).logits[:, -keep:]
+
+
+@torch.inference_mode()
+def score_trials(model: torch.nn.Module, trials: Sequence[Trial], *, progress: bool = True) -> list[dict]:
+    """For each trial: "correct" (greedy decoding gives the answer) and "logprob" (of the whole answer)."""
+    out = []
+    for trial in tqdm(trials, desc="retrieval", unit="trial", disable=not progress):
+        ids = torch.tensor([trial.prompt + trial.answer], device=model.device)
+        target = torch.tensor(trial.answer, device=model.device)
+        logits = _answer_logits(model, ids, len(trial.answer) + 1)[0, :-1].float()
+        out.append({"correct": bool((logits.argmax(-1) == target).all()),
+                    "logprob": logits.log_softmax(-1).gather(-1, target[:, None]).sum().item()})
+    return out
+
+
+def summarize(trials: Sequence[Trial], scores: Sequence[dict]) -> dict:
+    """Accuracy per (depth, length) cell ("accuracy"[depth][length]) and per length ("by_length")."""
+    lengths = sorted({t.length for t in trials})
+    depths = sorted({t.depth for t in trials})
+
+    def mean(values):
+        return sum(values) / len(values) if values else float("nan")
+
+    cells = {(d, n): [s["correct"] for t, s in zip(trials, scores) if (t.depth, t.length) == (d, n)]
+             for d in depths for n in lengths}
+    return {
+        "lengths": lengths, "depths": depths, "trials": len(trials),
+        "accuracy": [[mean(cells[d, n]) for n in lengths] for d in depths],
+        "by_length": [mean([c for d in depths for c in cells[d, n]]) for n in lengths],
+        "mean_logprob": mean([s["logprob"] for s in scores]),
+    }

