@@ -25,3 +25,19 @@ def tiny_model(model_type: str = "llama", seed: int = 0, **overrides):
 def token_ids(n: int, batch: int = 1, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, n), generator=g)
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer with no merges (256 byte tokens + <eos> = id 256): any text, no hub.
+    Pair it with tiny_model(vocab_size=TINY_TEXT_VOCAB)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+TINY_TEXT_VOCAB = 260

@@ -1,0 +1,591 @@
+"""The reusable pieces of `recipes/finetune.py`: its typed config, the checks that run before anything
+is loaded, data preparation (cached), what trains, the two objectives, evaluation, checkpoints, the
+model card. The recipe itself stays the readable top-level accelerate loop."""
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from . import data as hdata
+from . import loading
+
+
+class ConfigError(ValueError):
+    """A fine-tuning config that cannot work; raised before the model is loaded or anything is written."""
+
+
+# ----------------------------------------------------------------------------------------------- config
+@dataclasses.dataclass
+class ModelArgs:
+    name: str = "smollm2"                # hub id, folder, .gguf file, or the aliases smollm2 / minilm
+    gguf_file: Optional[str] = None
+    attn_implementation: str = "auto"     # auto: flash_attention_2 when installed on a GPU, else sdpa
+    dtype: str = "auto"                   # auto: float32 weights, bf16 mixed precision where supported; or bfloat16 / float32
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(f"model.dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+
+
+@dataclasses.dataclass
+class DataArgs:
+    corpus: str = "shakespeare"           # hf_posenc.data.load_corpus spec: built-in, local files, or hub NAME[:CONFIG]
+    split: str = "train"
+    text_column: str = "text"
+    streaming: bool = False               # hub datasets: stream and keep the first max_documents
+    max_documents: Optional[int] = None
+    seq_len: Optional[int] = None         # default: the patched context
+    short_share: float = 0.0              # share of sequences cut to short_len (keeps short-context quality)
+    short_len: Optional[int] = None       # default: the original context
+    bos: bool = False                     # also put BOS before each document (EOS always follows it)
+    shuffle: bool = True
+    cache_dir: Optional[str] = None       # default: $HF_POSENC_CACHE/data
+
+    def __post_init__(self):
+        if self.seq_len is not None and self.seq_len < 2:
+            raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
+        if not 0.0 <= self.short_share < 1.0:
+            raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
+        if self.streaming and not self.max_documents:
+            raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
+
+
+@dataclasses.dataclass
+class TrainArgs:
+    objective: str = "lm"                 # lm | distill
+    steps: int = 400                      # optimizer steps
+    batch_size: int = 1                   # sequences per process per micro-batch
+    grad_accum: int = 1
+    lr: float = 2e-5
+    betas: list = dataclasses.field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    scheduler: str = "constant_with_warmup"   # any transformers.get_scheduler name
+    warmup_steps: int = 20
+    max_grad_norm: Optional[float] = 1.0
+    trainable: Union[str, list] = "all"   # all, or a list of groups (embeddings, norms, attention, mlp, head) / regexes
+    lora: Optional[dict] = None           # {r, alpha, dropout, target_modules}; needs peft
+    temperature: float = 1.0              # distill, causal LMs: KL at this temperature
+    seed: int = 42
+    save_every: int = 100                 # accelerator.save_state every N steps (and at the end)
+    keep_checkpoints: int = 2
+    report_to: Optional[str] = None       # accelerate tracker: tensorboard, wandb, all, ...
+    stop_after_steps: Optional[int] = None  # stop (as if killed) after this many steps; for testing resume
+
+    def __post_init__(self):
+        if self.objective not in ("lm", "distill"):
+            raise ConfigError(f"train.objective must be 'lm' or 'distill', got {self.objective!r}")
+        for name in ("steps", "batch_size", "grad_accum", "save_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not (isinstance(self.betas, list) and len(self.betas) == 2):
+            raise ConfigError(f"train.betas must be a list of two floats, got {self.betas!r}")
+        self.betas = [float(b) for b in self.betas]
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
+
+
+@dataclasses.dataclass
+class EvalArgs:
+    lengths: list = dataclasses.field(default_factory=list)   # perplexity at these lengths, before and after
+    corpus: Optional[str] = None          # held-out text (default: data.corpus)
+    documents: int = 4
+
+
+@dataclasses.dataclass
+class Config:
+    model: ModelArgs
+    data: DataArgs
+    train: TrainArgs
+    eval: EvalArgs
+    posenc: Optional[dict] = None         # {method: yarn, max_position_embeddings: 32768, ...}; None: no patch
+    output_dir: str = "outputs/finetune"
+    overwrite_output_dir: bool = False
+    resume: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"model": ModelArgs, "data": DataArgs, "train": TrainArgs, "eval": EvalArgs}
+TOP_LEVEL = ("posenc", "output_dir", "overwrite_output_dir", "resume")
+
+
+def _coerce(cls, name: str, key: str, value):
+    """YAML reads 2e-5 as a string and 1 where 1.0 is meant: cast to the field's declared type."""
+    hint = typing.get_type_hints(cls)[key]
+    args = typing.get_args(hint)
+    if value is None:
+        if type(None) in args or hint is Any:
+            return None
+        raise ConfigError(f"{name} cannot be null")
+    target = next((a for a in args if a is not type(None)), hint) if typing.get_origin(hint) is Union and \
+        len([a for a in args if a is not type(None)]) == 1 else hint
+    try:
+        if target is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "false", "1", "0", "yes", "no"):
+                return str(value).lower() in ("true", "1", "yes")
+            raise ValueError
+        if target is int:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            return int(float(value))
+        if target is float:
+            return float(value)
+        if target is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be of type {target.__name__}, got {value!r}") from None
+    return value
+
+
+def _build(cls, section: str, values: dict):
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{section}' must be a mapping of fields, got {values!r}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(f"unknown field(s) {unknown} in '{section}'; allowed: {', '.join(sorted(fields))}")
+    return cls(**{k: _coerce(cls, f"{section}.{k}", k, v) for k, v in values.items()})
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
+    `--resume`, `--overwrite_output_dir`. Values are read as YAML (`--eval.lengths [512,1024]`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    raw: dict = {}
+    overrides: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; use --config FILE and --section.field VALUE overrides")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if key in ("resume", "overwrite_output_dir") and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+                value = "true"
+            else:
+                if i + 1 == len(argv):
+                    raise ConfigError(f"--{key} needs a value")
+                i, value = i + 1, argv[i + 1]
+        if key == "config":
+            path = Path(value)
+            if not path.is_file():
+                raise ConfigError(f"config file not found: {value}")
+            raw = yaml.safe_load(path.read_text()) or {}
+        else:
+            overrides.append((key, yaml.safe_load(value)))
+        i += 1
+    for key, value in overrides:
+        section, dot, field = key.partition(".")
+        if dot:
+            if section not in SECTIONS and section != "posenc":
+                raise ConfigError(f"unknown section {section!r} in --{key}; sections: {', '.join([*SECTIONS, 'posenc'])}")
+            raw.setdefault(section, None)
+            raw[section] = {**(raw[section] or {}), field: value}
+        else:
+            raw[key] = value
+    unknown = sorted(set(raw) - set(SECTIONS) - set(TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown}; allowed: {', '.join([*SECTIONS, *TOP_LEVEL])}")
+    posenc = raw.get("posenc")
+    if posenc is not None and not (isinstance(posenc, dict) and "method" in posenc):
+        raise ConfigError(f"posenc must be a mapping with a 'method' (e.g. {{method: yarn, factor: 4}}), got {posenc!r}")
+    return Config(
+        **{name: _build(cls, name, raw.get(name) or {}) for name, cls in SECTIONS.items()},
+        posenc=posenc,
+        output_dir=str(raw.get("output_dir", Config.output_dir)),
+        overwrite_output_dir=_coerce(Config, "overwrite_output_dir", "overwrite_output_dir",
+                                     raw.get("overwrite_output_dir", False)),
+        resume=_coerce(Config, "resume", "resume", raw.get("resume", False)),
+    )
+
+
+# ------------------------------------------------------------------------------ checks before loading
+@dataclasses.dataclass
+class Plan:
+    """What the checks found out, from the config file of the checkpoint only."""
+    original_context: int
+    target_context: int
+    seq_len: int
+    short_len: Optional[int]
+    causal: bool
+
+
+def check_config(cfg: Config) -> Plan:
+    """Everything that can be refused before the model is loaded and before anything is written."""
+    if cfg.train.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError("train.lora needs the peft package, which is not installed: pip install peft "
+                          "(or remove train.lora to train the model's own weights)")
+    if cfg.train.lora is not None and not isinstance(cfg.train.lora, dict):
+        raise ConfigError(f"train.lora must be a mapping (r, alpha, dropout, target_modules), got {cfg.train.lora!r}")
+    for spec in filter(None, [cfg.data.corpus, cfg.eval.corpus]):
+        name = spec.partition(":")[0]
+        if name not in hdata.BUILTIN and hdata._looks_like_path(spec) and not hdata._local_files(spec):
+            raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(hdata.FILE_LOADERS))} "
+                              f"files: a path, a folder or a glob)")
+    out = Path(cfg.output_dir)
+    if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
+        raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
+                          f"--overwrite_output_dir to replace it, or choose another --output_dir")
+    ref = _model_ref(cfg.model)
+    try:
+        config = loading.load_config(ref, gguf_file=cfg.model.gguf_file)
+    except OSError as err:
+        raise ConfigError(f"cannot read the model config of {ref!r}: {err}") from err
+    text = config.get_text_config()
+    original = int(text.max_position_embeddings)
+    target = original
+    if cfg.posenc:
+        params = cfg.posenc
+        if params.get("max_position_embeddings") is not None:
+            target = int(params["max_position_embeddings"])
+        elif params.get("factor") is not None:
+            target = int(round(float(params["factor"]) * original))
+    seq_len = cfg.data.seq_len or target
+    if seq_len > target:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the patched context ({target} positions"
+                          f"{'' if cfg.posenc else ', no posenc patch'}); raise posenc.max_position_embeddings "
+                          f"or lower data.seq_len")
+    if cfg.train.objective == "distill" and seq_len > original:
+        raise ConfigError(f"train.objective=distill matches the unpatched model at its original context, so "
+                          f"data.seq_len={seq_len} must be <= {original}")
+    short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
+    if short_len is not None and not 2 <= short_len < seq_len:
+        raise ConfigError(f"data.short_len={short_len} must be in 2..{seq_len - 1} (below data.seq_len)")
+    archs = getattr(config, "architectures", None) or []
+    causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if cfg.train.objective == "lm" and not causal:
+        raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
+                          f"use train.objective=distill for encoders")
+    return Plan(original, target, seq_len, short_len, causal)
+
+
+def _model_ref(model: ModelArgs) -> str:
+    from .assets import resolve_alias
+
+    return resolve_alias(model.name)
+
+
+def prepare_output_dir(cfg: Config) -> None:
+    out = Path(cfg.output_dir)
+    if cfg.overwrite_output_dir and not cfg.resume and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------- model
+def choose_attention(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def mixed_precision(dtype: str) -> str:
+    """bf16 mixed precision where the hardware has it (auto), else full precision."""
+    if dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
+
+
+def load_model(cfg: Config):
+    kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation)}
+    if cfg.model.dtype != "auto":
+        kwargs["dtype"] = getattr(torch, cfg.model.dtype)
+    return loading.load_model(_model_ref(cfg.model), gguf_file=cfg.model.gguf_file, **kwargs)
+
+
+def load_tokenizer(cfg: Config):
+    return loading.load_tokenizer(_model_ref(cfg.model), gguf_file=cfg.model.gguf_file)
+
+
+GROUPS = {
+    "embeddings": r"embed|wte|wpe|position|word_embeddings|token_type",
+    "norms": r"norm|ln_|layernorm",
+    "attention": r"attn|attention|q_proj|k_proj|v_proj|o_proj",
+    "mlp": r"mlp|intermediate|\.output\.dense|fc\d|gate_proj|up_proj|down_proj",
+    "head": r"lm_head|score|classifier",
+}
+
+
+def select_trainable(model: torch.nn.Module, spec) -> tuple[int, int]:
+    """Freeze what `spec` does not name ("all", or groups / regexes); never unfreezes what is frozen
+    (a patch's fixed positions stay fixed). Returns (trainable, total) parameter counts."""
+    if spec != "all":
+        names = [spec] if isinstance(spec, str) else list(spec)
+        pattern = re.compile("|".join(f"(?:{GROUPS.get(n, n)})" for n in names), re.IGNORECASE)
+        for name, p in model.named_parameters():
+            if not pattern.search(name):
+                p.requires_grad_(False)
+    params = list(model.parameters())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    if trainable == 0:
+        raise ConfigError(f"train.trainable={spec!r} leaves no parameter to train")
+    return trainable, sum(p.numel() for p in params)
+
+
+def apply_lora(model: torch.nn.Module, lora: dict, trainable) -> torch.nn.Module:
+    """LoRA adapters (peft) on `target_modules`; with `trainable` other than "all", those parameters
+    train too (LongLoRA trains embeddings and norms alongside the adapters)."""
+    import peft
+
+    config = peft.LoraConfig(r=int(lora.get("r", 8)), lora_alpha=int(lora.get("alpha", 16)),
+                             lora_dropout=float(lora.get("dropout", 0.0)),
+                             target_modules=lora.get("target_modules", "all-linear"))
+    extra = [] if trainable == "all" else [n for n, p in model.named_parameters() if p.requires_grad]
+    model = peft.get_peft_model(model, config)
+    if extra:
+        pattern = re.compile("|".join(f"(?:{GROUPS.get(n, n)})" for n in
+                                      ([trainable] if isinstance(trainable, str) else trainable)), re.IGNORECASE)
+        for name, p in model.named_parameters():
+            if pattern.search(name) and "lora_" not in name and not name.endswith("original_module"):
+                p.requires_grad_(True)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------- data
+def _fingerprint(tokenizer) -> str:
+    from datasets.fingerprint import Hasher
+
+    return Hasher.hash(tokenizer)
+
+
+def boundary_ids(tokenizer, bos: bool) -> tuple[int, Optional[int]]:
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if eos is None:
+        raise ConfigError("the tokenizer has no EOS (nor SEP) token to mark document boundaries")
+    bos_id = (tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id) if bos else None
+    return eos, bos_id
+
+
+def load_documents(args: DataArgs, corpus: Optional[str] = None):
+    """The corpus as a datasets.Dataset with a "text" column (the first max_documents of a stream)."""
+    import datasets
+
+    spec = corpus or args.corpus
+    if args.streaming and spec.partition(":")[0] not in hdata.BUILTIN and not hdata._local_files(spec):
+        name, _, subset = spec.partition(":")
+        stream = datasets.load_dataset(name, subset or None, split=args.split, streaming=True)
+        rows = [{"text": r[args.text_column]} for r, _ in zip(stream, range(args.max_documents))]
+        return datasets.Dataset.from_list(rows)
+    docs = hdata.load_corpus(spec, split=args.split, text_column=args.text_column)
+    if args.max_documents:
+        docs = docs.select(range(min(args.max_documents, len(docs))))
+    return docs
+
+
+def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str] = None):
+    """Tokenized, exactly packed sequences (`hf_posenc.data.pack_exact`), cached on disk by what
+    determines them (corpus, tokenizer, lengths, boundaries): a second run loads them in a second.
+    Call under `accelerator.main_process_first()`: the main process builds, the others load."""
+    import datasets
+
+    eos, bos = boundary_ids(tokenizer, args.bos)
+    key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
+                      "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
+                      "seq_len": plan.seq_len, "short_share": args.short_share, "short_len": plan.short_len,
+                      "eos": eos, "bos": bos, "v": 1}, sort_keys=True)
+    root = Path(cache_root or args.cache_dir or loading.CACHE_DIR / "data")
+    folder = root / hashlib.sha1(key.encode()).hexdigest()[:16]
+    if (folder / "dataset_info.json").exists():
+        return datasets.load_from_disk(str(folder))
+    docs = load_documents(args)
+    tokenized = hdata.tokenize(docs, tokenizer)
+    packed = hdata.pack_exact(tokenized, plan.seq_len, eos_token_id=eos, bos_token_id=bos,
+                              short_share=args.short_share, short_length=plan.short_len)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    packed.save_to_disk(str(tmp))
+    (tmp / "key.json").write_text(key)
+    os.replace(tmp, folder)
+    return datasets.load_from_disk(str(folder))
+
+
+def collate(pad_id: int):
+    """Pads a batch of blocks (only the corpus' last block, or short ones, are shorter): padding gets
+    attention 0 and label -100."""
+    def fn(rows):
+        n = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, :len(r["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+    return fn
+
+
+# ------------------------------------------------------------------------------------------ objectives
+def lm_loss(model, batch) -> torch.Tensor:
+    """Mean next-token loss over the real (unpadded) tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def distill_loss(model, teacher, batch, *, causal: bool, temperature: float = 1.0) -> torch.Tensor:
+    """Match the unpatched model on the same tokens: KL(teacher || student) on the logits of a causal
+    LM, MSE on the last hidden states of an encoder; padding excluded."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        target = teacher(**inputs, **({"use_cache": False} if causal else {}))
+    out = model(**inputs, **({"use_cache": False} if causal else {}))
+    if causal:
+        t = F.log_softmax(target.logits[mask].float() / temperature, -1)
+        s = F.log_softmax(out.logits[mask].float() / temperature, -1)
+        return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
+    return F.mse_loss(out.last_hidden_state[mask].float(), target.last_hidden_state[mask].float())
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+@torch.no_grad()
+def evaluate(model, tokenizer, cfg: Config, plan: Plan, teacher=None) -> dict:
+    """Causal LMs: perplexity of the held-out documents at each of eval.lengths (`hf_posenc.eval`).
+    Encoders: mean cosine of mean-pooled embeddings to the unpatched model on held-out passages."""
+    if not cfg.eval.lengths:
+        return {}
+    was_training = model.training
+    model.eval()
+    docs = load_documents(cfg.data, cfg.eval.corpus)
+    results = {}
+    try:
+        if plan.causal:
+            from . import eval as hpe
+
+            ids = hdata.tokenize(docs, tokenizer)["input_ids"]
+            for length in cfg.eval.lengths:
+                chosen = [d[:length] for d in ids if len(d) >= length][:cfg.eval.documents]
+                if chosen:
+                    results[f"perplexity@{length}"] = hpe.document_perplexity(
+                        model, chosen, max_length=length, progress=False)["perplexity"]
+        elif teacher is not None:
+            for length in cfg.eval.lengths:
+                passages = held_out_passages(docs["text"], cfg.eval.documents * 8)
+                results[f"cosine@{length}"] = embedding_cosine(model, teacher, tokenizer, passages, length)
+    finally:
+        model.train(was_training)
+    return results
+
+
+def held_out_passages(texts, n: int, min_words: int = 8) -> list[str]:
+    """Paragraphs (split at blank lines) of at least `min_words` words, the first n."""
+    out = []
+    for text in texts:
+        for para in re.split(r"\n\s*\n", text):
+            para = " ".join(para.split())
+            if len(para.split()) >= min_words:
+                out.append(para)
+                if len(out) == n:
+                    return out
+    return out
+
+
+@torch.no_grad()
+def embedding_cosine(model, reference, tokenizer, passages: list[str], max_length: int, batch: int = 16) -> float:
+    """Mean cosine similarity of the mean-pooled sentence embeddings of two encoders."""
+    sims = []
+    for i in range(0, len(passages), batch):
+        enc = tokenizer(passages[i:i + batch], padding=True, truncation=True, max_length=max_length,
+                        return_tensors="pt").to(next(model.parameters()).device)
+        a, b = (mean_pool(m(**enc).last_hidden_state, enc["attention_mask"]) for m in (model, reference))
+        sims.append(F.cosine_similarity(a.float(), b.float(), dim=-1))
+    return torch.cat(sims).mean().item()
+
+
+def mean_pool(hidden, mask):
+    mask = mask[..., None].to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+# --------------------------------------------------------------------------------- checkpoints and logs
+def checkpoint_dir(output_dir: str, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step:07d}"
+
+
+def latest_checkpoint(output_dir: str) -> tuple[Optional[Path], int]:
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    folders = [f for f in folders if (f / "done").exists()]   # a checkpoint cut short by a kill is skipped
+    return (folders[-1], int(folders[-1].name.split("_")[1])) if folders else (None, 0)
+
+
+def prune_checkpoints(output_dir: str, keep: int) -> None:
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    for folder in folders[:-keep] if keep > 0 else []:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class LossLog:
+    """log.jsonl in the output folder, one line per optimizer step; on resume, the lines after the
+    checkpoint's step are dropped (those steps run again)."""
+
+    def __init__(self, output_dir: str, resume_step: int, enabled: bool):
+        self.path, self.enabled = Path(output_dir) / "log.jsonl", enabled
+        if enabled and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def read_log(output_dir: str) -> list[dict]:
+    path = Path(output_dir) / "log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+# ------------------------------------------------------------------------------------------ model card
+def write_model_card(output_dir: str, cfg: Config, plan: Plan, describe: dict, steps: int, tokens: int,
+                     before: dict, after: dict) -> None:
+    base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
+    rows = "\n".join(f"| {k} | {before.get(k, '')} | {after.get(k, '')} |" for k in sorted({*before, *after}))
+    evaluation = (f"| metric | before | after |\n|---|---|---|\n{rows}\n" if rows else "not run\n")
+    card = f"""---
+base_model: {cfg.model.name}
+library_name: transformers
+tags: [hf_posenc, long-context]
+---
+# {Path(output_dir).name}
+
+Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
+
+- **Base model**: `{base}` (context {plan.original_context})
+- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {plan.target_context}
+- **Mechanism after patch**: `{json.dumps(describe, default=str)}`
+- **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {plan.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {plan.short_len}' if cfg.data.short_share else ''}
+- **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
+- **Steps**: {steps} optimizer steps, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
+
+## Evaluation (held-out `{cfg.eval.corpus or cfg.data.corpus}`)
+
+{evaluation}
+Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.from_pretrained(folder)`.
+"""
+    (Path(output_dir) / "README.md").write_text(card)

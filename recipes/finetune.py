@@ -1,0 +1,172 @@
+"""Fine-tune a patched model at its new context, on one CPU, one GPU or many (accelerate's engines).
+
+    accelerate launch recipes/finetune.py --config recipes/configs/smollm2_yarn_16k_finetune.yaml
+    accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/finetune.py --config ... --train.lr 1e-4
+    python recipes/finetune.py --config ... --resume          # continue from the latest checkpoint
+
+The canonical accelerate loop: config -> checks -> Accelerator -> model + patch -> data under
+main_process_first -> prepare -> resume -> train under accumulate -> periodic save_state -> final
+save on the main process. The pieces live in hf_posenc/training.py.
+"""
+
+import copy
+import json
+import time
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import hf_posenc as hp
+from hf_posenc import training as T
+
+
+def main(argv=None):
+    # 1. Config, and every check that can fail, before anything is loaded or written.
+    cfg = T.parse_config(argv)
+    plan = T.check_config(cfg)
+
+    # 2. The Accelerator (process group, device, mixed precision, trackers).
+    accelerator = Accelerator(
+        cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
+        mixed_precision=T.mixed_precision(cfg.model.dtype),
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=cfg.train.grad_accum,
+                                                                sync_with_dataloader=False),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        log_with=cfg.train.report_to, project_dir=cfg.output_dir,
+    )
+    set_seed(cfg.train.seed)
+    if accelerator.is_main_process:
+        T.prepare_output_dir(cfg)
+        with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
+            json.dump(cfg.to_dict(), f, indent=2)
+    accelerator.wait_for_everyone()
+
+    # 3. Model, tokenizer, the unpatched teacher (distill), the patch, what trains.
+    tokenizer = T.load_tokenizer(cfg)
+    model = T.load_model(cfg)
+    teacher = None
+    if cfg.train.objective == "distill":
+        teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
+    if cfg.posenc:
+        hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    T.select_trainable(model, cfg.train.trainable)
+    if cfg.train.lora:
+        model = T.apply_lora(model, cfg.train.lora, cfg.train.trainable)
+    n_train, n_total = T.select_trainable(model, "all")
+    accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
+                      f"trainable parameters: {n_train:,} of {n_total:,}")
+
+    # 4. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader.
+    with accelerator.main_process_first():
+        dataset = T.prepare_data(cfg.data, tokenizer, plan)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else T.boundary_ids(tokenizer, False)[0]
+    dataloader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=cfg.data.shuffle,
+                                             collate_fn=T.collate(pad_id))
+
+    # 5. Evaluation before training (optional).
+    before = T.evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
+
+    # 6. Optimizer (YaRN's AdamW defaults in the example configs), scheduler, prepare.
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
+                                  betas=tuple(cfg.train.betas), eps=cfg.train.eps,
+                                  weight_decay=cfg.train.weight_decay)
+    scheduler = get_scheduler(cfg.train.scheduler, optimizer, num_warmup_steps=cfg.train.warmup_steps,
+                              num_training_steps=cfg.train.steps)
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    accelerator.register_for_checkpointing(scheduler)   # stepped once per optimizer step, by hand below
+    if cfg.train.report_to:
+        accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+
+    # 7. Resume: the latest complete checkpoint, then skip the micro-batches it had consumed.
+    start_step = 0
+    if cfg.resume:
+        path, start_step = T.latest_checkpoint(cfg.output_dir)
+        if path is not None:
+            accelerator.load_state(str(path))
+            accelerator.print(f"resumed from {path} (step {start_step})")
+    log = T.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
+
+    def micro_batches(consumed):
+        epoch, skip = divmod(consumed, len(dataloader))
+        while True:
+            dataloader.set_epoch(epoch)
+            yield from (accelerator.skip_first_batches(dataloader, skip) if skip else dataloader)
+            epoch, skip = epoch + 1, 0
+
+    batches = micro_batches(start_step * cfg.train.grad_accum)
+
+    # 8. Train: grad_accum micro-batches per optimizer step, under accelerator.accumulate.
+    model.train()
+    bar = tqdm(total=cfg.train.steps, initial=start_step, disable=not accelerator.is_local_main_process,
+               desc="finetune")
+    for step in range(start_step + 1, cfg.train.steps + 1):
+        started, losses, tokens = time.perf_counter(), [], 0
+        for _ in range(cfg.train.grad_accum):
+            batch = next(batches)
+            with accelerator.accumulate(model):
+                if cfg.train.objective == "lm":
+                    loss = T.lm_loss(model, batch)
+                else:
+                    loss = T.distill_loss(model, teacher, batch, causal=plan.causal,
+                                          temperature=cfg.train.temperature)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.train.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            losses.append(loss.detach())
+            tokens += int(batch["attention_mask"].sum())
+        scheduler.step()
+        step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+        tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
+        record = {"step": step, "loss": step_loss, "tokens": tokens, "lr": scheduler.get_last_lr()[0],
+                  "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": T.peak_memory_mb()}
+        log.write(record)
+        if cfg.train.report_to:
+            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}",
+                        mem=f"{record['peak_mem_mb']:.0f}MB")
+        bar.update()
+
+        # 9. Periodic checkpoint (the full state: model, optimizer, scheduler, RNGs, sampler).
+        if step % cfg.train.save_every == 0 or step == cfg.train.steps:
+            accelerator.save_state(str(T.checkpoint_dir(cfg.output_dir, step)))
+            if accelerator.is_main_process:
+                (T.checkpoint_dir(cfg.output_dir, step) / "done").touch()
+                T.prune_checkpoints(cfg.output_dir, cfg.train.keep_checkpoints)
+        if cfg.train.stop_after_steps and step >= cfg.train.stop_after_steps and step < cfg.train.steps:
+            bar.close()
+            accelerator.print(f"stopped after step {step} (train.stop_after_steps); continue with --resume")
+            accelerator.end_training()
+            return None
+    bar.close()
+
+    # 10. Final model, saved the hf_posenc way (stock-loadable config), tokenizer, evaluation, model card.
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    if cfg.train.lora:
+        final, state_dict = unwrapped.merge_and_unload(), None
+    else:
+        final, state_dict = unwrapped, accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        final.save_pretrained(cfg.output_dir, state_dict=state_dict)
+        tokenizer.save_pretrained(cfg.output_dir)
+        after = T.evaluate(final, tokenizer, cfg, plan, teacher)
+        for name, figures in (("eval_before.json", before), ("eval_after.json", after)):
+            if figures:
+                open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
+        describe = hp.describe(final) if cfg.posenc else {}
+        tokens_seen = sum(r["tokens"] for r in T.read_log(cfg.output_dir))
+        T.write_model_card(cfg.output_dir, cfg, plan, describe, cfg.train.steps, tokens_seen, before, after)
+        accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
+    accelerator.end_training()
+    return final
+
+
+if __name__ == "__main__":
+    main()
