@@ -7,7 +7,8 @@
     load_corpus("wikitext:wikitext-103-raw-v1", split="test")   # anything else: a hub dataset NAME[:CONFIG]
 
 then `tokenize(corpus, tokenizer)` adds "input_ids", and `pack_exact(tokenized, length, eos_token_id=...)`
-cuts the stream of documents (joined by EOS) into blocks for training.
+(every token once) or `pack` (equal blocks, the tail dropped) cut the stream of documents, joined by
+EOS, into blocks for training.
 """
 
 from __future__ import annotations
@@ -108,6 +109,20 @@ def tokenize(corpus: datasets.Dataset, tokenizer, *, min_tokens: int = 0) -> dat
 
     tokenized = corpus.map(encode, batched=True, desc="tokenizing")
     return tokenized.filter(lambda n: n >= min_tokens, input_columns="num_tokens") if min_tokens else tokenized
+
+
+def pack(tokenized: datasets.Dataset, length: int, *, eos_token_id: int | None = None) -> datasets.Dataset:
+    """Blocks of exactly `length` tokens from the documents joined end to end (each followed by
+    `eos_token_id` when given), 1000 documents at a time; the incomplete last block of each 1000 is
+    dropped, as in transformers' run_clm (`pack_exact` keeps every token)."""
+    if length < 2:
+        raise ValueError(f"length must be >= 2, got {length}")
+
+    def blocks(batch):
+        stream = [t for ids in batch["input_ids"] for t in (ids + [eos_token_id] if eos_token_id is not None else ids)]
+        return {"input_ids": [stream[i:i + length] for i in range(0, len(stream) - length + 1, length)]}
+
+    return tokenized.map(blocks, batched=True, batch_size=1000, remove_columns=tokenized.column_names, desc="packing")
 
 
 def pack_exact(tokenized: datasets.Dataset, length: int, *, eos_token_id: int, bos_token_id: int | None = None,

@@ -29,7 +29,7 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         hpe.parse_variant(spec)
     started = time.perf_counter()
     ref = assets.resolve_alias(model)
-    print_fn(f"loading {Path(ref).name} (a GGUF file is de-quantized once and cached, ~20 s)")
+    print_fn(f"loading {Path(ref).name} (a GGUF file not in hf_posenc's cache is de-quantized, ~20 s)")
     # dtype= at loading, not .to(dtype) after it: that would also cast the rotary inv_freq buffer to bfloat16
     lm = loading.load_model(ref, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
     tokenizer = loading.load_tokenizer(ref)
@@ -38,6 +38,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     target = 2 * context
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
              f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
+    if tokens > context:
+        raise ValueError(f"--tokens {tokens} is past the model's context ({context}); part 1 compares inside it")
     text = data.load_corpus(corpus)[0]["text"]
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
     if len(ids) < max(tokens, long_tokens):
@@ -55,12 +57,7 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         print_fn(f"\n2. Past the original context: perplexity by position over {long_tokens} tokens\n")
         print_fn(format_past(past, context))
         if out is not None:
-            from .eval import plots
-
-            path = plots.plot_perplexity_curves({k: v["curve"] for k, v in past.items()},
-                                                Path(out) / "perplexity_curve.png", original_context=context,
-                                                title=f"{info['model_type']}, {corpus}: perplexity by position")
-            print_fn(f"\nfigure: {path}")
+            _figure(past, Path(out) / "perplexity_curve.png", context, f"{info['model_type']}, {corpus}", print_fn)
     print_fn(f"total {time.perf_counter() - started:.0f} s. More: python recipes/evaluate.py --config "
              f"recipes/configs/eval_smollm2.yaml (perplexity curves, passkey, needle)")
     return {"inside": inside, "past": past}
@@ -96,6 +93,16 @@ def _past_context(model, ids: torch.Tensor, variants, target: int, context: int)
         rows[spec] = {"curve": curve, "inside": hpe.curve_perplexity(curve, 0, context),
                       "past": hpe.curve_perplexity(curve, context), "seconds": time.perf_counter() - start}
     return rows
+
+
+def _figure(past: dict, path: Path, context: int, title: str, print_fn) -> None:
+    try:
+        from .eval import plots
+    except ImportError:  # matplotlib is optional
+        print_fn("\n(no figure: pip install 'hf_posenc[plot]' for matplotlib)")
+        return
+    curves = {k: v["curve"] for k, v in past.items()}
+    print_fn(f"\nfigure: {plots.plot_perplexity_curves(curves, path, original_context=context, title=title)}")
 
 
 def format_inside(rows: list[dict]) -> str:

@@ -41,13 +41,18 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
         cached = _gguf_cache(name, extra["gguf_file"])
         if cache and (cached / "config.json").exists():
             name, extra = str(cached), {}
-        else:
+        elif not cache:
             model = _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
             _compat.drop_gguf_quantization(model)
-            if cache and not {"config", "dtype", "torch_dtype"} & set(kwargs):
-                model.save_pretrained(cached)
-                load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
             return model
+        else:
+            # de-quantize once in float32 into the cache, then load from it as asked (dtype=, config=, ...)
+            model = _auto_class(name, extra, auto_class, None).from_pretrained(name, **extra)
+            _compat.drop_gguf_quantization(model)
+            model.save_pretrained(cached)
+            load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
+            del model
+            name, extra = str(cached), {}
     return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
 
 

@@ -214,10 +214,12 @@ def summary(results: dict, context: int) -> str:
         runs = {k: v[task] for k, v in variants.items() if task in v}
         if runs:
             first = next(iter(runs.values()))
-            lines += [f"{task} accuracy ({first['trials']} trials over depths {first['depths']}):", "",
-                      "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " |",
-                      "|---|" + "---|" * len(first["lengths"])]
-            lines += [f"| {label} | " + " | ".join(f"{a:.2f}" for a in r["by_length"]) + " |" for label, r in runs.items()]
+            per_length = first["trials"] // len(first["lengths"])
+            lines += [f"{task} accuracy at each length ({per_length} trials per length, depths {first['depths']}):", "",
+                      "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | mean answer log-prob |",
+                      "|---|" + "---|" * (len(first["lengths"]) + 1)]
+            lines += [f"| {label} | " + " | ".join(f"{a:.2f}" for a in r["by_length"]) + f" | {r['mean_logprob']:.2f} |"
+                      for label, r in runs.items()]
             lines.append("")
     return "\n".join(lines)
 

@@ -26,23 +26,34 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def plot_perplexity_curves(curves: dict[str, dict], path: str | Path, *, original_context: int | None = None,
-                           title: str = "perplexity by position") -> Path:
-    """One line per variant: perplexity (log scale) of each bucket of positions."""
-    fig = Figure(figsize=(7, 4.2))
-    ax = fig.subplots()
-    for label, curve in curves.items():
-        ax.plot(curve["positions"], curve["perplexity"], marker=".", markersize=3, linewidth=1.2, label=label)
-    ax.set_yscale("log")
+                           title: str = "perplexity by position", reference: str | None = "none") -> Path:
+    """One line per variant: perplexity (log scale) of each bucket of positions. When the curves include
+    `reference` (the unpatched model), a second panel shows each one's ratio to it: what the text does
+    to every variant alike cancels out, what the patch does remains."""
+    ratio = reference in curves and len(curves) > 1
+    fig = Figure(figsize=(8, 6.4 if ratio else 4.2), layout="constrained")
+    axes = fig.subplots(2 if ratio else 1, 1, sharex=True, squeeze=False, height_ratios=[3, 2] if ratio else None)[:, 0]
     plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20, 30, 50 rather than 2x10^1 ...
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    for label, curve in curves.items():
+        style = dict(marker=".", markersize=3, linewidth=1.2, label=label)
+        axes[0].plot(curve["positions"], curve["perplexity"], **style)
+        if ratio:
+            base = curves[reference]["perplexity"]
+            axes[1].plot(curve["positions"], [p / b for p, b in zip(curve["perplexity"], base)], **style)
     finite = [p for c in curves.values() for p in c["perplexity"] if math.isfinite(p)]
     if finite and max(finite) > 50 * min(finite):  # a collapsed variant would flatten the others
-        ax.set_ylim(min(finite) * 0.9, min(max(finite), 50 * min(finite)))
-    _context_line(ax, original_context)
-    ax.set(xlabel="position (tokens)", ylabel="perplexity", title=title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+        axes[0].set_ylim(min(finite) * 0.9, min(max(finite), 50 * min(finite)))
+    axes[0].set(ylabel="perplexity", title=title)
+    if ratio:
+        axes[1].set(ylabel=f"ratio to {reference}")
+    for ax in axes:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(alpha=0.3, which="both")
+        _context_line(ax, original_context)
+    axes[-1].set_xlabel("position (tokens)")
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
 
 
