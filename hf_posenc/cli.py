@@ -1,4 +1,4 @@
-"""The `hf-posenc` command: methods, inspect, patch, demo."""
+"""The `hf-posenc` command: methods, inspect, patch, demo, plot."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ def _params(pairs: list[str]) -> dict:
     return out
 
 
+def _method_params(args) -> dict:
+    """--param pairs plus --max-position-embeddings / --factor, as hp.patch keywords."""
+    params = _params(args.param)
+    if args.max_position_embeddings is not None:
+        params["max_position_embeddings"] = args.max_position_embeddings
+    if args.factor is not None:
+        params["factor"] = args.factor
+    return params
+
+
 def cmd_methods(args) -> None:
     methods = list_methods()
     if args.json:
@@ -51,11 +61,7 @@ def cmd_patch(args) -> None:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SystemExit(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
-    params = _params(args.param)
-    if args.max_position_embeddings is not None:
-        params["max_position_embeddings"] = args.max_position_embeddings
-    if args.factor is not None:
-        params["factor"] = args.factor
+    params = _method_params(args)
     # Check method and parameters before loading any weights.
     from .registry import get_method
 
@@ -94,11 +100,7 @@ def cmd_plot(args) -> None:
     unknown = [w for w in asked if w not in (*analysis.PLOTS, "all")]
     if unknown:
         raise SystemExit(f"error: unknown plot(s) {unknown}; known: {', '.join(analysis.PLOTS)}, all")
-    params = _params(args.param)
-    if args.max_position_embeddings is not None:
-        params["max_position_embeddings"] = args.max_position_embeddings
-    if args.factor is not None:
-        params["factor"] = args.factor
+    params = _method_params(args)
     methods = [m for group in args.method or [] for m in group.split(",") if m]
     for method in methods:  # check names and parameters before loading any weights
         get_method(method).from_dict(params)
