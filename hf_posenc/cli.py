@@ -9,26 +9,16 @@ import sys
 from pathlib import Path
 
 from . import api, assets, loading
-from .errors import PosEncError
+from .config import parse_params
+from .errors import InvalidParameterError, PosEncError
 from .registry import list_methods
 
 
-def _value(text: str):
-    """A --param value: JSON when it parses (numbers, lists, true/false/null), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _params(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--param takes key=value, got {pair!r}")
-        out[key.replace("-", "_")] = _value(value)
-    return out
+    try:
+        return {key.replace("-", "_"): value for key, value in parse_params(pairs or []).items()}
+    except InvalidParameterError as err:
+        raise SystemExit(f"--param: {err}") from None
 
 
 def _method_params(args) -> dict:

@@ -5,6 +5,7 @@ factor from each other once the model's original context is known."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,6 +33,21 @@ def check_number(name: str, value: Any, *, minimum: float | None = None, above: 
         raise InvalidParameterError(f"{name} must be >= {minimum}, got {value!r}")
     if above is not None and value <= above:
         raise InvalidParameterError(f"{name} must be > {above}, got {value!r}")
+
+
+def parse_params(pairs: list[str]) -> dict:
+    """["beta_fast=16", "long_factor=[1,2]"] -> {"beta_fast": 16, "long_factor": [1, 2]}: values are JSON
+    when they parse (numbers, lists, true/false/null), else strings. For command lines and configs."""
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidParameterError(f"parameters are key=value, got {pair!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
 
 
 @dataclass

@@ -5,11 +5,12 @@ written as text so configs and the command line can list them: "yarn", "yarn bet
 from __future__ import annotations
 
 import contextlib
-import json
 
 import torch
 
 from .. import api
+from ..config import parse_params
+from ..errors import InvalidParameterError
 from ..registry import get_method
 
 NONE = "none"
@@ -20,15 +21,10 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     name, *pairs = spec.split()
     if name != NONE:
         get_method(name)
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"variant {spec!r}: parameters are key=value, got {pair!r}")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+    try:
+        params = parse_params(pairs)
+    except InvalidParameterError as err:
+        raise ValueError(f"variant {spec!r}: {err}") from None
     if name == NONE and params:
         raise ValueError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
     return name, params
