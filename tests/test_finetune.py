@@ -146,6 +146,28 @@ def tiny_model_like(folder):
     return AutoModelForCausalLM.from_pretrained(folder)
 
 
+def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, text_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                       train={"steps": 8, "lr": 1e-2, "save_every": 8, "lora": {"r": 4, "alpha": 8}})
+    merged = run_recipe(cfg)
+    out = tmp_path / "out"
+    log = T.read_log(out)
+    assert log[0]["loss"] - log[-1]["loss"] > 0.05
+    # the adapters trained and are merged into the base weights; nothing of peft is left
+    base, weights = state(tiny_model_like(tiny_dir)), state(merged)
+    assert set(weights) == set(base)
+    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    torch.testing.assert_close(weights["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    assert not (out / "adapter_config.json").exists()
+    ids = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(0))   # past the original 128
+    with torch.no_grad():
+        expected = merged.eval()(ids).logits
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits, expected,
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(hp.from_pretrained(out).eval()(ids).logits, expected, rtol=0, atol=1e-5)
+    assert "LoRA" in (out / "README.md").read_text()
+
+
 # ------------------------------------------------------------------------------------------ DDP parity
 def free_port():
     import socket
