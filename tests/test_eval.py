@@ -126,6 +126,16 @@ def test_curve_perplexity_averages_the_buckets_in_a_range():
     assert hpe.curve_perplexity(curve, 64) == pytest.approx(math.exp(4.0))
 
 
+def test_one_pass_curve_gives_the_document_perplexity_of_every_prefix_length():
+    model = hp.patch(tiny_model(), "yarn", factor=2.0)
+    doc = token_ids(128, seed=1)[0]
+    curve = hpe.perplexity_curve(model, [doc], length=128, bucket=32, prefix=False, progress=False)
+    assert curve["tokens"] == [31, 32, 32, 32]  # token 0 is not scored
+    for n in (32, 64, 96, 128):
+        separate = hpe.document_perplexity(model, [doc], max_length=n, progress=False)["perplexity"]
+        assert hpe.curve_perplexity(curve, 0, n) == pytest.approx(separate, rel=1e-5)
+
+
 # -- retrieval ------------------------------------------------------------------------------------
 
 def find(seq, sub):

@@ -53,15 +53,18 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: in
     targets = ids[:, 1:]
     split = _chunked_head(model) if ids.shape[1] > chunk_size else None
     if split is None:
-        logits = model(ids, use_cache=False).logits[:, :-1]
-        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        return _cross_entropy(model(ids, use_cache=False).logits[:, :-1], targets)
     body, head = split
     hidden = body(ids, use_cache=False)[0][:, :-1]
-    return torch.cat([
-        F.cross_entropy(head(hidden[:, s:s + chunk_size]).float().transpose(1, 2), targets[:, s:s + chunk_size],
-                        reduction="none")
-        for s in range(0, hidden.shape[1], chunk_size)
-    ], dim=1)
+    return torch.cat([_cross_entropy(head(hidden[:, s:s + chunk_size]), targets[:, s:s + chunk_size])
+                      for s in range(0, hidden.shape[1], chunk_size)], dim=1)
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token loss (float32) of logits [batch, n, vocab] against targets [batch, n]. Flattened to rows
+    rather than transposed to [batch, vocab, n]: a log-softmax over a strided vocabulary dimension is
+    ~4x slower on CPU (benchmarks/bench_eval_onepass.py)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
 
 
 def _summary(nll_sum: float, tokens: int) -> dict:
@@ -137,12 +140,18 @@ def perplexity_curve(model: torch.nn.Module, documents: Sequence[Sequence[int]],
             bar.update()
     bar.close()
     nll /= len(docs)
-    means = [nll[start - 1:end - 1].mean().item() for start, end in zip([1] + ends[:-1], ends)]
+    starts = [1] + ends[:-1]
+    means = [nll[start - 1:end - 1].mean().item() for start, end in zip(starts, ends)]
     return {"length": length, "bucket": bucket, "documents": len(docs), "prefix": prefix,
-            "positions": [e - 1 for e in ends], "nll": means, "perplexity": [math.exp(m) for m in means]}
+            "positions": [e - 1 for e in ends], "tokens": [e - s for s, e in zip(starts, ends)],
+            "nll": means, "perplexity": [math.exp(m) for m in means]}
 
 
 def curve_perplexity(curve: dict, start: int, end: int | None = None) -> float:
-    """Perplexity over the curve's buckets whose positions fall in [start, end)."""
-    nll = [n for p, n in zip(curve["positions"], curve["nll"]) if p >= start and (end is None or p < end)]
-    return math.exp(sum(nll) / len(nll)) if nll else float("nan")
+    """Perplexity over the curve's buckets whose positions fall in [start, end), weighted by their tokens
+    (the first bucket has one fewer: token 0 is not scored). From a one-pass curve (`prefix=False`),
+    `curve_perplexity(curve, 0, n)` at a bucket boundary n is the perplexity of the first n tokens scored
+    in one pass, as `document_perplexity(..., max_length=n)` gives it, for every n from one forward."""
+    rows = [(n, w) for p, n, w in zip(curve["positions"], curve["nll"], curve.get("tokens") or [1] * len(curve["nll"]))
+            if p >= start and (end is None or p < end)]
+    return math.exp(sum(n * w for n, w in rows) / sum(w for _, w in rows)) if rows else float("nan")

@@ -1,0 +1,218 @@
+"""Quality of the RoPE methods at twice SmolLM2-135M's context, no fine-tuning: per-document perplexity at
+several context lengths on several Shakespeare plays, and passkey accuracy.
+
+Perplexity at length n: the play truncated to its first n tokens, scored in one pass (a sliding window
+of n tokens over n tokens: `hpe.document_perplexity(max_length=n)`). For a static method (and the
+unpatched model) one pass over the longest length gives every n at once (`hpe.perplexity_curve(...,
+prefix=False)` read with `hpe.curve_perplexity(curve, 0, n)`; benchmarks/bench_eval_onepass.py checks
+that it is the same number); a length-dependent method (dynamic, dynamic_yarn) picks its frequencies
+from the input length, so each n is its own pass.
+
+The recipe (recipes/evaluate.py) does not fit: its curve averages the documents by position, and for a
+length-dependent method scores every bucket from its own prefix (a pass per bucket, not per length).
+
+Passkey: `hpe.make_trials("passkey", ...)`, one teacher-forced pass per trial (right when greedy decoding
+gives the key). A length-dependent method at a length within the original context is the unpatched
+model exactly (tests/test_eval.py); --reuse-inside takes the unpatched model's scores there.
+
+Results go to --out (JSON, rewritten after every step: a rerun with the same settings resumes), the
+tables to stdout, the figure to --plot.
+
+    python benchmarks/bench_eval_quality.py                       # ~1 h on 2 CPU cores
+    python benchmarks/bench_eval_quality.py --lengths 512 1024 --passkey-lengths 1024 --out /tmp/q.json --plot /tmp/q.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_posenc as hp
+from hf_posenc import assets
+from hf_posenc import eval as hpe
+
+METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
+
+
+def perplexities(model, ids: list[int], lengths: list[int], bucket: int) -> dict:
+    """{length: perplexity of the first `length` tokens}; how ("one pass" or "separate")."""
+    if hpe.is_length_dependent(model):
+        return {str(n): hpe.document_perplexity(model, [ids], max_length=n, progress=False)["perplexity"]
+                for n in lengths}, "separate"
+    curve = hpe.perplexity_curve(model, [ids], length=max(lengths), bucket=bucket, prefix=False, progress=False)
+    return {str(n): hpe.curve_perplexity(curve, 0, n) for n in lengths}, "one pass"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"])
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--target", type=int, default=0, help="patch target (0: twice the model's context)")
+    parser.add_argument("--passkey-lengths", type=int, nargs="*", default=[4096, 8192, 16384])
+    parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    parser.add_argument("--trials", type=int, default=1, help="passkey trials per (length, depth)")
+    parser.add_argument("--reuse-inside", action=argparse.BooleanOptionalAction, default=True,
+                        help="length-dependent methods take the unpatched scores at lengths <= the context")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", default="runs/bench/eval_quality.json")
+    parser.add_argument("--plot", default="docs/eval_smollm2_quality.png")
+    args = parser.parse_args()
+
+    ref = assets.smollm2_gguf()
+    model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
+    tokenizer = hp.load_tokenizer(ref)
+    context = model.config.max_position_embeddings
+    target = args.target or 2 * context
+    lengths = sorted(args.lengths)
+    bucket = math.gcd(*lengths)
+    docs = {}
+    for play in args.plays:
+        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
+        if len(ids) < lengths[-1]:
+            raise SystemExit(f"{play} has {len(ids)} tokens, fewer than {lengths[-1]}")
+        docs[play] = ids[:lengths[-1]]
+    trials = hpe.make_trials("passkey", tokenizer, lengths=args.passkey_lengths, depths=args.depths,
+                             trials=args.trials, seed=0) if args.passkey_lengths else []
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "plot")} | {"target": target}
+    out = Path(args.out)
+    results = {"settings": settings, "perplexity": {}, "passkey": {}}
+    if out.exists():
+        saved = json.loads(out.read_text())
+        if saved["settings"] == settings:
+            results = saved
+    results["machine"] = (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+                          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+                          f"transformers {transformers.__version__}, SmolLM2-135M {args.dtype} sdpa")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
+    print(results["machine"], f"; target {target} (context {context})", flush=True)
+
+    for method in args.methods:
+        with hpe.patched(model, method, target):
+            dynamic = hpe.is_length_dependent(model)
+            for play, ids in docs.items():
+                if play in results["perplexity"].get(method, {}):
+                    continue
+                start, cpu = time.perf_counter(), time.process_time()
+                ppl, how = perplexities(model, ids, lengths, bucket)
+                results["perplexity"].setdefault(method, {})[play] = {
+                    "ppl": ppl, "how": how, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+                save()
+                print(f"{method} {play} ({how}, {time.perf_counter() - start:.0f} s): "
+                      + ", ".join(f"{n} {p:.2f}" for n, p in ppl.items()), flush=True)
+            if trials and method not in results["passkey"]:
+                start = time.perf_counter()
+                reuse = args.reuse_inside and dynamic and "none" in results["passkey"]
+                scores, reused = [], 0
+                for i, trial in enumerate(trials):
+                    if reuse and trial.length <= context:
+                        scores.append(results["passkey"]["none"]["scores"][i])
+                        reused += 1
+                    else:
+                        scores += hpe.score_trials(model, [trial], progress=False)
+                summary = hpe.summarize(trials, scores)
+                results["passkey"][method] = {**summary, "scores": scores, "reused_from_none": reused,
+                                              "seconds": time.perf_counter() - start}
+                save()
+                print(f"{method} passkey ({time.perf_counter() - start:.0f} s, {reused} trials reused): "
+                      + ", ".join(f"{n} {a:.2f}" for n, a in zip(summary["lengths"], summary["by_length"])), flush=True)
+
+    print()
+    print(tables(results, args.methods, args.plays, lengths, context))
+    if args.plot:
+        print(f"figure: {plot(results, args.methods, args.plays, lengths, context, args.plot)}")
+
+
+def mean_ppl(per_play: dict, plays: list[str], n: int) -> float:
+    """Perplexity over the plays' tokens together (same count per play: the geometric mean)."""
+    return math.exp(sum(math.log(per_play[p]["ppl"][str(n)]) for p in plays) / len(plays))
+
+
+def tables(results: dict, methods: list[str], plays: list[str], lengths: list[int], context: int) -> str:
+    ppl = results["perplexity"]
+    head = "| method | how | " + " | ".join(f"{n}" for n in lengths) + " |\n|---|---|" + "---|" * len(lengths)
+    lines = []
+    for play in plays + ["mean"]:
+        lines += [f"Perplexity of the first n tokens, {play if play != 'mean' else 'all plays (geometric mean)'}:",
+                  "", head]
+        for m in methods:
+            if m in ppl and all(p in ppl[m] for p in plays):
+                values = [mean_ppl(ppl[m], plays, n) if play == "mean" else ppl[m][play]["ppl"][str(n)] for n in lengths]
+                lines.append(f"| {m} | {ppl[m][plays[0]]['how']} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+        lines.append("")
+    longest = lengths[-1]
+    if "none" in ppl and context in lengths:
+        lines += [f"Distance of each method's {longest} perplexity from the unpatched model's {context} perplexity "
+                  f"(ratio, difference):", "",
+                  "| method | " + " | ".join(plays) + " | mean |", "|---|" + "---|" * (len(plays) + 1)]
+        for m in methods:
+            if m in ppl and all(p in ppl[m] for p in plays):
+                cells = []
+                for play in plays + ["mean"]:
+                    ref = mean_ppl(ppl["none"], plays, context) if play == "mean" else ppl["none"][play]["ppl"][str(context)]
+                    val = mean_ppl(ppl[m], plays, longest) if play == "mean" else ppl[m][play]["ppl"][str(longest)]
+                    cells.append(f"{val / ref:.3f}x, {val - ref:+.2f}")
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if results["passkey"]:
+        first = next(iter(results["passkey"].values()))
+        per = first["trials"] // len(first["lengths"])
+        lines += [f"Passkey accuracy ({per} trials per length: depths {first['depths']}, seed 0):", "",
+                  "| method | " + " | ".join(str(n) for n in first["lengths"]) + " | mean answer log-prob |",
+                  "|---|" + "---|" * (len(first["lengths"]) + 1)]
+        for m in methods:
+            if m in results["passkey"]:
+                r = results["passkey"][m]
+                lines.append(f"| {m} | " + " | ".join(f"{round(a * per)}/{per}" for a in r["by_length"])
+                             + f" | {r['mean_logprob']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict, methods: list[str], plays: list[str], lengths: list[int], context: int, path: str) -> Path:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ppl = results["perplexity"]
+    panels = plays + ["mean"]
+    fig = Figure(figsize=(4.2 * len(panels), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for ax, play in zip(axes, panels):
+        for m in methods:
+            if m in ppl and all(p in ppl[m] for p in plays):
+                ys = [mean_ppl(ppl[m], plays, n) if play == "mean" else ppl[m][play]["ppl"][str(n)] for n in lengths]
+                ax.plot(lengths, ys, marker="o", markersize=4, linewidth=1.4, label=m,
+                        linestyle="--" if m == "none" else "-")
+        ax.axvline(context, color="0.5", linestyle=":", linewidth=1)
+        ax.annotate("original context", (context, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize=8, color="0.4")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(alpha=0.3, which="both")
+        ax.set(title=play if play != "mean" else "all plays (geometric mean)", xlabel="context length n (tokens)")
+    axes[0].set_ylabel("perplexity of the first n tokens")
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(f"SmolLM2-135M, RoPE methods at {results['settings']['target']} tokens, no fine-tuning", fontsize=10)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return Path(path)
+
+
+if __name__ == "__main__":
+    main()
