@@ -12,6 +12,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import sys
 
 import torch
 import transformers
@@ -27,9 +28,16 @@ if Version(transformers.__version__) < Version(TRANSFORMERS_FLOOR):
 
 from transformers import PreTrainedConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding  # noqa: E402
+
+# The rotary module a model without one gets (learned -> rope): transformers' own, with partial rotary.
+GENERIC_ROTARY = GPTNeoXRotaryEmbedding
 
 # rope_type names transformers computes itself (DESIGN.md rule 2), "default" included.
 STOCK_ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+# Families whose rotary pairs are interleaved channels (2i, 2i + 1) rather than (i, i + d/2).
+INTERLEAVED_ROTARY_MODEL_TYPES = ("cohere", "cohere2", "cohere2_moe", "deepseek_v3", "glm4_moe_lite", "mistral4",
+                                  "youtu", "blt", "axk1")
 # Layer types that only ever attend inside a window: rescaling them gains nothing.
 _LOCAL_LAYER_HINTS = ("sliding", "chunked", "local")
 
@@ -162,6 +170,51 @@ def cache_length(past_key_values) -> int:
     return int(past_key_values[0][0].shape[-2]) if len(past_key_values) else 0
 
 
+# -- the attention call ------------------------------------------------------------------------------
+
+def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of each self-attention module that calls transformers' attention interface
+    (it holds `scaling` and `is_causal`); cross-attention modules are left out."""
+    return [
+        (name, module) for name, module in model.named_modules()
+        if hasattr(module, "scaling") and hasattr(module, "is_causal")
+        and not getattr(module, "is_cross_attention", False) and "Cross" not in type(module).__name__
+    ]
+
+
+def attention_implementation(config: PreTrainedConfig) -> str:
+    return config._attn_implementation or "eager"
+
+
+def set_attention_implementation(config: PreTrainedConfig, name: str) -> None:
+    config._attn_implementation = name
+
+
+def attention_function(name: str, module: torch.nn.Module):
+    """The attention function `module` runs under implementation `name`: the registered one, or for
+    "eager" the model's own `eager_attention_forward` (each modeling file has its own)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def register_attention(name: str, function, like: str) -> None:
+    """Register `function` as attention implementation `name`, its masks built as for `like`."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[like])
+
+
+def known_attention(name: str) -> bool:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return name == "eager" or name in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+
+
 def _safetensors_files(path) -> list[str]:
     """The safetensors files of a checkpoint (a local folder or a hub id), sharded or not."""
     import json
@@ -200,8 +253,9 @@ def read_checkpoint_tensors(path, names: list[str]) -> dict[str, torch.Tensor]:
 
 
 class _DropLoadReport:
-    """A logging filter that drops transformers' LOAD REPORT when every key it lists is UNEXPECTED and
-    ends with one of `suffixes` (extra tensors hf_posenc saved and reads back itself)."""
+    """A logging filter that drops transformers' LOAD REPORT when every key it lists is UNEXPECTED (extra
+    tensors hf_posenc saved and reads back itself) or MISMATCH (tables it saved empty and replaces) and
+    ends with one of `suffixes`."""
 
     def __init__(self, suffixes: tuple[str, ...]):
         self.suffixes = suffixes
@@ -212,14 +266,14 @@ class _DropLoadReport:
             return True
         rows = [line.split("|") for line in message.splitlines() if line.count("|") >= 2]
         rows = [(cells[0].strip(), cells[1].strip()) for cells in rows if cells[0].strip() not in ("", "Key")]
-        ours = all(status == "UNEXPECTED" and key.endswith(self.suffixes) for key, status in rows)
+        ours = all(status in ("UNEXPECTED", "MISMATCH") and key.endswith(self.suffixes) for key, status in rows)
         return not (rows and ours)
 
 
 @contextlib.contextmanager
 def quiet_load_report(suffixes: tuple[str, ...]):
-    """While loading a checkpoint that holds extra tensors hf_posenc reads itself, keep transformers from
-    reporting them as unexpected (any other finding is still reported)."""
+    """While loading a checkpoint that holds tensors hf_posenc reads or replaces itself, keep transformers
+    from reporting them (any other finding is still reported)."""
     logger = logging.getLogger("transformers.modeling_utils")
     drop = _DropLoadReport(suffixes)
     logger.addFilter(drop)

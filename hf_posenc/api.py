@@ -9,8 +9,8 @@ import torch
 import transformers
 
 from . import families  # noqa: F401  (registers the family adapters)
-from . import loading
-from .config import MethodConfig
+from . import _compat, attention, loading
+from .config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from .errors import AlreadyPatchedError, MethodNotApplicableError, NotPatchedError, ParameterTypeError
 from .plan import RECORD_ATTR, UNDO_ATTR, is_patched, undo
 from .registry import FAMILIES, find_family, get_method, methods_for
@@ -35,8 +35,10 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     derived from it, or the reverse. Everything is checked before the model is touched: a refused
     call leaves the model as it was."""
     cfg = _method_config(method, params)
-    if is_patched(model):
-        record = getattr(model.config, RECORD_ATTR, None) or {}
+    record = getattr(model.config, RECORD_ATTR, None) or {}
+    # a model swapped to rotary positions (learned -> rope) takes a RoPE scaling method on top
+    stacked = record.get("method") == "rope" and UNDO_ATTR in model.__dict__ and isinstance(cfg, RopeMethodConfig)
+    if is_patched(model) and not stacked:
         raise AlreadyPatchedError(
             f"this model is already patched (method {record.get('method')!r}); to re-patch, call "
             f"hp.unpatch(model) first, then hp.patch(model, {cfg.name!r}, ...)"
@@ -48,7 +50,10 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
             f"{model.config.model_type} model uses {family.mechanism} positions; methods that apply: "
             f"{', '.join(methods_for(family.mechanism))}"
         )
-    family.plan(model, cfg).apply()
+    plan = family.plan(model, cfg)
+    if stacked:
+        plan.record["base"] = record
+    plan.apply()
     return model
 
 
@@ -70,10 +75,11 @@ def describe(model: torch.nn.Module) -> dict:
     family = find_family(model)
     config = model.config.get_text_config()
     record = getattr(model.config, RECORD_ATTR, None)
+    moved = record and issubclass(get_method(record["method"]), AttentionMethodConfig)
     info = {
         "model_type": config.model_type,
         "family": family.name,
-        **family.describe(model),
+        **(attention.describe(model, record) if moved else family.describe(model)),
         "method": None,
         "max_position_embeddings": config.max_position_embeddings,
     }
@@ -90,19 +96,31 @@ def describe(model: torch.nn.Module) -> dict:
 
 def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **kwargs) -> torch.nn.Module:
     """Load a checkpoint and restore any hf_posenc patch recorded in its config, including the ones
-    stock transformers cannot express (`dynamic`, `dynamic_yarn`, ...). Keyword arguments go to
-    transformers' `from_pretrained` (dtype=, attn_implementation=, ...). A `.gguf` path works too."""
+    stock transformers cannot express (`dynamic`, `dynamic_yarn`, `alibi`, ...). Keyword arguments go
+    to transformers' `from_pretrained` (dtype=, attn_implementation=, ...). A `.gguf` path works too."""
     name, extra = loading.resolve(path, gguf_file)
     config = transformers.AutoConfig.from_pretrained(name, **extra)
+    return _load(path, config, gguf_file=gguf_file, **kwargs)
+
+
+def _load(path, config, *, gguf_file: str | None = None, **kwargs) -> torch.nn.Module:
     record = getattr(config, RECORD_ATTR, None)
     if record is None:
-        return loading.load_model(path, gguf_file=gguf_file, **kwargs)
+        return loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
     family = next(f for f in FAMILIES if f.name == record["family"])
-    if hasattr(family, "load_patched"):  # families whose saved weights differ from the unpatched model's
-        return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)
-    family.unpatched_config(config, record)
-    delattr(config, RECORD_ATTR)
-    model = loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
     method = get_method(record["method"])
+    if hasattr(family, "load_patched") and not issubclass(method, AttentionMethodConfig):
+        return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)  # saved tables restored
+    # the model before the patch (itself patched when this one was stacked on another), then the patch again
+    stock, removed = family.unpatched_config(config, record)
+    if "base" in record:
+        setattr(stock, RECORD_ATTR, record["base"])
+        model = _load(path, stock, gguf_file=gguf_file, **kwargs)
+    else:
+        extra = {"ignore_mismatched_sizes": True} if removed else {}
+        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES)):
+            model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
     field_names = {f.name for f in dataclasses.fields(method)}
-    return patch(model, method.from_dict({k: v for k, v in record["params"].items() if k in field_names}))
+    patch(model, method.from_dict({k: v for k, v in record["params"].items() if k in field_names}))
+    attention.restore_tensors(model, path)
+    return model

@@ -408,3 +408,114 @@ class TileConfig(LearnedMethodConfig):
 LEARNED_METHOD_CONFIGS: tuple[type[LearnedMethodConfig], ...] = (SinusoidalConfig, InterpolateConfig, TileConfig)
 
 __all__ += [c.__name__ for c in LEARNED_METHOD_CONFIGS] + ["LearnedMethodConfig"]
+
+
+# -- mechanisms swapped through the attention call (ALiBi, relative bias, XPos, learned -> rotary) -----
+
+@dataclass
+class AttentionMethodConfig(MethodConfig):
+    """A method that acts inside attention: a bias added to the scores, or a transform of q and k.
+    None of them bounds the input length: `max_position_embeddings` (default: the original context)
+    only sets the advertised context."""
+
+    adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
+    removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
+
+    def resolve(self, original: int) -> AttentionMethodConfig:
+        if self.factor is None and self.max_position_embeddings is None:
+            return dataclasses.replace(self, factor=1.0, max_position_embeddings=int(original))
+        return super().resolve(original)
+
+
+@dataclass
+class AlibiConfig(AttentionMethodConfig):
+    """ALiBi (Press et al. 2022): the model's positions are removed and each head h adds -m_h * (i - j)
+    to the score of query i and key j, with the paper's geometric slopes m_h. Encoders (bidirectional
+    attention) get -m_h * |i - j|."""
+
+    name: ClassVar[str] = "alibi"
+    mechanisms: ClassVar[tuple[str, ...]] = ("learned", "rope")
+    summary: ClassVar[str] = "ALiBi: positions removed, a fixed linear distance penalty per head on the scores"
+    adds_bias: ClassVar[bool] = True
+
+
+@dataclass
+class RelativeBiasConfig(AttentionMethodConfig):
+    """A learned bias per head and layer for each relative position j - i, clipped to [-k, k] (2k + 1
+    values per head), or T5's log buckets (`buckets=` values per head, distances up to `max_distance`
+    on a log scale). Initialised to zero: the model starts as itself without positions."""
+
+    name: ClassVar[str] = "relative_bias"
+    mechanisms: ClassVar[tuple[str, ...]] = ("learned", "rope")
+    summary: ClassVar[str] = "learned per-head bias per clipped distance [-k, k] (or T5 log buckets), starts at 0"
+    adds_bias: ClassVar[bool] = True
+
+    k: int = 128
+    buckets: int | None = None
+    max_distance: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("k", self.k, above=0, integer=True, optional=False)
+        check_number("buckets", self.buckets, minimum=4, integer=True)
+        check_number("max_distance", self.max_distance, above=0, integer=True)
+        if (self.buckets is None) != (self.max_distance is None):
+            raise InvalidParameterError(
+                f"T5 buckets need both buckets= and max_distance= (got buckets={self.buckets!r}, "
+                f"max_distance={self.max_distance!r}); give neither for the clipped table of k={self.k}"
+            )
+        if self.buckets is not None and self.max_distance <= self.buckets // 2:
+            raise InvalidParameterError(
+                f"max_distance={self.max_distance} must be > buckets // 2 = {self.buckets // 2} (the distances that "
+                f"get a bucket each); the log-spaced buckets cover the distances between"
+            )
+
+
+@dataclass
+class XposConfig(AttentionMethodConfig):
+    """XPos (Sun et al. 2022): RoPE kept, and rotary pair i of q and k scaled by zeta_i^(+-position /
+    scale_base), zeta_i = (2i/d + gamma) / (1 + gamma), so scores decay with distance."""
+
+    name: ClassVar[str] = "xpos"
+    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+    summary: ClassVar[str] = "XPos: RoPE plus a per-dimension exponential decay with distance"
+    removes_positions: ClassVar[bool] = False
+
+    gamma: float = 0.4
+    scale_base: float = 512.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("gamma", self.gamma, above=0, optional=False)
+        check_number("scale_base", self.scale_base, above=0, optional=False)
+
+
+@dataclass
+class RopeSwapConfig(AttentionMethodConfig):
+    """Rotary positions in place of a learned table: q and k of every layer rotated (RoPE, base
+    `theta`), on the first `partial_rotary_factor` of each head's channels. The model becomes a RoPE
+    model: every RoPE scaling method applies to it afterwards."""
+
+    name: ClassVar[str] = "rope"
+    mechanisms: ClassVar[tuple[str, ...]] = ("learned",)
+    summary: ClassVar[str] = "learned table removed, rotary q/k rotation (base theta) in its place"
+
+    theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("theta", self.theta, above=1, optional=False)
+        check_number("partial_rotary_factor", self.partial_rotary_factor, above=0, optional=False)
+        if self.partial_rotary_factor > 1:
+            raise InvalidParameterError(
+                f"partial_rotary_factor is the share of each head's channels that rotate, in (0, 1]; "
+                f"got {self.partial_rotary_factor!r}"
+            )
+
+
+ATTENTION_METHOD_CONFIGS: tuple[type[AttentionMethodConfig], ...] = (
+    AlibiConfig, RelativeBiasConfig, XposConfig, RopeSwapConfig,
+)
+
+__all__ += [c.__name__ for c in ATTENTION_METHOD_CONFIGS] + ["AttentionMethodConfig"]

@@ -36,10 +36,14 @@ class Undo:
     config: PreTrainedConfig
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]]
     config_refs: list[tuple[torch.nn.Module, PreTrainedConfig]]
+    previous: Undo | None = None  # the patch this one was stacked on (a RoPE method on a learned -> rope swap)
 
     def apply(self, model: torch.nn.Module) -> None:
         for parent, name, original in self.swaps:
-            setattr(parent, name, _match_placement(original, getattr(parent, name)))
+            if original is None:  # a child the patch added
+                delattr(parent, name)
+            else:
+                setattr(parent, name, _match_placement(original, getattr(parent, name)))
         for module, config in self.config_refs:
             module.config = config
 
@@ -54,7 +58,8 @@ class PatchPlan:
 
     def apply(self) -> None:
         model = self.model
-        undo = Undo(config=model.config, swaps=[(p, n, getattr(p, n)) for p, n, _ in self.swaps], config_refs=[])
+        undo = Undo(config=model.config, swaps=[(p, n, getattr(p, n, None)) for p, n, _ in self.swaps],
+                    config_refs=[], previous=model.__dict__.get(UNDO_ATTR))
         for parent, name, new in self.swaps:
             setattr(parent, name, new)
         for module in model.modules():
@@ -71,4 +76,8 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 
 def undo(model: torch.nn.Module) -> None:
-    model.__dict__.pop(UNDO_ATTR).apply(model)
+    """Undo the last patch (a stacked patch leaves the one below it in place)."""
+    last = model.__dict__.pop(UNDO_ATTR)
+    last.apply(model)
+    if last.previous is not None:
+        model.__dict__[UNDO_ATTR] = last.previous

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import config as _config
 from .errors import UnknownMethodError, UnsupportedModelError
+from .plan import RECORD_ATTR
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +64,9 @@ def find_family(model: torch.nn.Module) -> Family:
     for family in FAMILIES:
         if family.matches(model):
             return family
+    record = getattr(getattr(model, "config", None), RECORD_ATTR, None)
+    if record:  # a patch may have removed what the family looks for (ALiBi removes the rotary module)
+        return next(f for f in FAMILIES if f.name == record["family"])
     model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
     raise UnsupportedModelError(
         f"no positional module found in model_type {model_type!r} ({type(model).__name__}); hf_posenc supports "
@@ -80,5 +84,5 @@ def list_methods() -> list[dict]:
     ]
 
 
-for _cls in _config.ROPE_METHOD_CONFIGS + _config.LEARNED_METHOD_CONFIGS:
+for _cls in _config.ROPE_METHOD_CONFIGS + _config.LEARNED_METHOD_CONFIGS + _config.ATTENTION_METHOD_CONFIGS:
     register_method(_cls)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..attention import PREFIX
 from ..config import MethodConfig
 from ..errors import InvalidParameterError, SequenceTooLongError, UnsupportedModelError
 from ..families.learned_tables import check_length
@@ -58,12 +59,14 @@ class _ProfileHook:
 @contextlib.contextmanager
 def _eager(model: torch.nn.Module):
     previous = model.config._attn_implementation
-    if previous != "eager":
-        model.set_attn_implementation("eager")
+    # a model patched with an attention method (ALiBi, ...) keeps its patch on hf_posenc's eager variant
+    eager = PREFIX + "eager" if previous.startswith(PREFIX) else "eager"
+    if previous != eager:
+        model.set_attn_implementation(eager)
     try:
         yield
     finally:
-        if previous != "eager":
+        if previous != eager:
             model.set_attn_implementation(previous)
 
 

@@ -23,10 +23,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .. import _compat, loading
-from ..config import LearnedMethodConfig, MethodConfig, SinusoidalConfig
+from .. import _compat, attention, loading
+from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeSwapConfig, SinusoidalConfig
 from ..errors import CheckpointMismatchError, InvalidParameterError, SequenceTooLongError
-from ..methods.learned import CALL_STYLES, LearnedPositions, interpolate_rows, tile_rows, too_long_message
+from ..methods.learned import CALL_STYLES, LearnedPositions, NoPositions, interpolate_rows, tile_rows, too_long_message
 from ..methods.sinusoidal import AffineFit, SinusoidalPositions, fit_affine, rms, sinusoidal_table
 from ..plan import RECORD_ATTR, UNDO_ATTR, PatchPlan, Undo
 from ..registry import find_family, get_method, register_family
@@ -117,6 +117,8 @@ class LearnedTableFamily:
         return info
 
     def plan(self, model: nn.Module, method: MethodConfig) -> TablePlan:
+        if isinstance(method, AttentionMethodConfig):
+            return self._plan_attention(model, method)
         assert isinstance(method, LearnedMethodConfig)
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
@@ -171,6 +173,14 @@ class LearnedTableFamily:
         plan.apply()
         return model
 
+    def unpatched_config(self, config, record: dict) -> tuple:
+        """For a patch that moved positions into attention: the config of the model before it, and the
+        tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
+        config = copy.deepcopy(config)
+        delattr(config, RECORD_ATTR)
+        config.get_text_config().max_position_embeddings = record["original"]["max_position_embeddings"]
+        return config, tuple(f"{path}.weight" for path in record["tables"])
+
     # queries -------------------------------------------------------------------------------------
 
     def tables(self, model: nn.Module) -> list[Table]:
@@ -183,7 +193,7 @@ class LearnedTableFamily:
             except AttributeError:
                 continue
             module = getattr(parent, attr, None)
-            if isinstance(module, (nn.Embedding, SinusoidalPositions)):
+            if isinstance(module, (nn.Embedding, SinusoidalPositions, NoPositions)):
                 found.append(Table(path, parent, attr, module))
         return found
 
@@ -195,7 +205,7 @@ class LearnedTableFamily:
     def length_limit(self, model: nn.Module) -> int | None:
         """The longest input the model takes now; None when there is no limit."""
         module = self.tables(model)[0].module
-        return None if isinstance(module, SinusoidalPositions) else self.positions(model)
+        return None if isinstance(module, (SinusoidalPositions, NoPositions)) else self.positions(model)
 
     def check_length(self, model: nn.Module, length: int) -> None:
         limit = self.length_limit(model)
@@ -204,6 +214,33 @@ class LearnedTableFamily:
             raise SequenceTooLongError(too_long_message(length, limit, record.get("method")))
 
     # building ------------------------------------------------------------------------------------
+
+    def _plan_attention(self, model: nn.Module, method: AttentionMethodConfig) -> TablePlan:
+        """Positions move into attention: each table becomes a NoPositions, each self-attention module
+        gets the method's child; `rope` also writes rope_parameters into the config, so the model is a
+        RoPE model from then on (the rotary module is transformers' own, built from that config)."""
+        tables = self.tables(model)
+        offset = table_offset(tables[0].module, self.spec)
+        method = method.resolve(self.positions(model))
+        record = {
+            "family": self.name,
+            "mechanism": self.mechanism,
+            "method": method.name,
+            "params": method.to_dict(),
+            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
+                         "positions": self.positions(model)},
+            "tables": {t.path: {} for t in tables},
+        }
+        new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
+        plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
+        new_config = plan.config_map[id(model.config.get_text_config())]
+        rotary = None
+        if isinstance(method, RopeSwapConfig):
+            new_config.rope_parameters = {"rope_type": "default", "rope_theta": method.theta,
+                                          "partial_rotary_factor": method.partial_rotary_factor}
+            rotary = _compat.build_rotary(_compat.GENERIC_ROTARY, new_config, next(model.parameters()).device)
+        attention.plan_attention(plan, model, method, new_config, rotary=rotary)
+        return plan
 
     def _build(self, old: nn.Module, method: LearnedMethodConfig, offset: int, positions: int):
         """The new table module for one old table, and what the record keeps about it."""
@@ -340,7 +377,8 @@ class TablePlan(PatchPlan):
             setattr(owner, name, value)
         handles = [module.register_forward_pre_hook(guard, with_kwargs=True) for module, guard in self.guards]
         undo = self.model.__dict__[UNDO_ATTR]
-        self.model.__dict__[UNDO_ATTR] = TableUndo(undo.config, undo.swaps, undo.config_refs, originals, handles)
+        self.model.__dict__[UNDO_ATTR] = TableUndo(undo.config, undo.swaps, undo.config_refs, undo.previous, originals,
+                                                   handles)
 
 
 class LengthGuard:

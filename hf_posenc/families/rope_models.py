@@ -9,8 +9,8 @@ import functools
 
 import torch
 
-from .. import _compat
-from ..config import MethodConfig, RopeMethodConfig
+from .. import _compat, attention
+from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig, XposConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
 from ..plan import RECORD_ATTR, PatchPlan
@@ -63,13 +63,19 @@ class RopeModels:
             "rope_layer_types": [t for t in _compat.rope_layer_types(config) if t is not None] or None,
         }
 
-    def unpatched_config(self, config, record: dict) -> None:
-        """Put the pre-patch rope settings back into a loaded config (for `hp.from_pretrained`)."""
+    def unpatched_config(self, config, record: dict) -> tuple:
+        """The config of the model before the patch, from a loaded patched config (for
+        `hp.from_pretrained`), and the saved tensors that do not fit that model (none here)."""
+        config = copy.deepcopy(config)
+        delattr(config, RECORD_ATTR)
         text_config = config.get_text_config()
         text_config.rope_parameters = copy.deepcopy(record["original"]["rope_parameters"])
         text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
+        return config, ()
 
     def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
+        if isinstance(method, AttentionMethodConfig):
+            return self._plan_attention(model, method)
         assert isinstance(method, RopeMethodConfig)
         config = _homogeneous_text_config(model)
         private = self._private_rotary_modules(model)
@@ -120,6 +126,44 @@ class RopeModels:
             if id(old) not in rebuilt:
                 rebuilt[id(old)] = self._rebuild(old, new_config, method, layer_types, natives, original)
             plan.swaps.append((parent, name, rebuilt[id(old)]))
+        return plan
+
+    def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:
+        """ALiBi / relative bias: the rotary modules rotate by nothing (cos 1, sin 0) and each attention
+        module gets the method's child. XPos: rotation kept, q and k scaled in the attention call. The
+        config records a rope_type stock transformers refuses, so a saved checkpoint never loads silently
+        without the patch."""
+        config = _homogeneous_text_config(model)
+        layer_types = _compat.rope_layer_types(config)
+        if layer_types != [None]:
+            raise UnsupportedModelError(
+                f"method {method.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
+                f"has one per layer type ({layer_types})"
+            )
+        if isinstance(method, XposConfig) and config.model_type in _compat.INTERLEAVED_ROTARY_MODEL_TYPES:
+            raise MethodNotApplicableError(
+                f"xpos scales rotary pairs in the rotate-half layout; {config.model_type} rotates interleaved pairs"
+            )
+        method = method.resolve(config.max_position_embeddings)
+        new_root, config_map = _compat.copy_config_tree(model.config)
+        new_config = config_map[id(config)]
+        native = _compat.get_rope_parameters(config, None)
+        new_config.rope_parameters = rope.base_parameters(native) | {
+            "rope_type": rope.CUSTOM_ROPE_TYPE_PREFIX + method.name}
+        new_config.max_position_embeddings = method.max_position_embeddings
+        record = {
+            "family": self.name,
+            "mechanism": self.mechanism,
+            "method": method.name,
+            "params": method.to_dict(),
+            "original": {"max_position_embeddings": config.max_position_embeddings,
+                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
+        }
+        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=record)
+        if method.removes_positions:
+            dim = _compat.rotary_dim(config, None)
+            plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
+        attention.plan_attention(plan, model, method, new_config)
         return plan
 
     # -- helpers -------------------------------------------------------------------------------

@@ -97,3 +97,28 @@ class LearnedPositions(nn.Embedding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, offset={self.offset}, call={self.call!r}, method={self.method!r}"
+
+
+class NoPositions(nn.Module):
+    """In place of a learned table when positions move into attention (ALiBi, relative bias, RoPE):
+    adds nothing. It keeps an empty `weight` ([0, dim]) under the table's name, so stock transformers
+    refuses the saved checkpoint (a size mismatch on the table) instead of loading a model whose
+    positions are silently missing."""
+
+    def __init__(self, like: nn.Embedding, *, offset: int, call: str):
+        super().__init__()
+        self.offset, self.call = offset, call
+        self.register_buffer("weight", like.weight.detach().new_zeros(0, like.weight.shape[1]))
+
+    @property
+    def limit(self) -> None:
+        """No limit on the number of positions."""
+        return None
+
+    def forward(self, input: torch.Tensor, past_key_values_length: int = 0,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        rows = table_rows(self.call, self.offset, input, past_key_values_length, position_ids)
+        return self.weight.new_zeros(*rows.shape, self.weight.shape[1])
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[1]}, call={self.call!r}"

@@ -160,3 +160,49 @@ class LengthDependentRotary(nn.Module):
 
 def _prefix(layer_type: str | None) -> str:
     return "" if layer_type is None else f"{layer_type}_"
+
+
+# -- rotation applied inside attention (learned -> rope) ------------------------------------------------
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] channels of x in the rotate-half layout (pair i is channels i
+    and i + d/2, the layout of transformers' rotary modules); the other channels pass unchanged."""
+    dim = cos.shape[-1]
+    rotated, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
+    return torch.cat([rotated * cos + turned * sin, rest], dim=-1)
+
+
+class RotaryQK(nn.Module):
+    """Rotates q and k ([batch, heads, length, head_dim]) by their positions with a transformers rotary
+    module (`rotary`, shared by every layer, so a RoPE scaling patch rebuilds one module). Keys are
+    positions 0..K-1 of the cache, queries the last Q of them; the cache holds unrotated keys, so each
+    call rotates them all (the rotation depends on m - n only, which those indices give exactly)."""
+
+    def __init__(self, rotary: nn.Module):
+        super().__init__()
+        self.rotary = rotary
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        positions = torch.arange(k_len, device=key.device)[None]
+        cos, sin = self.rotary(key, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        return apply_rotary(query, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :]), apply_rotary(key, cos, sin)
+
+
+class NoRotation(nn.Module):
+    """In place of a model's rotary module: cos = 1, sin = 0, so the model's own rotation leaves q and k
+    as they are (ALiBi / relative bias on a RoPE model)."""
+
+    def __init__(self, rotary_dim: int):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+        shape = (*position_ids.shape, self.rotary_dim)
+        return x.new_ones(shape), x.new_zeros(shape)
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}"

@@ -1,0 +1,145 @@
+"""Do positions inside attention (ALiBi, relative bias, XPos, learned -> rope) keep attention fast?
+
+The bias reaches torch's SDPA kernel as a float attention mask ([1, heads, L, L], the causal mask folded
+in); XPos and the swapped rotation transform q and k before the kernel. This measures the forward time
+of each patched model divided by the unpatched one, on one model object patched and unpatched in turn
+(same weights), the methods round-robin in a rotating order after one warm-up pass each:
+  - SmolLM2-135M (RoPE, real weights): none / alibi / relative_bias / xpos;
+  - GPT-2 small (learned table, 124M, weights from config: no GPT-2 checkpoint is available offline; the
+    time does not depend on the values), n_positions raised to the length: none / alibi / relative_bias / rope.
+Wall-clock and process CPU time are both recorded (with one torch thread the CPU time counts only this
+process's work, the steadier figure on shared cores). Then the peak memory of one forward pass at
+--memory-tokens per method, each in a fresh process (peak RSS above the RSS after loading and patching).
+
+    python benchmarks/bench_attention_methods.py --tokens 2048 --repeats 5 --memory-tokens 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import transformers
+
+import hf_posenc as hp
+from hf_posenc import assets
+
+MODELS = {"smollm2": ("none", "alibi", "relative_bias", "xpos"), "gpt2": ("none", "alibi", "relative_bias", "rope")}
+TARGET = 1.15
+
+
+def build(name: str, tokens: int):
+    if name == "smollm2":
+        return hp.load_model(assets.smollm2_gguf(), dtype=torch.float32, attn_implementation="sdpa").eval()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_positions=max(1024, tokens))  # GPT-2 small's shape
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def token_ids(tokens: int) -> torch.Tensor:
+    tokenizer = hp.load_tokenizer(assets.smollm2_gguf())
+    ids = tokenizer(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids[:, :tokens]
+    return ids % 50257  # valid for both vocabularies
+
+
+def forward(model, ids) -> None:
+    with torch.inference_mode():
+        model(ids, use_cache=False)
+
+
+def timed(model, method: str, ids) -> tuple[float, float]:
+    if method != "none":
+        hp.patch(model, method)
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        forward(model, ids)
+        return time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        if method != "none":
+            hp.unpatch(model)
+
+
+def speed(name: str, tokens: int, repeats: int) -> None:
+    model, ids = build(name, tokens), token_ids(tokens)
+    methods = MODELS[name]
+    for method in methods:  # warm-up
+        timed(model, method, ids)
+    runs = {m: [] for m in methods}
+    for r in range(repeats):
+        order = methods[r % len(methods):] + methods[: r % len(methods)]
+        for method in order:
+            runs[method].append(timed(model, method, ids))
+        print(f"  pass {r + 1}/{repeats}: " + ", ".join(f"{m} {runs[m][-1][0]:.2f}s" for m in methods), flush=True)
+    base_wall = statistics.median(w for w, _ in runs["none"])
+    base_cpu = statistics.median(c for _, c in runs["none"])
+    print(f"\n{name}, {tokens} tokens, batch 1, float32, sdpa, {repeats} passes each")
+    print("| method | median wall (s) | median CPU (s) | wall ratio | CPU ratio | per-pass CPU ratios |")
+    print("|---|---|---|---|---|---|")
+    for method in methods:
+        wall = statistics.median(w for w, _ in runs[method])
+        cpu = statistics.median(c for _, c in runs[method])
+        # ratio of each pass to the unpatched pass of the same round
+        pairs = [f"{c / b:.2f}" for (_, c), (_, b) in zip(runs[method], runs["none"])]
+        print(f"| {method} | {wall:.2f} | {cpu:.2f} | {wall / base_wall:.3f} | {cpu / base_cpu:.3f} | "
+              f"{' '.join(pairs)} |")
+
+
+def memory_child(name: str, method: str, tokens: int, out: str) -> None:
+    model, ids = build(name, tokens), token_ids(tokens)
+    if method != "none":
+        hp.patch(model, method)
+    forward(model, ids[:, :16])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    forward(model, ids)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    json.dump({"seconds": seconds, "peak_above_mb": (peak - base) / 1024, "loaded_mb": base / 1024}, open(out, "w"))
+
+
+def memory(name: str, tokens: int) -> None:
+    print(f"\n{name}: one forward at {tokens} tokens, each method in a fresh process")
+    print("| method | peak RSS above loaded model (MiB) | forward (s) |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in MODELS[name]:
+            out = os.path.join(tmp, f"{method}.json")
+            subprocess.run([sys.executable, __file__, "--child", name, method, str(tokens), out], check=True)
+            row = json.load(open(out))
+            print(f"| {method} | {row['peak_above_mb']:.0f} | {row['seconds']:.1f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-tokens", type=int, default=4096)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        name, method, tokens, out = args.child
+        return memory_child(name, method, int(tokens), out)
+    print(f"{datetime.date.today()}, {platform.machine()}, cpu_count={os.cpu_count()}, torch threads="
+          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}; target ratio <= {TARGET}")
+    for name in args.models:
+        speed(name, args.tokens, args.repeats)
+    for name in args.models:
+        memory(name, args.memory_tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""XPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE times a per-dimension decay.
+
+Rotary pair i (of d/2) gets zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by
+zeta_i^(m / scale_base) and k at position n by zeta_i^(-n / scale_base), so their product carries
+zeta_i^((m - n) / scale_base) <= 1: high-frequency pairs fade with distance, which keeps long-range
+scores stable. Scaling a pair by a number commutes with rotating it, so the scale can be applied to
+the rotated q and k.
+
+Only m - n matters, so both positions are counted from the middle of the keys (the paper's
+implementation does the same): the largest factor is zeta^(-L / (2 scale_base)) instead of
+zeta^(-L / scale_base), which keeps 32k-token inputs well inside float32 and bfloat16 range.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def xpos_zeta(rotary_dim: int, gamma: float) -> torch.Tensor:
+    """zeta_i = (2i/d + gamma) / (1 + gamma) for each rotary pair i = 0 .. d/2 - 1."""
+    return (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim + gamma) / (1 + gamma)
+
+
+class XposScale(nn.Module):
+    """Scales rotated q and k ([batch, heads, length, head_dim], rotate-half layout: pair i is channels
+    i and i + d/2) by zeta^(+-position / scale_base); channels past the rotary dimension are left alone."""
+
+    def __init__(self, head_dim: int, rotary_dim: int, gamma: float, scale_base: float):
+        super().__init__()
+        self.head_dim, self.rotary_dim, self.gamma, self.scale_base = head_dim, rotary_dim, gamma, scale_base
+        zeta = xpos_zeta(rotary_dim, gamma)
+        log_zeta = torch.cat([zeta.log(), zeta.log(), torch.zeros(head_dim - rotary_dim, dtype=torch.float64)])
+        self.register_buffer("log_zeta", log_zeta.float(), persistent=False)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        center = k_len // 2
+        key_positions = torch.arange(k_len, device=key.device) - center
+        query_positions = key_positions[k_len - q_len:]
+        exponent = self.log_zeta / self.scale_base
+        q_scale = torch.exp(query_positions[:, None].float() * exponent).to(query.dtype)
+        k_scale = torch.exp(-key_positions[:, None].float() * exponent).to(key.dtype)
+        return query * q_scale, key * k_scale
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, gamma={self.gamma}, scale_base={self.scale_base}"
+
