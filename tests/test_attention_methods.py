@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import hf_posenc as hp
+from hf_posenc import attention as attention_module
 from hf_posenc.attention import CHILD
 from hf_posenc.methods.bias import alibi_slopes, bucket_index, clipped_index
 from hf_posenc.methods.rope import RotaryQK
@@ -234,8 +235,28 @@ def test_forward_backward_at_4x_the_original_length_on_sdpa(model_type, method, 
         assert any(f"{CHILD}." in n and g.abs().sum() > 0 for n, g in grads.items())
 
 
+@pytest.mark.parametrize("model_type, method, params", [c for c in CAUSAL_CASES if c[1] in ("alibi", "relative_bias")])
+def test_query_blocks_give_the_same_output_and_skip_the_keys_ahead(model_type, method, params, monkeypatch):
+    """A bias in a causal model runs SDPA per block of queries, each against the keys up to its end."""
+    model = build(model_type)
+    hp.patch(model, method, **params)
+    randomize_tables(model)
+    batch = inputs(model, 45, batch=2, pad=6)
+    with torch.no_grad():
+        whole = model(**batch).logits  # 45 queries: one block
+        monkeypatch.setattr(attention_module, "QUERY_BLOCK", 8)
+        sdpa = SdpaCalls(monkeypatch)
+        split = model(**batch).logits
+    layers = model.config.num_hidden_layers
+    assert sdpa.calls == 6 * layers  # blocks of 8 queries: 0-7, ..., 40-44
+    assert [tuple(m.shape[-2:]) for m in sdpa.masks[:6]] == [(8, 8), (8, 16), (8, 24), (8, 32), (8, 40), (5, 45)]
+    keep = batch["attention_mask"].bool()
+    torch.testing.assert_close(split[keep], whole[keep], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("model_type, method, params", CAUSAL_CASES)
-def test_cached_generation_equals_full_forwards(model_type, method, params):
+def test_cached_generation_equals_full_forwards(model_type, method, params, monkeypatch):
+    monkeypatch.setattr(attention_module, "QUERY_BLOCK", 8)  # the prompt goes in blocks too
     model = build(model_type)
     hp.patch(model, method, **params)
     randomize_tables(model)

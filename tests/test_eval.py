@@ -136,6 +136,44 @@ def test_one_pass_curve_gives_the_document_perplexity_of_every_prefix_length():
         assert hpe.curve_perplexity(curve, 0, n) == pytest.approx(separate, rel=1e-5)
 
 
+@pytest.mark.parametrize("method", ["yarn", "ntk"])
+def test_perplexity_by_length_from_one_pass_equals_separate_evaluations(method):
+    model = hp.patch(tiny_model(), method, factor=2.0)
+    docs = [token_ids(140, seed=s)[0].tolist() for s in (1, 2)]
+    lengths = [32, 64, 100, 128]
+    out = hpe.perplexity_by_length(model, docs, lengths, progress=False)
+    assert out["one_pass"] is True and out["lengths"] == lengths and out["documents"] == 2
+    for j, n in enumerate(lengths):
+        separate = hpe.document_perplexity(model, docs, max_length=n, progress=False)
+        assert out["perplexity"][j] == pytest.approx(separate["perplexity"], rel=1e-5)
+        assert [row[j] for row in out["per_document"]] == pytest.approx(separate["per_document"], rel=1e-5)
+
+
+def test_perplexity_by_length_runs_a_pass_per_length_for_a_dynamic_method():
+    model = hp.patch(tiny_model(), "dynamic_yarn", factor=4.0)
+    docs = [token_ids(200, seed=3)[0].tolist()]
+    lengths = [48, 128, 200]
+    out = hpe.perplexity_by_length(model, docs, lengths, progress=False)
+    assert out["one_pass"] is False
+    expected = [hpe.document_perplexity(model, docs, max_length=n, progress=False)["perplexity"] for n in lengths]
+    assert out["perplexity"] == pytest.approx(expected, rel=1e-5)
+    # inside the original context it is the unpatched model; one pass over 200 tokens would not be
+    plain = hpe.perplexity_by_length(tiny_model(), docs, [48], progress=False)["perplexity"][0]
+    assert out["perplexity"][0] == plain  # bit for bit
+    forced = hpe.perplexity_by_length(model, docs, lengths, one_pass=True, progress=False)["perplexity"]
+    assert forced[0] != plain and forced[-1] == pytest.approx(out["perplexity"][-1], rel=1e-5)
+
+
+def test_perplexity_by_length_names_the_documents_that_are_too_short():
+    docs = [token_ids(n, seed=n)[0].tolist() for n in (150, 90, 160, 40)]
+    with pytest.raises(ValueError, match=r"at least 128 tokens; too short \(document: tokens\): #1: 90, #3: 40$"):
+        hpe.perplexity_by_length(tiny_model(), docs, [64, 128], progress=False)
+    with pytest.raises(ValueError, match="no documents were given"):
+        hpe.perplexity_by_length(tiny_model(), [], [64], progress=False)
+    with pytest.raises(ValueError, match="lengths must be a non-empty list"):
+        hpe.perplexity_by_length(tiny_model(), docs, [], progress=False)
+
+
 # -- retrieval ------------------------------------------------------------------------------------
 
 def find(seq, sub):

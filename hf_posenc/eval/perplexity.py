@@ -86,6 +86,47 @@ def document_perplexity(model: torch.nn.Module, documents: Sequence[Sequence[int
     return {**_summary(total, count), "per_document": per_doc}
 
 
+def perplexity_by_length(model: torch.nn.Module, documents: Sequence[Sequence[int]], lengths: Sequence[int], *,
+                         one_pass: bool | None = None, progress: bool = True) -> dict:
+    """Per-document perplexity against context length, the measure of the long-context papers (Position
+    Interpolation, YaRN): each document truncated to n tokens and scored in one pass, for each n in
+    `lengths`. (Their sliding window of n tokens with stride S over a document truncated to n tokens is
+    that one window: the stride plays no part.) Every document needs max(lengths) tokens.
+
+    A model whose positions do not depend on the input length gives every n from one pass over
+    max(lengths) tokens (the loss of token t depends only on the tokens before it); a length-dependent
+    one (`is_length_dependent`: dynamic scaling) gets a pass per length, as a prompt of n tokens would.
+    Returns "perplexity" (token-weighted over the documents) and "per_document" ([document][length])."""
+    lengths = sorted(set(int(n) for n in lengths))
+    if not lengths or lengths[0] < 2:
+        raise ValueError(f"lengths must be a non-empty list of token counts >= 2, got {list(lengths)}")
+    short = [(i, len(d)) for i, d in enumerate(documents) if len(d) < lengths[-1]]
+    if not documents or short:
+        listed = ", ".join(f"#{i}: {n}" for i, n in short[:8]) + (" ..." if len(short) > 8 else "")
+        raise ValueError(f"perplexity at {lengths[-1]} tokens needs documents of at least {lengths[-1]} tokens; "
+                         + (f"too short (document: tokens): {listed}" if short else "no documents were given"))
+    if one_pass is None:
+        one_pass = not is_length_dependent(model)
+    nll_sums = torch.zeros(len(documents), len(lengths), dtype=torch.float64)
+    bar = tqdm(total=len(documents) * (1 if one_pass else len(lengths)), desc=f"perplexity at {lengths}",
+               disable=not progress)
+    for i, doc in enumerate(documents):
+        ids = torch.as_tensor(doc[:lengths[-1]])
+        if one_pass:
+            cumulative = token_nll(model, ids)[0].double().cpu().cumsum(0)
+            nll_sums[i] = cumulative[[n - 2 for n in lengths]]  # tokens 1 .. n - 1 of the first n
+            bar.update()
+        else:
+            for j, n in enumerate(lengths):
+                nll_sums[i, j] = token_nll(model, ids[:n])[0].double().sum().cpu()
+                bar.update()
+    bar.close()
+    scored = torch.tensor([n - 1 for n in lengths], dtype=torch.float64)
+    return {"lengths": lengths, "documents": len(documents), "one_pass": one_pass,
+            "perplexity": (nll_sums.sum(0) / (scored * len(documents))).exp().tolist(),
+            "per_document": (nll_sums / scored).exp().tolist()}
+
+
 def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, window: int, stride: int,
                        progress: bool = True) -> dict:
     """Perplexity of one long text with a sliding window (transformers' "perplexity of fixed-length

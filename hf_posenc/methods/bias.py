@@ -30,11 +30,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def distances(q_len: int, k_len: int, device=None) -> torch.Tensor:
-    """i - j for each query i and key j, [q_len, k_len]. The queries are the last q_len of the k_len
-    positions (a KV cache holds the earlier ones)."""
-    queries = torch.arange(k_len - q_len, k_len, device=device)
-    return queries[:, None] - torch.arange(k_len, device=device)[None, :]
+def distances(first_query: int, queries: int, keys: int, device=None) -> torch.Tensor:
+    """i - j for the queries at positions first_query .. first_query + queries - 1 and the keys at
+    positions 0 .. keys - 1, [queries, keys]. (A KV cache holds the keys before the first query; a
+    block of queries sees the keys up to its last query.)"""
+    query_positions = torch.arange(first_query, first_query + queries, device=device)
+    return query_positions[:, None] - torch.arange(keys, device=device)[None, :]
 
 
 def clipped_index(relative: torch.Tensor, k: int) -> torch.Tensor:
@@ -62,7 +63,7 @@ def bucket_index(relative: torch.Tensor, buckets: int, max_distance: int, bidire
 
 
 class AlibiBias(nn.Module):
-    """-slope_h * (i - j) for every head h, [heads, q_len, k_len] (the causal mask removes keys after the
+    """-slope_h * (i - j) for every head h, [heads, queries, keys] (the causal mask removes keys after the
     query); -slope_h * |i - j| for bidirectional attention (encoders). One module serves every layer;
     the slopes are fixed."""
 
@@ -71,8 +72,8 @@ class AlibiBias(nn.Module):
         self.num_heads, self.bidirectional = num_heads, bidirectional
         self.register_buffer("slopes", alibi_slopes(num_heads).float(), persistent=False)
 
-    def forward(self, q_len: int, k_len: int, dtype: torch.dtype) -> torch.Tensor:
-        distance = distances(q_len, k_len, self.slopes.device)
+    def forward(self, first_query: int, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+        distance = distances(first_query, queries, keys, self.slopes.device)
         if self.bidirectional:
             distance = distance.abs()
         return (-self.slopes[:, None, None] * distance).to(dtype)
@@ -83,7 +84,7 @@ class AlibiBias(nn.Module):
 
 class RelativeBias(nn.Module):
     """A learned bias per head for each relative position (clipped to [-k, k], or T5 buckets),
-    [heads, q_len, k_len]. Starts at zero: the patched model starts as the model without positions."""
+    [heads, queries, keys]. Starts at zero: the patched model starts as the model without positions."""
 
     def __init__(self, num_heads: int, *, k: int | None = None, buckets: int | None = None,
                  max_distance: int | None = None, bidirectional: bool = False,
@@ -94,14 +95,22 @@ class RelativeBias(nn.Module):
         rows = buckets if buckets is not None else 2 * k + 1
         self.table = nn.Parameter(torch.zeros(num_heads, rows, dtype=dtype, device=device))
 
-    def index(self, q_len: int, k_len: int) -> torch.Tensor:
-        relative = -distances(q_len, k_len, self.table.device)  # j - i
+    def index(self, first_query: int, queries: int, keys: int) -> torch.Tensor:
+        relative = -distances(first_query, queries, keys, self.table.device)  # j - i
         if self.buckets is not None:
             return bucket_index(relative, self.buckets, self.max_distance, self.bidirectional)
         return clipped_index(relative, self.k)
 
-    def forward(self, q_len: int, k_len: int, dtype: torch.dtype) -> torch.Tensor:
-        return self.table[:, self.index(q_len, k_len)].to(dtype)
+    def forward(self, first_query: int, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.gather(self.index(first_query, queries, keys), dtype)
+
+    def gather(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The table's values at `index` (rows, any shape), [heads, *index.shape]. Row `len(rows)`, one past
+        the table, reads the dtype's minimum: an index with the masked places set to it gives the bias
+        and the mask in one gather (one pass over heads x queries x keys, not three)."""
+        table = self.table.to(dtype)
+        table = torch.cat([table, table.new_full((self.num_heads, 1), torch.finfo(dtype).min)], dim=1)
+        return table.index_select(1, index.flatten()).view(self.num_heads, *index.shape)
 
     def extra_repr(self) -> str:
         if self.buckets is not None:
