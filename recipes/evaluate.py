@@ -1,5 +1,6 @@
-"""Evaluate positional variants of one model: perplexity by position, perplexity with a sliding window,
-passkey and needle retrieval. Writes results.json (after every variant: a rerun resumes), summary.md
+"""Evaluate positional variants of one model: perplexity against context length, perplexity by position,
+perplexity with a sliding window, passkey and needle retrieval, and parameter grids tuned on some
+documents and checked on others. Writes results.json (after every variant: a rerun resumes), summary.md
 and figures to output_dir.
 
     python recipes/evaluate.py --config recipes/configs/eval_smollm2.yaml
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
+from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 import hf_posenc as hp
@@ -43,6 +45,14 @@ class EvalArguments:
     corpus: str = field(default="shakespeare", metadata={"help": "a load_corpus spec (see hf_posenc/data.py)"})
     corpus_split: str = "train"
     text_column: str = "text"
+    perplexity_lengths: list[int] = field(default_factory=list, metadata={
+        "help": "per-document perplexity of each document truncated to each length (the papers' measure)"})
+    perplexity_documents: int = field(default=2, metadata={"help": "documents scored at perplexity_lengths"})
+    grid: list[str] = field(default_factory=list, metadata={
+        "help": "parameter grids, 'yarn beta_fast=16|32 attention_factor=1|1.1': every point is scored on the "
+                "tuning documents, the best one evaluated as a variant on the held-out ones"})
+    tune_documents: int = field(default=1, metadata={"help": "documents the grid is scored on (held out from the rest)"})
+    tune_length: int = field(default=0, metadata={"help": "tokens the grid is scored at (0: the longest perplexity length)"})
     curve_length: int = field(default=0, metadata={"help": "tokens of the perplexity-by-position curve (0: skip)"})
     curve_documents: int = field(default=1, metadata={"help": "documents averaged in the curve"})
     curve_bucket: int = field(default=512, metadata={"help": "positions per point of the curve"})
@@ -58,10 +68,11 @@ class EvalArguments:
     seed: int = 0
     output_dir: str = "runs/eval"
     resume: bool = field(default=True, metadata={"help": "skip the variants results.json already holds"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a results.json of another configuration"})
     plots: bool = True
 
 
-OUTPUT_ONLY = ("output_dir", "resume", "plots")  # fields that do not change what is measured
+OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
 
 
 def parse_args(argv: list[str] | None = None) -> EvalArguments:
@@ -75,12 +86,23 @@ def parse_args(argv: list[str] | None = None) -> EvalArguments:
         values = yaml.safe_load(Path(path).read_text()) or {}
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(EvalArguments)})
         if unknown:
-            raise SystemExit(f"{path}: unknown key(s) {unknown}; the keys are the fields of EvalArguments (--help)")
+            raise SystemExit(f"{path}: unknown key(s) {unknown}; the keys are: "
+                             f"{', '.join(f.name for f in dataclasses.fields(EvalArguments))}")
         parser.set_defaults(**values)
     args = parser.parse_args_into_dataclasses(argv)[0]
     for spec in args.variants:
         hpe.parse_variant(spec)  # an unknown method stops here, before any loading
+    for spec in args.grid:
+        hpe.expand_grid(spec)
+    if args.grid and not (args.tune_length or args.perplexity_lengths):
+        raise SystemExit("grid needs tune_length (or perplexity_lengths, whose longest is the default)")
     return args
+
+
+def max_length(args: EvalArguments) -> int:
+    """The longest input any measure asks of the model."""
+    return max([args.curve_length, args.tune_length, *args.perplexity_lengths, *args.strided_windows,
+                *args.passkey_lengths, *args.needle_lengths])
 
 
 def variant_plan(args: EvalArguments) -> list[tuple[str, str, int]]:
@@ -92,19 +114,25 @@ def variant_plan(args: EvalArguments) -> list[tuple[str, str, int]]:
 
 
 def prepare_data(args: EvalArguments, tokenizer) -> dict:
-    """Token ids for the curve and the sliding window, the haystack text, the retrieval trials."""
+    """Token ids for each measure, the haystack text, the retrieval trials. With a grid, the first
+    tune_documents long enough are the tuning split, and the other perplexity measures read only the
+    documents after them (held out)."""
     corpus = data.load_corpus(args.corpus, split=args.corpus_split, text_column=args.text_column)
     tokenized = data.tokenize(corpus, tokenizer)
-    out = {"curve": [], "strided": [], "trials": {}}
+    names = corpus["title"] if "title" in corpus.column_names else [f"#{i}" for i in range(len(corpus))]
+    docs = list(zip(names, tokenized["input_ids"]))
+    out = {"tune": [], "lengths": [], "curve": [], "strided": [], "trials": {}}
+    if args.grid:
+        length = args.tune_length or max(args.perplexity_lengths)
+        out["tune"], docs = take(docs, length, args.tune_documents, "tune_documents", args.corpus)
+    if args.perplexity_lengths:
+        out["lengths"], _ = take(docs, max(args.perplexity_lengths), args.perplexity_documents,
+                                 "perplexity_documents", args.corpus)
     if args.curve_length:
-        long_docs = [ids for ids, n in zip(tokenized["input_ids"], tokenized["num_tokens"]) if n >= args.curve_length]
-        if len(long_docs) < args.curve_documents:
-            raise SystemExit(f"corpus {args.corpus!r} has {len(long_docs)} documents of >= {args.curve_length} tokens; "
-                             f"curve_documents={args.curve_documents} needs more (lower curve_length or curve_documents)")
-        out["curve"] = long_docs[:args.curve_documents]
+        out["curve"], _ = take(docs, args.curve_length, args.curve_documents, "curve_documents", args.corpus)
     if args.strided_windows:
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        stream = [t for ids in tokenized["input_ids"] for t in ids + eos]
+        stream = [t for _, ids in docs for t in ids + eos]
         out["strided"] = stream[:args.strided_tokens]
     for task, lengths in (("passkey", args.passkey_lengths), ("needle", args.needle_lengths)):
         if lengths:  # the needle hides in the corpus text: enough of it for the longest prompt
@@ -112,6 +140,23 @@ def prepare_data(args: EvalArguments, tokenizer) -> dict:
             out["trials"][task] = hpe.make_trials(task, tokenizer, lengths=lengths, depths=args.depths,
                                                   trials=args.trials, haystack=haystack, seed=args.seed)
     return out
+
+
+def take(docs: list, length: int, count: int, field_name: str, corpus: str) -> tuple[list, list]:
+    """The token ids of the first `count` documents with >= `length` tokens, and the documents after the
+    last one taken. Too few: stop, naming the documents that were too short."""
+    chosen, last = [], -1
+    for i, (_, ids) in enumerate(docs):
+        if len(ids) >= length and len(chosen) < count:
+            chosen.append(ids)
+            last = i
+    if len(chosen) < count:
+        short = [f"{name} ({len(ids)})" for name, ids in docs if len(ids) < length]
+        listed = ", ".join(short[:10]) + (f" and {len(short) - 10} more" if len(short) > 10 else "")
+        raise SystemExit(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} tokens, "
+                         f"{len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use a shorter "
+                         f"length, fewer documents, or a corpus with longer ones")
+    return chosen, docs[last + 1:]
 
 
 def describe(model) -> dict:
@@ -124,6 +169,8 @@ def describe(model) -> dict:
 
 def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
     res = {}
+    if inputs["lengths"]:
+        res["lengths"] = hpe.perplexity_by_length(model, inputs["lengths"], args.perplexity_lengths)
     if inputs["curve"]:
         res["curve"] = hpe.perplexity_curve(model, inputs["curve"], length=args.curve_length, bucket=args.curve_bucket)
     for window in args.strided_windows:
@@ -134,11 +181,57 @@ def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
     return res
 
 
+def search_grid(model, args: EvalArguments, inputs: dict, spec: str, target: int) -> dict:
+    """Every point of one grid scored on the tuning documents (perplexity at tune_length); the best
+    named as the hp.patch call that makes it."""
+    length = args.tune_length or max(args.perplexity_lengths)
+    points = []
+    for point in tqdm(hpe.expand_grid(spec), desc=f"grid {spec} @{target}", unit="point"):
+        with hpe.patched(model, point, target) as params:
+            ppl = hpe.perplexity_by_length(model, inputs["tune"], [length], progress=False)["perplexity"][0]
+        points.append({"variant": point, "params": params, "perplexity": ppl})
+    best = min(points, key=lambda p: p["perplexity"])
+    method = best["variant"].split()[0]
+    call = ", ".join([f"{method!r}", *(f"{k}={v!r}" for k, v in best["params"].items())])
+    return {"length": length, "documents": len(inputs["tune"]), "target": target, "points": points,
+            "best": best["variant"], "patch": f"hp.patch(model, {call})"}
+
+
+def check_lengths(model, args: EvalArguments, plan: list[tuple[str, str, int]]) -> None:
+    """Every variant takes the longest input asked of it (a learned table may not): refused before any
+    measure runs."""
+    longest = max_length(args)
+    for label, spec, target in plan:
+        with hpe.patched(model, spec, target):
+            try:
+                hp.check_length(model, longest)
+            except hp.SequenceTooLongError as err:
+                raise SystemExit(f"variant {label!r} cannot take the {longest} tokens this configuration asks "
+                                 f"for: {err}") from None
+
+
+def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
+    """What results.json holds of this configuration (to resume from); a file of another configuration
+    is only replaced with --overwrite (checked before anything is loaded)."""
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    same = lambda c: {k: v for k, v in c.items() if k not in OUTPUT_ONLY}  # noqa: E731
+    if args.resume and same(saved.get("config", {})) == same(config):
+        return saved
+    if not args.overwrite:
+        why = "another configuration" if same(saved.get("config", {})) != same(config) else "results (resume is off)"
+        raise SystemExit(f"{path} already holds {why}: pass --overwrite to replace it, or choose another --output_dir")
+    print(f"{path}: replaced (--overwrite)", file=sys.stderr)
+    return {}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
+    config = dataclasses.asdict(args)
+    saved = previous_results(results_path, config, args)
 
     ref = assets.resolve_alias(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -147,21 +240,30 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = hp.load_tokenizer(ref)
     context = model.config.get_text_config().max_position_embeddings
     inputs = prepare_data(args, tokenizer)
+    grids = [(f"{spec} @{target}", spec, target) for spec in args.grid for target in args.max_position_embeddings]
+    check_lengths(model, args, variant_plan(args) + [(label, point, target) for label, spec, target in grids
+                                                       for point in hpe.expand_grid(spec)])
 
-    config = dataclasses.asdict(args)
-    results = {"config": config, "model": describe(model), "variants": {}}
-    if args.resume and results_path.exists():
-        saved = json.loads(results_path.read_text())
-        same = lambda c: {k: v for k, v in c.items() if k not in OUTPUT_ONLY}  # noqa: E731
-        if same(saved["config"]) == same(config):
-            results["variants"] = saved["variants"]
-        else:
-            print(f"{results_path} holds another configuration: starting over", file=sys.stderr)
+    results = {"config": config, "model": describe(model), "grid": saved.get("grid", {}),
+               "variants": saved.get("variants", {})}
     results["machine"] = {"date": datetime.date.today().isoformat(), "device": device, "python": platform.python_version(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
                           "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
+    out.mkdir(parents=True, exist_ok=True)
+    save = lambda: results_path.write_text(json.dumps(results, indent=1, default=str))  # noqa: E731
 
-    for label, spec, target in variant_plan(args):
+    # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)
+    plan = variant_plan(args)
+    for label, spec, target in grids:
+        if label not in results["grid"]:
+            results["grid"][label] = search_grid(model, args, inputs, spec, target)
+            save()
+        best = results["grid"][label]["best"]
+        plan.append((f"{best} (grid best)" + (f" @{target}" if len(args.max_position_embeddings) > 1 else ""),
+                     best, target))
+
+    # 2. every variant, every measure
+    for label, spec, target in plan:
         if label in results["variants"]:
             print(f"{label}: done already (results.json), skipped", file=sys.stderr)
             continue
@@ -171,8 +273,9 @@ def main(argv: list[str] | None = None) -> dict:
             res = {"params": params, "describe": describe(model), **evaluate_variant(model, args, inputs)}
         res.update(seconds=round(time.perf_counter() - start, 1), date=datetime.date.today().isoformat(), device=device)
         results["variants"][label] = res
-        results_path.write_text(json.dumps(results, indent=1, default=str))
+        save()
 
+    save()
     (out / "summary.md").write_text(summary(results, context))
     if args.plots:
         figures(results, out, context)
@@ -190,6 +293,23 @@ def summary(results: dict, context: int) -> str:
     lines = [f"# {results['config']['model']}: positional variants", "",
              f"{machine['date']}, {machine['device']} ({machine['platform']}), torch {machine['torch']}, "
              f"transformers {machine['transformers']}, {results['config']['dtype']}; original context {context}.", ""]
+    lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
+    if lengths:
+        first = next(iter(lengths.values()))
+        lines += [f"Perplexity against context length: each of {first['documents']} document(s) truncated to n tokens, "
+                  f"scored in one pass (token-weighted over the documents; corpus {results['config']['corpus']}):", "",
+                  "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | how |",
+                  "|---|" + "---|" * (len(first["lengths"]) + 1)]
+        lines += [f"| {label} | " + " | ".join(_fmt(p) for p in r["perplexity"]) + " | "
+                  + ("one pass" if r["one_pass"] else "a pass per length") + " |" for label, r in lengths.items()]
+        lines.append("")
+    for label, grid in results.get("grid", {}).items():
+        lines += [f"Grid {label}: perplexity at {grid['length']} tokens on {grid['documents']} tuning document(s) "
+                  f"(the best is evaluated above on held-out documents as '(grid best)'):", "",
+                  "| point | perplexity |", "|---|---|"]
+        lines += [f"| {p['variant']}{' **best**' if p['variant'] == grid['best'] else ''} | {_fmt(p['perplexity'])} |"
+                  for p in sorted(grid["points"], key=lambda p: p["perplexity"])]
+        lines += ["", f"Best: `{grid['patch']}`", ""]
     curves = {k: v["curve"] for k, v in variants.items() if "curve" in v}
     if curves:
         length = next(iter(curves.values()))["length"]
@@ -228,6 +348,10 @@ def figures(results: dict, out: Path, context: int) -> None:
     from hf_posenc.eval import plots
 
     variants, model = results["variants"], results["config"]["model"]
+    lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
+    if lengths:
+        plots.plot_perplexity_by_length(lengths, out / "perplexity_by_length.png", original_context=context,
+                                        title=f"{Path(model).name}: perplexity against context length")
     curves = {k: v["curve"] for k, v in variants.items() if "curve" in v}
     if curves:
         plots.plot_perplexity_curves(curves, out / "perplexity_curve.png", original_context=context,

@@ -85,6 +85,82 @@ def test_recipe_config_yaml_then_command_line(tmp_path):
         recipe.parse_args(["--variants", "none", "yarnn"])
 
 
+def base_args(checkpoint, corpus_dir, out):
+    return ["--model", str(checkpoint), "--dtype", "float32", "--corpus", str(corpus_dir), "--output_dir", str(out),
+            "--max_position_embeddings", "256"]
+
+
+def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(checkpoint, corpus_dir, tmp_path):
+    results = recipe.main([*base_args(checkpoint, corpus_dir, tmp_path), "--variants", "none", "yarn",
+                           "--perplexity_lengths", "64", "128", "256", "--perplexity_documents", "1",
+                           "--grid", "yarn beta_fast=8|32 attention_factor=1|1.2", "--tune_documents", "1"])
+    model, tok = hp.load_model(checkpoint), tiny_tokenizer()
+    texts = data.load_corpus(str(corpus_dir))["text"]
+    tune, held_out = ([tok(t, add_special_tokens=False)["input_ids"]] for t in texts)  # the tuning document first
+    grid = results["grid"]["yarn beta_fast=8|32 attention_factor=1|1.2 @256"]
+    assert [p["variant"] for p in grid["points"]] == [
+        "yarn beta_fast=8 attention_factor=1", "yarn beta_fast=8 attention_factor=1.2",
+        "yarn beta_fast=32 attention_factor=1", "yarn beta_fast=32 attention_factor=1.2"]
+    for point in grid["points"]:  # each point: perplexity at the longest length on the tuning document
+        with hpe.patched(model, point["variant"], 256):
+            expected = hpe.document_perplexity(model, tune, max_length=256, progress=False)["perplexity"]
+        assert point["perplexity"] == pytest.approx(expected, rel=1e-5)
+    best = min(grid["points"], key=lambda p: p["perplexity"])
+    assert grid["best"] == best["variant"]
+    # the winner, as the hp.patch call the summary prints, evaluated on the held-out document
+    assert grid["patch"].startswith("hp.patch(model, 'yarn', ")
+    eval(grid["patch"], {"hp": hp, "model": model})
+    expected = hpe.perplexity_by_length(model, held_out, [64, 128, 256], progress=False)["perplexity"]
+    hp.unpatch(model)
+    assert results["variants"][f"{best['variant']} (grid best)"]["lengths"]["perplexity"] == pytest.approx(expected, rel=1e-5)
+    with hpe.patched(model, "yarn", 256):
+        expected = hpe.perplexity_by_length(model, held_out, [64, 128, 256], progress=False)
+    assert results["variants"]["yarn"]["lengths"]["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| 64 | 128 | 256 | how |" in summary and f"Best: `{grid['patch']}`" in summary
+    assert (tmp_path / "perplexity_by_length.png").stat().st_size > 0
+
+
+def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated"))
+    # lengths past a learned table: named, before anything runs or is written
+    gpt2 = tmp_path / "gpt2"
+    tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB).save_pretrained(gpt2)
+    tiny_tokenizer().save_pretrained(gpt2)
+    out = tmp_path / "out"
+    args = [*base_args(gpt2, corpus_dir, out), "--variants", "none", "sinusoidal", "--perplexity_lengths", "128"]
+    limit = hp.load_model(gpt2).config.n_positions
+    with pytest.raises(SystemExit, match=rf"variant 'none' cannot take the 128 tokens .*{limit}"):
+        recipe.main(args)
+    assert not out.exists()
+    # a corpus too short: the documents that are
+    with pytest.raises(SystemExit, match=r"needs 3 documents of >= 5000 tokens, 0 have them; too short \(tokens\): #0 \(\d+\), #1"):
+        recipe.main([*base_args(checkpoint, corpus_dir, out), "--perplexity_lengths", "5000", "--perplexity_documents", "3"])
+    # unknown keys and methods: the valid ones listed
+    config = tmp_path / "c.yaml"
+    config.write_text("perplexity_length: [64]\n")
+    with pytest.raises(SystemExit, match="unknown key\\(s\\) \\['perplexity_length'\\]; the keys are: model, .*perplexity_lengths"):
+        recipe.main(["--config", str(config)])
+    with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'; known methods: alibi"):
+        recipe.main(["--grid", "yarnn beta_fast=1|2"])
+    with pytest.raises(ValueError, match="key=value or key=value\\|value"):
+        recipe.main(["--grid", "yarn beta_fast=16|", "--tune_length", "64"])
+
+
+def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, corpus_dir, tmp_path, monkeypatch):
+    (tmp_path / "results.json").write_text(json.dumps({"config": {"model": "other"}, "variants": {"x": {}}}))
+    before = (tmp_path / "results.json").read_text()
+    monkeypatch.setattr(recipe.hp, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    args = [*base_args(checkpoint, corpus_dir, tmp_path), "--variants", "none", "--perplexity_lengths", "64"]
+    with pytest.raises(SystemExit, match="already holds another configuration: pass --overwrite"):
+        recipe.main(args)
+    assert (tmp_path / "results.json").read_text() == before
+    monkeypatch.undo()
+    results = recipe.main([*args, "--overwrite"])
+    assert set(results["variants"]) == {"none"}
+    assert json.loads((tmp_path / "results.json").read_text())["variants"].keys() == {"none"}
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eval*.yaml")), ids=lambda p: p.name)
 def test_shipped_eval_configs_parse(path):
     args = recipe.parse_args(["--config", str(path)])

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 
 def _context_line(ax, original_context: int | None) -> None:
@@ -54,6 +54,30 @@ def plot_perplexity_curves(curves: dict[str, dict], path: str | Path, *, origina
         _context_line(ax, original_context)
     axes[-1].set_xlabel("position (tokens)")
     axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _save(fig, path)
+
+
+def plot_perplexity_by_length(results: dict[str, dict], path: str | Path, *, original_context: int | None = None,
+                              title: str = "perplexity against context length", reference: str = "none") -> Path:
+    """One line per variant: the perplexity of the documents truncated to each length
+    (`perplexity_by_length` results), both axes logarithmic, the unpatched model dashed."""
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for label, res in results.items():
+        ax.plot(res["lengths"], res["perplexity"], marker="o", markersize=4, linewidth=1.4, label=label,
+                linestyle="--" if label == reference else "-")
+    lengths = sorted({n for res in results.values() for n in res["lengths"]})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [f"{n / 1024:g}k" if n >= 1024 else str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.grid(alpha=0.3, which="both")
+    _context_line(ax, original_context)
+    ax.set(xlabel="context length n (tokens)", ylabel="perplexity of the first n tokens", title=title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
 
 

@@ -1,10 +1,12 @@
 """The variants an evaluation compares: "none" (the model as loaded) or a method with parameters,
 written as text so configs and the command line can list them: "yarn", "yarn beta_fast=16 mscale=1",
-"longrope long_factor=[1,1.5,2]" (values are JSON when they parse)."""
+"longrope long_factor=[1,1.5,2]" (values are JSON when they parse). A grid lists several values of
+each parameter: "yarn beta_fast=16|32 mscale=1|1.1" (`expand_grid`)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 
@@ -28,6 +30,25 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     if name == NONE and params:
         raise ValueError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
     return name, params
+
+
+def expand_grid(spec: str) -> list[str]:
+    """A grid of one method's parameters, values separated by "|", as the variants of its points:
+    "yarn beta_fast=16|32 mscale=1|1.1" -> ["yarn beta_fast=16 mscale=1", "yarn beta_fast=16 mscale=1.1",
+    "yarn beta_fast=32 mscale=1", "yarn beta_fast=32 mscale=1.1"]. Each point is checked as a variant."""
+    name, *pairs = spec.split()
+    if name == NONE:
+        raise ValueError(f"grid {spec!r}: 'none' has no parameters to search")
+    axes = []
+    for pair in pairs:
+        key, sep, values = pair.partition("=")
+        if not sep or not key or "" in values.split("|"):
+            raise ValueError(f"grid {spec!r}: parameters are key=value or key=value|value|..., got {pair!r}")
+        axes.append([f"{key}={value}" for value in values.split("|")])
+    points = [" ".join([name, *point]) for point in itertools.product(*axes)]
+    for point in points:
+        parse_variant(point)
+    return points
 
 
 def variant_params(model: torch.nn.Module, method: str, params: dict, target: int) -> dict:
