@@ -2,14 +2,13 @@
 several context lengths on several Shakespeare plays, and passkey accuracy.
 
 Perplexity at length n: the play truncated to its first n tokens, scored in one pass (a sliding window
-of n tokens over n tokens: `hpe.document_perplexity(max_length=n)`). For a static method (and the
-unpatched model) one pass over the longest length gives every n at once (`hpe.perplexity_curve(...,
-prefix=False)` read with `hpe.curve_perplexity(curve, 0, n)`; benchmarks/bench_eval_onepass.py checks
-that it is the same number); a length-dependent method (dynamic, dynamic_yarn) picks its frequencies
-from the input length, so each n is its own pass.
+of n tokens over n tokens), `hpe.perplexity_by_length`: for a static method (and the unpatched model)
+one pass over the longest length gives every n at once (benchmarks/bench_eval_onepass.py times it and
+checks that it is the same number); a length-dependent method (dynamic, dynamic_yarn) picks its
+frequencies from the input length, so each n is its own pass.
 
-The recipe (recipes/evaluate.py) does not fit: its curve averages the documents by position, and for a
-length-dependent method scores every bucket from its own prefix (a pass per bucket, not per length).
+recipes/evaluate.py measures the same with `perplexity_lengths`; this script adds the per-play tables,
+the distance from the unpatched model at its context, and a panel per play.
 
 Passkey: `hpe.make_trials("passkey", ...)`, one teacher-forced pass per trial (right when greedy decoding
 gives the key). A length-dependent method at a length within the original context is the unpatched
@@ -43,13 +42,10 @@ from hf_posenc import eval as hpe
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
 
 
-def perplexities(model, ids: list[int], lengths: list[int], bucket: int) -> dict:
+def perplexities(model, ids: list[int], lengths: list[int]) -> tuple[dict, str]:
     """{length: perplexity of the first `length` tokens}; how ("one pass" or "separate")."""
-    if hpe.is_length_dependent(model):
-        return {str(n): hpe.document_perplexity(model, [ids], max_length=n, progress=False)["perplexity"]
-                for n in lengths}, "separate"
-    curve = hpe.perplexity_curve(model, [ids], length=max(lengths), bucket=bucket, prefix=False, progress=False)
-    return {str(n): hpe.curve_perplexity(curve, 0, n) for n in lengths}, "one pass"
+    res = hpe.perplexity_by_length(model, [ids], lengths, progress=False)
+    return {str(n): p for n, p in zip(res["lengths"], res["perplexity"])}, "one pass" if res["one_pass"] else "separate"
 
 
 def main() -> None:
@@ -74,7 +70,6 @@ def main() -> None:
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
     lengths = sorted(args.lengths)
-    bucket = math.gcd(*lengths)
     docs = {}
     for play in args.plays:
         ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
@@ -105,7 +100,7 @@ def main() -> None:
                 if play in results["perplexity"].get(method, {}):
                     continue
                 start, cpu = time.perf_counter(), time.process_time()
-                ppl, how = perplexities(model, ids, lengths, bucket)
+                ppl, how = perplexities(model, ids, lengths)
                 results["perplexity"].setdefault(method, {})[play] = {
                     "ppl": ppl, "how": how, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
                 save()

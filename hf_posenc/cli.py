@@ -156,9 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="a RoPE causal LM (default: the embedded SmolLM2-135M)")
     p.add_argument("--tokens", type=int, default=512, help="tokens of the comparison inside the context (default 512)")
     p.add_argument("--methods", help="comma-separated subset of the RoPE methods")
-    p.add_argument("--long-tokens", type=int, default=12288,
-                   help="tokens of the perplexity curve past the context (default 12288; 0 skips it)")
-    p.add_argument("--long-variants", help="comma-separated variants for the curve (default none,yarn)")
+    p.add_argument("--long-tokens", type=int, default=16384,
+                   help="longest length of part 2, perplexity against length and the passkey (default 16384, "
+                        "twice SmolLM2's context; 0 skips part 2)")
+    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,linear,ntk,dynamic,yarn,"
+                                           "dynamic_yarn; fewer for a quicker run)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--corpus", default="shakespeare:hamlet", help="text to read (a load_corpus spec; first document)")
     p.add_argument("--out", default="runs/demo", help="folder of the figure (default runs/demo)")

@@ -2,7 +2,10 @@
 
 1. Inside the original context, every method against the unpatched model on the same text: how far
    its log-probabilities move (what a patch costs before any fine-tuning), and the perplexity.
-2. Past the original context, perplexity by position for a few variants, and the figure.
+2. Up to twice the original context, for the methods the long-context papers compare: perplexity
+   against context length (the text truncated to n tokens, n = 1/4, 1/2, 1 and 2 times the context;
+   one pass for static methods, a pass per length for dynamic ones), passkey retrieval at the longest
+   length, and the figure.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from . import api, assets, data, loading
 from . import eval as hpe
 
 DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope")
-LONG_VARIANTS = ("none", "yarn")
+LONG_VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn")
 
 
 @torch.inference_mode()
 def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
-        long_tokens: int = 12288, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "bfloat16",
+        long_tokens: int = 16384, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "bfloat16",
         corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo", print_fn=print) -> dict:
     """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2."""
     for spec in (*methods, *long_variants):  # unknown methods stop here, before loading
@@ -53,11 +56,14 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
 
     past = {}
     if long_tokens:
-        past = _past_context(lm, ids[:long_tokens], long_variants, target, context)
-        print_fn(f"\n2. Past the original context: perplexity by position over {long_tokens} tokens\n")
+        lengths = sorted({n for n in (context // 4, context // 2, context, long_tokens) if 1 < n <= long_tokens})
+        trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)
+        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials)
+        print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}, and a passkey "
+                 f"hidden halfway through {long_tokens} tokens of filler\n")
         print_fn(format_past(past, context))
         if out is not None:
-            _figure(past, Path(out) / "perplexity_curve.png", context, f"{info['model_type']}, {corpus}", print_fn)
+            _figure(past, Path(out) / "perplexity_by_length.png", context, f"{info['model_type']}, {corpus}", print_fn)
     print_fn(f"total {time.perf_counter() - started:.0f} s. More: python recipes/evaluate.py --config "
              f"recipes/configs/eval_smollm2.yaml (perplexity curves, passkey, needle)")
     return {"inside": inside, "past": past}
@@ -84,14 +90,14 @@ def _row(method, params, logprobs, reference, ids, seconds) -> dict:
             "ppl": float(torch.tensor(nll).exp()), "seconds": seconds}
 
 
-def _past_context(model, ids: torch.Tensor, variants, target: int, context: int) -> dict:
+def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials) -> dict:
     rows = {}
-    for spec in variants:
+    for spec in tqdm(variants, desc="up to the target", unit="variant"):
         start = time.perf_counter()
         with hpe.patched(model, spec, target):
-            curve = hpe.perplexity_curve(model, [ids], length=len(ids), bucket=min(512, context // 2))
-        rows[spec] = {"curve": curve, "inside": hpe.curve_perplexity(curve, 0, context),
-                      "past": hpe.curve_perplexity(curve, context), "seconds": time.perf_counter() - start}
+            by_length = hpe.perplexity_by_length(model, [ids], lengths, progress=False)
+            passkey = hpe.summarize(trials, hpe.score_trials(model, trials, progress=False))
+        rows[spec] = {"lengths": by_length, "passkey": passkey, "seconds": time.perf_counter() - start}
     return rows
 
 
@@ -101,8 +107,8 @@ def _figure(past: dict, path: Path, context: int, title: str, print_fn) -> None:
     except ImportError:  # matplotlib is optional
         print_fn("\n(no figure: pip install 'hf_posenc[plot]' for matplotlib)")
         return
-    curves = {k: v["curve"] for k, v in past.items()}
-    print_fn(f"\nfigure: {plots.plot_perplexity_curves(curves, path, original_context=context, title=title)}")
+    results = {k: v["lengths"] for k, v in past.items()}
+    print_fn(f"\nfigure: {plots.plot_perplexity_by_length(results, path, original_context=context, title=title)}")
 
 
 def format_inside(rows: list[dict]) -> str:
@@ -115,6 +121,14 @@ def format_inside(rows: list[dict]) -> str:
 
 
 def format_past(rows: dict, context: int) -> str:
-    lines = [f"| variant | ppl, positions < {context} | ppl, positions >= {context} | time (s) |", "|---|---|---|---|"]
-    lines += [f"| {k} | {r['inside']:.2f} | {r['past']:.2f} | {r['seconds']:.0f} |" for k, r in rows.items()]
+    first = next(iter(rows.values()))
+    lengths, passkey_length = first["lengths"]["lengths"], first["passkey"]["lengths"][0]
+    lines = ["| variant | " + " | ".join(f"ppl {n}{' (context)' if n == context else ''}" for n in lengths)
+             + f" | passkey {passkey_length} (answer log-prob) | how | time (s) |",
+             "|---|" + "---|" * (len(lengths) + 3)]
+    for k, r in rows.items():
+        key = r["passkey"]
+        lines.append(f"| {k} | " + " | ".join(f"{p:.2f}" for p in r["lengths"]["perplexity"])
+                     + f" | {'found' if key['by_length'][0] == 1 else 'missed'} ({key['mean_logprob']:.2f}) | "
+                     + ("one pass" if r["lengths"]["one_pass"] else "a pass per length") + f" | {r['seconds']:.0f} |")
     return "\n".join(lines)

@@ -224,20 +224,30 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     from hf_posenc.cli import main
 
     main(["demo", "--model", str(checkpoint), "--corpus", str(corpus_dir / "a.txt"), "--dtype", "float32",
-          "--tokens", "60", "--long-tokens", "100", "--out", str(tmp_path)])
+          "--tokens", "60", "--long-tokens", "512", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "1. Inside the original context" in printed and "| longrope | long_factor=ramp 1..2 |" in printed
-    assert (tmp_path / "perplexity_curve.png").exists()
+    assert "| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | passkey 512" in printed
+    assert (tmp_path / "perplexity_by_length.png").exists()
     from hf_posenc import demo
 
-    result = demo.run(str(checkpoint), tokens=60, long_tokens=100, methods=("yarn", "dynamic", "dynamic_yarn"),
-                      dtype="float32", corpus=str(corpus_dir / "a.txt"), out=None, print_fn=lambda *a: None)
+    result = demo.run(str(checkpoint), tokens=60, long_tokens=512, methods=("yarn", "dynamic", "dynamic_yarn"),
+                      long_variants=("none", "yarn", "dynamic_yarn"), dtype="float32", corpus=str(corpus_dir / "a.txt"),
+                      out=None, print_fn=lambda *a: None)
     drift = {r["method"]: r["max_abs_logprob_drift"] for r in result["inside"]}
     assert drift["none"] == drift["dynamic"] == drift["dynamic_yarn"] == 0 < drift["yarn"]
     ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
     model = hp.load_model(checkpoint)
     assert result["inside"][0]["ppl"] == pytest.approx(
         hpe.document_perplexity(model, [ids], max_length=60, progress=False)["perplexity"], rel=1e-4)
-    assert set(result["past"]) == {"none", "yarn"} and result["past"]["none"]["curve"]["positions"][-1] == 99
+    past = result["past"]
+    assert set(past) == {"none", "yarn", "dynamic_yarn"} and past["none"]["lengths"]["lengths"] == [16, 32, 64, 512]
+    assert past["none"]["lengths"]["perplexity"][-1] == pytest.approx(
+        hpe.document_perplexity(model, [ids], max_length=512, progress=False)["perplexity"], rel=1e-4)
+    assert past["yarn"]["lengths"]["one_pass"] and not past["dynamic_yarn"]["lengths"]["one_pass"]
+    # inside the original context dynamic YaRN is the model itself; at the target it is static YaRN
+    assert past["dynamic_yarn"]["lengths"]["perplexity"][:3] == pytest.approx(past["none"]["lengths"]["perplexity"][:3], rel=1e-5)
+    assert past["dynamic_yarn"]["lengths"]["perplexity"][3] == pytest.approx(past["yarn"]["lengths"]["perplexity"][3], rel=1e-5)
+    assert past["yarn"]["passkey"]["lengths"] == [512] and past["yarn"]["passkey"]["trials"] == 1
     with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
