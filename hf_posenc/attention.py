@@ -26,8 +26,6 @@ from .plan import PatchPlan
 
 CHILD = "hf_posenc_attention"  # the child each patched attention module carries
 PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the inner one
-
-
 QUERY_BLOCK = 512  # queries per kernel call when a bias runs in a causal model (see BlockLayout)
 
 
@@ -117,7 +115,7 @@ class PositionalAttention(nn.Module):
 
 def positional_attention(inner: str):
     """The attention function registered as PREFIX + inner: the module's q/k transform, then the inner
-    function, once per block of queries when there is a bias (`PositionalAttention.blocks`)."""
+    function, once per block of queries when there is a bias (`BlockLayout`)."""
     def attention(module, query, key, value, attention_mask, **kwargs):
         position = getattr(module, CHILD, None)
         if position is None:
