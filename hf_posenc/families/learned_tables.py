@@ -129,15 +129,7 @@ class LearnedTableFamily:
                 f"keep_learned={method.keep_learned} keeps every position of this {positions}-position table; "
                 f"it must be < {positions}"
             )
-        record = {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
-                         "positions": positions},
-            "tables": {},
-        }
+        record = self._record(method, model, tables={})
         new_tables = {}
         for table in tables:
             new_tables[table.path], info = self._build(table.module, method, offset, positions)
@@ -215,6 +207,19 @@ class LearnedTableFamily:
 
     # building ------------------------------------------------------------------------------------
 
+    def _record(self, method: MethodConfig, model: nn.Module, tables: dict) -> dict:
+        """What config.hf_posenc keeps of a patch: the method, its parameters, the original context, and
+        per table what `load_patched` needs (filled in by the caller)."""
+        return {
+            "family": self.name,
+            "mechanism": self.mechanism,
+            "method": method.name,
+            "params": method.to_dict(),
+            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
+                         "positions": self.positions(model)},
+            "tables": tables,
+        }
+
     def _plan_attention(self, model: nn.Module, method: AttentionMethodConfig) -> TablePlan:
         """Positions move into attention: each table becomes a NoPositions, each self-attention module
         gets the method's child; `rope` also writes rope_parameters into the config, so the model is a
@@ -222,15 +227,7 @@ class LearnedTableFamily:
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
         method = method.resolve(self.positions(model))
-        record = {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
-                         "positions": self.positions(model)},
-            "tables": {t.path: {} for t in tables},
-        }
+        record = self._record(method, model, tables={t.path: {} for t in tables})
         new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
         plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
         new_config = plan.config_map[id(model.config.get_text_config())]

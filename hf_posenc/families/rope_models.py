@@ -112,15 +112,7 @@ class RopeModels:
                 f"check refuses the result ({refused}), so the patched model could not be saved or loaded back"
             )
 
-        record = {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": config.max_position_embeddings,
-                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
-        }
-        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=record)
+        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=self._record(method, config))
         rebuilt: dict[int, torch.nn.Module] = {}
         for parent, name, old in self.rotary_modules(model):
             if id(old) not in rebuilt:
@@ -151,15 +143,7 @@ class RopeModels:
         new_config.rope_parameters = rope.base_parameters(native) | {
             "rope_type": rope.CUSTOM_ROPE_TYPE_PREFIX + method.name}
         new_config.max_position_embeddings = method.max_position_embeddings
-        record = {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": config.max_position_embeddings,
-                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
-        }
-        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=record)
+        plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=self._record(method, config))
         if method.removes_positions:
             dim = _compat.rotary_dim(config, None)
             plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
@@ -167,6 +151,17 @@ class RopeModels:
         return plan
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _record(self, method: MethodConfig, config) -> dict:
+        """What config.hf_posenc keeps of a patch: the method, its parameters, the settings it replaced."""
+        return {
+            "family": self.name,
+            "mechanism": self.mechanism,
+            "method": method.name,
+            "params": method.to_dict(),
+            "original": {"max_position_embeddings": config.max_position_embeddings,
+                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
+        }
 
     def _private_rotary_modules(self, model: torch.nn.Module) -> list[str]:
         """Rotary modules built from a config that is not part of the model's config tree (GraniteSWA
