@@ -22,12 +22,13 @@ from .errors import (
 from .families.learned_tables import check_length
 from .loading import load_model, load_tokenizer
 from .registry import list_methods
+from .serving import llama_cpp_args, serving_overrides, write_gguf
 
 __version__ = "0.1.0"
 
 __all__ = [
     "patch", "unpatch", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
-    "check_length", "CheckpointMismatchError",
+    "check_length", "CheckpointMismatchError", "serving_overrides", "llama_cpp_args", "write_gguf",
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
 ]

@@ -1,0 +1,238 @@
+"""What a serving engine needs to run a patched model: vLLM's `--hf-overrides`, llama.cpp's flags, and
+a GGUF file whose rope-scaling metadata says what the patch does.
+
+    hp.serving_overrides(model)     # {"max_position_embeddings": 32768, "rope_parameters": {...}} for vLLM
+    hp.llama_cpp_args(model)        # ["--rope-scaling", "yarn", "--rope-scale", "4", ...]
+    hp.write_gguf(model, "in.gguf", "out-4x.gguf")   # the same tensors, the patch in the metadata
+
+Engines disagree on YaRN's attention factor (the scale on cos/sin, so on q and k): transformers and
+vLLM take it whole (`attention_factor`, default 0.1 ln s + 1 from Peng et al. 2023), llama.cpp
+multiplies its flag by its own 0.1 ln s + 1. The outputs here spell it out in each engine's terms,
+so every engine computes the same scale as the patched model.
+
+Only methods an engine computes as hf_posenc does are exported; the others are refused with the
+reason: the dynamic methods (engines' `dynamic` measures from a different context, and none has
+dynamic YaRN) and every attention method (ALiBi, relative bias, XPos, DCA, Self-Extend, learned ->
+rope change the attention itself)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import MethodNotApplicableError, PosEncError
+from .plan import RECORD_ATTR
+
+# methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
+STOCK_METHODS = ("base", "ntk", "linear", "yarn", "llama3", "longrope")
+# ... and those llama.cpp's rope options express (llama3 / longrope need per-frequency factor tensors)
+LLAMA_CPP_METHODS = ("base", "ntk", "linear", "yarn")
+
+
+class ExportError(PosEncError, ValueError):
+    """A file to export from or to that cannot be used (not a GGUF file, the output is the input, ...)."""
+
+
+def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...]) -> dict | None:
+    record = getattr(getattr(model, "config", None), RECORD_ATTR, None)
+    if record is None:
+        return None
+    method = record["method"]
+    if method not in allowed:
+        why = {"dynamic": "its scaling follows the input length from the original context; engines' own "
+                          "'dynamic' measures from max_position_embeddings, so it would scale differently",
+               "dynamic_yarn": "no engine implements YaRN that follows the input length"}.get(
+            method, f"{engine} has no '{method}' rope scaling" if method in STOCK_METHODS else
+            "it changes the attention computation itself, which engines do not load from a config")
+        raise MethodNotApplicableError(
+            f"method {method!r} cannot be exported to {engine}: {why}. Methods {engine} can run: {', '.join(allowed)}")
+    return record
+
+
+def yarn_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
+    """The scale a YaRN patch puts on cos and sin, computed by transformers' own YaRN function."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return float(ROPE_INIT_FUNCTIONS["yarn"](model.config.get_text_config(), "cpu", layer_type=layer_type)[1])
+
+
+def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
+    """The config fields that make an engine reading config.json (vLLM's `--hf-overrides`) build the
+    patched model from the original checkpoint: the target context and the `rope_parameters`, YaRN's
+    `attention_factor` written out. `legacy=True`: as `rope_theta` + `rope_scaling`, for engines built
+    on transformers 4 (vLLM releases of that time read only those). {} for an unpatched model."""
+    record = _patch(model, "vLLM", STOCK_METHODS)
+    if record is None:
+        return {}
+    text = model.config.get_text_config()
+    params = copy.deepcopy(text.rope_parameters)
+    nested = all(isinstance(v, dict) for v in params.values())  # one dict per layer type (Gemma 3 ...)
+    for layer_type, p in (params.items() if nested else [(None, params)]):
+        if p.get("rope_type") == "yarn" and p.get("attention_factor") is None:
+            p["attention_factor"] = yarn_attention_factor(model, layer_type)
+    out = {"max_position_embeddings": int(text.max_position_embeddings)}
+    if not legacy:
+        out["rope_parameters"] = params
+    elif nested:
+        raise MethodNotApplicableError(
+            "per-layer-type RoPE (this model's rope_parameters has one entry per attention type) has no "
+            "legacy rope_scaling form; use legacy=False (engines on transformers 5)")
+    else:
+        out["rope_theta"] = params.pop("rope_theta")
+        if params.get("rope_type", "default") != "default":
+            out["rope_scaling"] = {**params, "type": params["rope_type"]}
+    if text is not model.config:  # a composite model: the text config is a sub-config
+        name = next(k for k, v in vars(model.config).items() if v is text)
+        out = {name: out}
+    return out
+
+
+def llama_cpp_args(model: torch.nn.Module) -> list[str]:
+    """llama.cpp command-line flags (llama-cli, llama-server) that run the patched model from the
+    original GGUF file: the new rope base, or the scaling type, factor, original context, YaRN's betas
+    and its attention factor in llama.cpp's terms (divided by its built-in 0.1 ln s + 1)."""
+    record = _patch(model, "llama.cpp", LLAMA_CPP_METHODS)
+    if record is None:
+        return []
+    text = model.config.get_text_config()
+    params = _single_rope_parameters(text, "llama.cpp")
+    args = ["--rope-freq-base", _num(params["rope_theta"]), "--ctx-size", str(text.max_position_embeddings)]
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "linear":
+        args += ["--rope-scaling", "linear", "--rope-scale", _num(params["factor"])]
+    elif rope_type == "yarn":
+        if params.get("truncate", True) is False:
+            raise MethodNotApplicableError("llama.cpp always rounds YaRN's correction range (truncate=True); "
+                                           "this patch has truncate=False")
+        factor = float(params["factor"])
+        args += ["--rope-scaling", "yarn", "--rope-scale", _num(factor),
+                 "--yarn-orig-ctx", str(params["original_max_position_embeddings"]),
+                 "--yarn-beta-fast", _num(params.get("beta_fast", 32.0)),
+                 "--yarn-beta-slow", _num(params.get("beta_slow", 1.0)),
+                 "--yarn-attn-factor", _num(yarn_attention_factor(model) / (1 + 0.1 * math.log(factor)))]
+    return args
+
+
+def _single_rope_parameters(text, engine: str) -> dict:
+    params = text.rope_parameters
+    if all(isinstance(v, dict) for v in params.values()):
+        raise MethodNotApplicableError(
+            f"{engine} takes one RoPE for all layers; this model has one per attention type ({sorted(params)})")
+    return params
+
+
+def _num(value: float) -> str:
+    return f"{float(value):.9g}"
+
+
+# -- GGUF -------------------------------------------------------------------------------------------
+
+def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
+    """The GGUF keys (`{arch}.rope.*`, `{arch}.context_length`) that say what the patch does, as llama.cpp
+    reads them. YaRN's betas and attention factor are read from the file by only some of llama.cpp's
+    architectures, so a YaRN patch that needs other values than llama.cpp's defaults is refused here
+    (run the original file with `llama_cpp_args(model)` instead)."""
+    record = _patch(model, "GGUF", LLAMA_CPP_METHODS)
+    if record is None:
+        return {}
+    text = model.config.get_text_config()
+    params = _single_rope_parameters(text, "GGUF")
+    out: dict[str, object] = {f"{arch}.context_length": int(text.max_position_embeddings),
+                              f"{arch}.rope.freq_base": float(params["rope_theta"])}
+    rope_type = params.get("rope_type", "default")
+    if rope_type in ("linear", "yarn"):
+        out |= {f"{arch}.rope.scaling.type": rope_type, f"{arch}.rope.scaling.factor": float(params["factor"])}
+    if rope_type == "yarn":
+        factor = float(params["factor"])
+        defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
+        differ = {k: params[k] for k, v in defaults.items() if k in params and params[k] != v}
+        attention = yarn_attention_factor(model)
+        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+            differ["attention_factor"] = attention
+        if differ:
+            raise MethodNotApplicableError(
+                f"a GGUF file cannot make llama.cpp use this YaRN patch's {differ} (its llama loader takes "
+                f"llama.cpp's defaults: beta_fast 32, beta_slow 1, attention factor 0.1 ln s + 1); run the "
+                f"original file with: {' '.join(llama_cpp_args(model))}")
+        out[f"{arch}.rope.scaling.original_context_length"] = int(params["original_max_position_embeddings"])
+    return out
+
+
+def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
+               overwrite: bool = False) -> dict[str, object]:
+    """Copy the GGUF file `source` (the checkpoint `model` was loaded from) to `target` with the patch's
+    rope metadata; tensors are copied byte for byte (quantized ones stay quantized). Everything is checked
+    before writing, and the file appears whole or not at all. Returns the keys written."""
+    import gguf
+
+    source, target = Path(source), Path(target)
+    if not source.is_file():
+        raise ExportError(f"GGUF file not found: {source}")
+    if target.exists() and (target.resolve() == source.resolve() or target.is_dir()):
+        raise ExportError(f"the output {target} is {'the input file' if target.is_file() else 'a folder'}; "
+                          f"name a new .gguf file")
+    if target.exists() and not overwrite:
+        raise ExportError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    try:
+        reader = gguf.GGUFReader(source)
+    except (ValueError, OSError) as err:
+        raise ExportError(f"{source} is not a readable GGUF file: {err}") from None
+    arch = reader.fields["general.architecture"].contents()
+    _check_same_model(model, reader, arch, source)
+    new = gguf_rope_metadata(model, arch)
+    if not new:
+        raise ExportError("the model carries no hf_posenc patch: there is nothing to write")
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
+        for key, field in reader.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture" or key in new:
+                continue  # the writer adds the header fields and the architecture itself
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+        for key, value in new.items():
+            kind = (gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
+                    if isinstance(value, float) else gguf.GGUFValueType.UINT32)
+            writer.add_key_value(key, value, kind)
+        for tensor in reader.tensors:
+            writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
+                                   raw_dtype=tensor.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in reader.tensors:
+            writer.write_tensor_data(tensor.data)
+        writer.close()
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return new
+
+
+def _check_same_model(model, reader, arch: str, source: Path) -> None:
+    """The file must hold the model before the patch: same architecture family, same rope base."""
+    record = getattr(model.config, RECORD_ATTR, None)
+    field = reader.fields.get(f"{arch}.rope.freq_base")
+    if record is None or field is None:
+        return
+    original = record["original"]["rope_parameters"]
+    theta = (original.get("rope_theta") if "rope_theta" in original
+             else next(iter(original.values()), {}).get("rope_theta"))
+    if theta is not None and not math.isclose(float(field.contents()), float(theta), rel_tol=1e-5):
+        raise ExportError(f"{source} has rope freq_base {field.contents():g}, but the model was patched from "
+                          f"rope_theta {theta:g}: it is not the file this model was loaded from")
+
+
+def read_gguf_rope(path: str | os.PathLike) -> dict[str, object]:
+    """The rope keys of a GGUF file (`rope.*` and `context_length` of its architecture), without the arch
+    prefix: what llama.cpp will use."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    return {key[len(arch) + 1:]: field.contents() for key, field in reader.fields.items()
+            if key.startswith(f"{arch}.rope.") or key == f"{arch}.context_length"}

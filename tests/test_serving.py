@@ -1,0 +1,165 @@
+"""Export for serving engines: vLLM's overrides read back by transformers itself, llama.cpp's flags,
+GGUF metadata written and read back with the gguf library."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig
+
+import hf_posenc as hp
+from hf_posenc import serving
+from tiny import tiny_config, tiny_model
+
+gguf = pytest.importorskip("gguf")
+
+STOCK_CASES = [
+    ("base", {"theta": 5e5}), ("ntk", {"factor": 4}), ("linear", {"factor": 4}), ("yarn", {"factor": 4}),
+    ("yarn", {"factor": 4, "attention_factor": 1.3, "beta_fast": 16}), ("yarn", {"factor": 4, "mscale": 0.8,
+                                                                              "mscale_all_dim": 0.5}),
+    ("llama3", {"factor": 4}), ("longrope", {"factor": 4, "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0]}),
+]
+
+
+def rotary_of(model):
+    return model.model.rotary_emb
+
+
+def build_rotary(config):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(config)
+
+
+@pytest.mark.parametrize("method,params", STOCK_CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_overrides_make_transformers_build_the_patched_rotary(method, params):
+    model = hp.patch(tiny_model(), method, **params)
+    overrides = serving.serving_overrides(model)
+    config = copy.deepcopy(tiny_config())  # the original checkpoint's config, as an engine reads it
+    config.update(overrides)                # what vLLM's --hf-overrides does
+    ours, theirs = rotary_of(model), build_rotary(config)
+    torch.testing.assert_close(theirs.inv_freq, ours.inv_freq, rtol=0, atol=0)
+    assert theirs.attention_scaling == pytest.approx(ours.attention_scaling, rel=1e-7)
+    assert config.max_position_embeddings == model.config.max_position_embeddings
+    if method == "yarn":  # spelled out, so an engine's own default cannot differ
+        assert overrides["rope_parameters"]["attention_factor"] == pytest.approx(ours.attention_scaling)
+
+
+@pytest.mark.parametrize("method,params", STOCK_CASES[:5], ids=lambda v: v if isinstance(v, str) else None)
+def test_legacy_overrides_read_by_transformers_as_a_v4_config(method, params):
+    model = hp.patch(tiny_model(), method, **params)
+    legacy = serving.serving_overrides(model, legacy=True)
+    assert "rope_parameters" not in legacy
+    kwargs = {k: v for k, v in tiny_config().to_dict().items() if k not in ("rope_parameters", "model_type")}
+    config = AutoConfig.for_model("llama", **{**kwargs, **legacy})
+    ours, theirs = rotary_of(model), build_rotary(config)
+    torch.testing.assert_close(theirs.inv_freq, ours.inv_freq, rtol=0, atol=0)
+    assert theirs.attention_scaling == pytest.approx(ours.attention_scaling, rel=1e-7)
+
+
+def test_unpatched_needs_no_overrides_and_other_methods_are_refused():
+    assert serving.serving_overrides(tiny_model()) == {} and serving.llama_cpp_args(tiny_model()) == []
+    for method, params in [("dynamic", {"factor": 2}), ("dynamic_yarn", {"factor": 2}), ("alibi", {})]:
+        model = hp.patch(tiny_model(), method, **params)
+        with pytest.raises(hp.MethodNotApplicableError, match=f"{method!r} cannot be exported to vLLM"):
+            serving.serving_overrides(model)
+        with pytest.raises(hp.MethodNotApplicableError, match="llama.cpp"):
+            serving.llama_cpp_args(model)
+    with pytest.raises(hp.MethodNotApplicableError, match="llama.cpp has no 'llama3'"):
+        serving.llama_cpp_args(hp.patch(tiny_model(), "llama3", factor=4))
+
+
+def test_llama_cpp_flags_spell_yarn_in_llama_cpps_terms():
+    model = hp.patch(tiny_model(), "yarn", factor=4, attention_factor=1.3, beta_fast=16)
+    args = serving.llama_cpp_args(model)
+    flags = dict(zip(args[::2], args[1::2]))
+    assert flags["--rope-scaling"] == "yarn" and float(flags["--rope-scale"]) == 4
+    assert flags["--yarn-orig-ctx"] == "64" and flags["--ctx-size"] == "256"
+    assert float(flags["--yarn-beta-fast"]) == 16 and float(flags["--yarn-beta-slow"]) == 1
+    # llama.cpp multiplies the flag by its own 0.1 ln s + 1 (ggml's rope_yarn): the product is the patch's
+    assert float(flags["--yarn-attn-factor"]) * (1 + 0.1 * math.log(4)) == pytest.approx(1.3, rel=1e-6)
+    default = dict(zip(*[iter(serving.llama_cpp_args(hp.patch(tiny_model(), "yarn", factor=4)))] * 2))
+    assert float(default["--yarn-attn-factor"]) == pytest.approx(1.0, rel=1e-6)
+    ntk = serving.llama_cpp_args(hp.patch(tiny_model(), "ntk", factor=4))
+    assert float(ntk[1]) == pytest.approx(10000 * 4 ** (16 / 14), rel=1e-6) and "--rope-scaling" not in ntk
+
+
+def write_tiny_gguf(path, theta=10000.0):
+    """A small llama-architecture GGUF: a float tensor and a raw Q8_0 block, plus the usual keys."""
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_context_length(64)
+    writer.add_rope_freq_base(theta)
+    writer.add_block_count(2)
+    writer.add_string("general.name", "tiny")
+    writer.add_array("general.languages", ["en", "fr"])
+    writer.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32).reshape(4, 16))
+    q8 = np.arange(34 * 2, dtype=np.uint8).reshape(2, 34)  # two Q8_0 blocks of 32 weights, as raw bytes
+    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("method,params,expected", [
+    ("yarn", {"factor": 4}, {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                             "rope.scaling.original_context_length": 64, "context_length": 256}),
+    ("linear", {"factor": 2}, {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0, "context_length": 128}),
+    ("ntk", {"factor": 2}, {"rope.freq_base": pytest.approx(10000 * 2 ** (16 / 14), rel=1e-6), "context_length": 128}),
+])
+def test_gguf_round_trip(tmp_path, method, params, expected):
+    source = write_tiny_gguf(tmp_path / "in.gguf")
+    model = hp.patch(tiny_model(), method, **params)
+    serving.write_gguf(model, source, tmp_path / "out.gguf")
+    rope = serving.read_gguf_rope(tmp_path / "out.gguf")
+    assert {k: rope[k] for k in expected} == expected
+    before, after = gguf.GGUFReader(source), gguf.GGUFReader(tmp_path / "out.gguf")
+    changed = {f"llama.{k}" for k in expected} | {"llama.rope.freq_base"}
+    for key, field in before.fields.items():  # every other key kept as it was
+        if key not in changed and not key.startswith("GGUF."):
+            assert after.fields[key].contents() == field.contents(), key
+    assert [t.name for t in after.tensors] == [t.name for t in before.tensors]
+    for a, b in zip(before.tensors, after.tensors):  # byte for byte, quantized types kept
+        assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data)
+
+
+def test_gguf_export_refusals_write_nothing(tmp_path):
+    source = write_tiny_gguf(tmp_path / "in.gguf")
+    original = source.read_bytes()
+    cases = [
+        (hp.patch(tiny_model(), "yarn", factor=4, beta_fast=16), tmp_path / "a.gguf", {}, "beta_fast"),
+        (hp.patch(tiny_model(), "dynamic", factor=2), tmp_path / "b.gguf", {}, "cannot be exported to GGUF"),
+        (hp.patch(tiny_model(), "yarn", factor=4), source, {"overwrite": True}, "the input file"),
+        (hp.patch(tiny_model(), "yarn", factor=4), tmp_path, {}, "a folder"),
+        (hp.patch(tiny_model(rope_theta=5e5), "yarn", factor=4), tmp_path / "c.gguf", {}, "not the file"),
+        (tiny_model(), tmp_path / "d.gguf", {}, "no hf_posenc patch"),
+    ]
+    for model, target, kwargs, message in cases:
+        with pytest.raises(hp.PosEncError, match=message):
+            serving.write_gguf(model, source, target, **kwargs)
+    (tmp_path / "e.gguf").write_text("not a gguf")
+    with pytest.raises(serving.ExportError, match="exists"):
+        serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), source, tmp_path / "e.gguf")
+    with pytest.raises(serving.ExportError, match="not a readable GGUF"):
+        serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), tmp_path / "e.gguf", tmp_path / "f.gguf")
+    assert source.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "in.gguf"]
+
+
+@pytest.mark.real
+def test_smollm2_gguf_export(tmp_path):
+    from hf_posenc import assets
+
+    source = assets.smollm2_gguf()
+    model = hp.patch(hp.load_model(source), "yarn", max_position_embeddings=16384)
+    serving.write_gguf(model, source, tmp_path / "smollm2-16k.gguf")
+    rope = serving.read_gguf_rope(tmp_path / "smollm2-16k.gguf")
+    assert rope["rope.scaling.type"] == "yarn" and rope["rope.scaling.factor"] == 2.0
+    assert rope["rope.scaling.original_context_length"] == 8192 and rope["context_length"] == 16384
+    assert rope["rope.freq_base"] == 100000.0
+    assert len(gguf.GGUFReader(tmp_path / "smollm2-16k.gguf").tensors) == 272
