@@ -234,6 +234,19 @@ def test_gemma3_layer_types_selects_what_is_rescaled():
     assert model.config.rope_parameters["full_attention"]["rope_type"] == "default"
 
 
+def test_describe_reports_each_layer_types_rope():
+    model = build("gemma3_text")
+    params = model.config.rope_parameters
+    hp.patch(model, "yarn", factor=2.0)  # by default only the full-attention layers are rescaled
+    by_type = hp.describe(model)["rope_by_layer_type"]
+    assert set(by_type) == {"sliding_attention", "full_attention"}
+    assert by_type["sliding_attention"] == {"rope_type": "default", "factor": 1.0, "rotary_dim": 16,
+                                            "rope_theta": params["sliding_attention"]["rope_theta"]}
+    assert by_type["full_attention"]["rope_type"] == "yarn" and by_type["full_attention"]["factor"] == 2.0
+    assert by_type["full_attention"]["rope_theta"] == params["full_attention"]["rope_theta"]
+    assert hp.describe(build("llama"))["rope_by_layer_type"] is None
+
+
 @pytest.mark.parametrize(("family", "method"), sorted((f, m) for f, ms in REFUSED.items() for m in ms))
 def test_refused_methods_leave_the_model_untouched(family, method):
     model = build(family)

@@ -61,6 +61,13 @@ class RopeModels:
             "original_max_position_embeddings": params.get("original_max_position_embeddings",
                                                            config.max_position_embeddings),
             "rope_layer_types": [t for t in _compat.rope_layer_types(config) if t is not None] or None,
+            # models with several attention types (Gemma 3: sliding and full) keep one RoPE each
+            "rope_by_layer_type": {
+                lt: {"rope_type": p.get("rope_type", "default"), "rope_theta": p.get("rope_theta"),
+                     "factor": p.get("factor", 1.0), "rotary_dim": _compat.rotary_dim(config, lt)}
+                for lt in _compat.rope_layer_types(config) if lt is not None
+                for p in [_compat.get_rope_parameters(config, lt)]
+            } or None,
         }
 
     def unpatched_config(self, config, record: dict) -> tuple:
