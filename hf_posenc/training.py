@@ -133,8 +133,12 @@ class TrainArgs:
         _need(isinstance(trainable, list) and trainable and all(isinstance(t, str) and t for t in trainable),
               f"train.trainable must be 'all', a group ({', '.join(GROUPS)}) or a regex, or a list of them; "
               f"got {self.trainable!r}")
-        _need(self.report_to is None or isinstance(self.report_to, str),
-              f"train.report_to must be a tracker name (tensorboard, wandb, all, ...) or null, got {self.report_to!r}")
+        if self.report_to is not None:
+            from accelerate.utils import LoggerType
+
+            trackers = [t.value for t in LoggerType]
+            _need(self.report_to in trackers, f"train.report_to={self.report_to!r} is not one of {', '.join(trackers)}"
+                                              f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
 
@@ -200,6 +204,8 @@ def _coerce(cls, name: str, key: str, value):
         if target is float:
             return float(value)
         if target is str:
+            if isinstance(value, (list, dict)):
+                raise ValueError
             return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be of type {target.__name__}, got {value!r}") from None
@@ -418,17 +424,17 @@ def check_schedule(train: TrainArgs) -> None:
                           f"({one_line(err)}); choose one of linear, cosine, constant_with_warmup, ...") from None
 
 
-def _inputs(cfg: Config, ref: str) -> list[tuple[str, Path]]:
+def _inputs(cfg: Config, ref: str) -> list[tuple[str, str]]:
     """The local paths the run reads: the model (its folder, or the folder of its .gguf file) and the corpora."""
     try:
         name, extra = loading.resolve(ref, cfg.model.gguf_file)
     except OSError as err:
         raise ConfigError(f"cannot read the model config of {ref!r}: {err}") from None
-    found = [("model folder" if not extra else "folder of the model's .gguf file", Path(name))]
+    found = [("model folder" if not extra else "folder of the model's .gguf file", name)]
     for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
         if spec:
-            found += [(field, Path(spec))] if Path(spec).exists() else [(field, Path(f)) for f in hdata._local_files(spec)]
-    return [(what, path) for what, path in found if path.exists()]
+            found += [(field, spec)] if Path(spec).exists() else [(field, f) for f in hdata._local_files(spec)]
+    return [(what, path) for what, path in found if Path(path).exists()]
 
 
 def check_output_dir(cfg: Config, ref: str) -> None:
@@ -439,11 +445,11 @@ def check_output_dir(cfg: Config, ref: str) -> None:
         raise ConfigError(f"output_dir {cfg.output_dir!r} is a file; give a folder")
     where = out.expanduser().resolve()
     for what, path in _inputs(cfg, ref):
-        source = path.expanduser().resolve()
+        source = Path(path).expanduser().resolve()
         relation = ("is" if where == source else "lies inside" if source in where.parents
                     else "contains" if where in source.parents else None)
         if relation:
-            raise ConfigError(f"output_dir {cfg.output_dir!r} {relation} the {what} {str(path)!r}, which the run "
+            raise ConfigError(f"output_dir {cfg.output_dir!r} {relation} the {what} {path!r}, which the run "
                               f"reads; an output must not overwrite its input: choose another --output_dir")
     if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
         raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
@@ -458,7 +464,10 @@ def check_corpus(field: str, spec: str, args: DataArgs) -> None:
         try:
             docs = load_documents(args, spec)
         except Exception as err:   # a malformed file, an unknown play, ...: the loader's own words, one line
-            raise ConfigError(f"{field}={spec!r} cannot be read: {type(err).__name__}: {one_line(err)}") from None
+            cause = err.__cause__ or err.__context__
+            why = f"{type(err).__name__}: {one_line(err)}" + (f" ({type(cause).__name__}: {one_line(cause)})"
+                                                               if cause is not None else "")
+            raise ConfigError(f"{field}={spec!r} cannot be read: {why[:400]}") from None
         if not any(text and text.strip() for text in docs["text"]):
             raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
                               f"to train or evaluate on")

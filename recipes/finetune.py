@@ -127,7 +127,7 @@ def main(argv=None):
                 accelerator.backward(loss)
                 losses.append(loss.detach())
                 if accelerator.sync_gradients:
-                    stop_if_diverged(accelerator, losses, step, cfg)   # before a NaN reaches the weights
+                    stop_if_diverged(accelerator, losses, step, cfg, bar)   # before a NaN reaches the weights
                     if cfg.train.max_grad_norm:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
                 optimizer.step()
@@ -206,10 +206,11 @@ def resume(accelerator, output_dir) -> int:
     return 0
 
 
-def stop_if_diverged(accelerator, losses, step, cfg) -> None:
+def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
     """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
     bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
     if accelerator.reduce(bad, reduction="sum").item():
+        bar.close()   # its line ends before the error's
         saved = T.latest_checkpoint(cfg.output_dir)[0]
         raise T.TrainingDiverged(
             f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
