@@ -366,6 +366,10 @@ def check_config(cfg: Config) -> Plan:
         model = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"cannot read the model config of {ref!r}: {one_line(err)}") from None
+    folder = Path(ref)
+    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
+    if folder.is_dir() and not cfg.model.gguf_file and not weights:
+        raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
     config = model.config
     archs = getattr(config, "architectures", None) or []
     causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
@@ -468,7 +472,7 @@ def check_corpus(field: str, spec: str, args: DataArgs) -> None:
             why = f"{type(err).__name__}: {one_line(err)}" + (f" ({type(cause).__name__}: {one_line(cause)})"
                                                                if cause is not None else "")
             raise ConfigError(f"{field}={spec!r} cannot be read: {why[:400]}") from None
-        if not any(text and text.strip() for text in docs["text"]):
+        if not any(row["text"] and row["text"].strip() for row in docs):   # stops at the first text
             raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
                               f"to train or evaluate on")
     elif Path(spec).is_dir() or hdata._looks_like_path(spec):
@@ -586,7 +590,11 @@ def load_model(cfg: Config):
 
 
 def load_tokenizer(cfg: Config):
-    return loading.load_tokenizer(_model_ref(cfg.model), gguf_file=cfg.model.gguf_file)
+    ref = _model_ref(cfg.model)
+    try:
+        return loading.load_tokenizer(ref, gguf_file=cfg.model.gguf_file)
+    except (OSError, ValueError) as err:   # no tokenizer files beside the model, a backend missing, ...
+        raise ConfigError(f"cannot load the tokenizer of {ref!r}: {one_line(err)}") from None
 
 
 GROUPS = {

@@ -64,6 +64,8 @@ def work(tmp_path, models):
     (tmp_path / "empty" / "nothing.txt").write_text("")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": unquoted}\n')
     (tmp_path / "model.gguf").write_text("not a real gguf")
+    shutil.copytree(models / "llama", tmp_path / "noweights", ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(models / "llama", tmp_path / "notok", ignore=shutil.ignore_patterns("tokenizer*"))
     return tmp_path
 
 
@@ -173,6 +175,8 @@ CASES = [
     ("dtype-float8", {"model": {"dtype": "float8"}}, [], r"model\.dtype must be auto, bfloat16, float16 or float32"),
     ("model-missing", {"model": {"name": "{w}/nope"}}, [], r"cannot read the model config of '.*nope'"),
     ("model-empty-name", {"model": {"name": ""}}, [], r"model\.name must name"),
+    ("model-without-weights", {"model": {"name": "{w}/noweights"}}, [], r"holds a config but no weights"),
+    ("model-without-tokenizer", {"model": {"name": "{w}/notok"}}, [], r"cannot load the tokenizer of '.*notok'"),
     ("gguf-missing", {"model": {"name": "{w}/nope.gguf"}}, [], r"GGUF file not found"),
     ("bool-maybe", {"model": {"gradient_checkpointing": "maybe"}}, [], r"model\.gradient_checkpointing must be of type bool"),
     ("seq-len-one", {"data": {"seq_len": 1}}, [], r"data\.seq_len must be >= 2"),
