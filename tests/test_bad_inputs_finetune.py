@@ -62,6 +62,7 @@ def work(tmp_path, models):
     (tmp_path / "held" / "b.txt").write_text(text[::-1])
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "nothing.txt").write_text("")
+    (tmp_path / "ok.jsonl").write_text('{"text": "To be, or not to be"}\n')
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": unquoted}\n')
     (tmp_path / "model.gguf").write_text("not a real gguf")
     shutil.copytree(models / "llama", tmp_path / "noweights", ignore=shutil.ignore_patterns("*.safetensors"))
@@ -83,7 +84,8 @@ def base_config(work: Path) -> dict:
 def merged(cfg: dict, changes: dict) -> dict:
     out = dict(cfg)
     for key, value in changes.items():
-        out[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+        nested = isinstance(value, dict) and isinstance(cfg.get(key), dict) and key != "posenc"   # posenc: replaced
+        out[key] = {**cfg[key], **value} if nested else value
     return out
 
 
@@ -189,6 +191,8 @@ CASES = [
     ("corpus-folder-without-text", {"data": {"corpus": "{w}/cfg"}}, [], r"no data files match"),
     ("corpus-folder-of-json", {"data": {"corpus": "{w}/m"}}, [], r"data\.corpus=.*/m' cannot be read"),
     ("corpus-malformed-jsonl", {"data": {"corpus": "{w}/bad.jsonl"}}, [], r"data\.corpus=.*bad\.jsonl' cannot be read"),
+    ("corpus-wrong-text-column", {"data": {"corpus": "{w}/ok.jsonl", "text_column": "body"}}, [],
+     r"cannot be read: .*body"),
     ("corpus-unknown-play", {"data": {"corpus": "shakespeare:hamlett"}}, [], r"no play\(s\) \['hamlett'\]"),
     ("eval-lengths-scalar-text", {"eval": {"lengths": "abc"}}, [], r"eval\.lengths must be a list of token counts"),
     ("eval-lengths-zero", {"eval": {"lengths": [0]}}, [], r"eval\.lengths must be a list of token counts >= 2"),
@@ -196,6 +200,9 @@ CASES = [
     ("eval-every-zero", {"eval": {"every": 0}}, [], r"eval\.every must be >= 1"),
     ("posenc-string", {"posenc": "yarn"}, [], r"posenc must be a mapping with a 'method'"),
     ("posenc-method-number", {"posenc": {"method": 5}}, [], r"method must be a name"),
+    ("posenc-no-target", {"posenc": {"method": "yarn"}}, [], r"needs max_position_embeddings= .* or factor="),
+    ("posenc-no-method", {"posenc": {"factor": 2}}, [], r"posenc must be a mapping with a 'method'"),
+    ("trainable-empty-list", {"train": {"trainable": []}}, [], r"train\.trainable must be 'all'"),
     ("posenc-factor-below-one", {"posenc": {"method": "yarn", "factor": 0.5}}, [], r"factor"),
     ("output-dir-null", {"output_dir": None}, [], r"output_dir must be a folder path, got None"),
     ("section-not-mapping", {"data": ["a"]}, [], r"'data' must be a mapping of fields"),
