@@ -229,6 +229,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if "--help" in argv or "-h" in argv:
         print(config_help())
         raise SystemExit(0)
+    if not argv:   # not a 400-step SmolLM2 run by surprise
+        raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
+                          "overrides; --help lists every field")
     raw: dict = {}
     overrides: list[tuple[str, Any]] = []
     i = 0

@@ -256,6 +256,7 @@ def test_config_file_problems_name_the_file_and_line(work, capsys):
     cases = [(["--config", tabbed], r"config file '.*tab\.yaml' is not valid YAML: line 4, column 1: .*tab"),
              (["--config", work / "missing.yaml"], r"config file not found: '.*missing\.yaml'"),
              (["--config", work / "corpus"], r"--config '.*corpus' is a folder"),
+             ([], r"no config given: pass --config FILE\.yaml"),
              (["--config", listed], r"config file '.*list\.yaml' must be a mapping of sections .* got a list")]
     before = snapshot(work)
     for argv, message in cases:

@@ -190,7 +190,7 @@ step_seed = T.step_seed
 
 
 @pytest.mark.parametrize("damage", ["truncate model.safetensors", "truncate optimizer.bin",
-                                    "garble model.safetensors"])
+                                    "garble model.safetensors", "garble optimizer.bin"])
 def test_broken_last_checkpoint_is_named_and_the_one_before_is_used(tmp_path, tiny_dir, text_file, capsys, damage):
     sections = dict(data={"corpus": str(text_file)}, train={"keep_checkpoints": 3})
     full = run_recipe(write_config(tmp_path / "full" / "c.yaml", tiny_dir, **sections))
