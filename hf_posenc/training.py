@@ -22,10 +22,24 @@ import yaml
 
 from . import data as hdata
 from . import loading
+from .errors import PosEncError
 
 
-class ConfigError(ValueError):
+class ConfigError(PosEncError, ValueError):
     """A fine-tuning config that cannot work; raised before the model is loaded or anything is written."""
+
+
+class TrainingDiverged(PosEncError, ValueError):
+    """The loss became NaN or inf: the run stops, its last checkpoint is kept."""
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -40,6 +54,7 @@ class ModelArgs:
     def __post_init__(self):
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ConfigError(f"model.dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        _need(bool(self.name.strip()), "model.name must name a hub id, a folder or a .gguf file, got ''")
 
 
 @dataclasses.dataclass
@@ -63,6 +78,11 @@ class DataArgs:
             raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
         if self.streaming and not self.max_documents:
             raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
+        _need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
+                                         "got ''")
+        _need(self.max_documents is None or self.max_documents >= 1,
+              f"data.max_documents must be >= 1 (or null), got {self.max_documents}")
+        _need(self.short_len is None or self.short_len >= 2, f"data.short_len must be >= 2 (or null), got {self.short_len}")
 
 
 @dataclasses.dataclass
@@ -93,11 +113,34 @@ class TrainArgs:
         for name in ("steps", "batch_size", "grad_accum", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if not (isinstance(self.betas, list) and len(self.betas) == 2):
-            raise ConfigError(f"train.betas must be a list of two floats, got {self.betas!r}")
+        if not (isinstance(self.betas, list) and len(self.betas) == 2 and all(map(_is_number, self.betas))
+                and all(0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"train.betas must be a list of two numbers in [0, 1) (AdamW's beta1, beta2), "
+                              f"got {self.betas!r}")
         self.betas = [float(b) for b in self.betas]
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
+        for name in ("weight_decay", "eps", "warmup_steps", "seed"):
+            _need(0 <= getattr(self, name) < math.inf, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
+              f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
+        _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        _need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
+                                          f"got {self.keep_checkpoints}")
+        _need(self.stop_after_steps is None or self.stop_after_steps >= 1,
+              f"train.stop_after_steps must be >= 1 (or null), got {self.stop_after_steps}")
+        trainable = [self.trainable] if isinstance(self.trainable, str) else self.trainable
+        _need(isinstance(trainable, list) and trainable and all(isinstance(t, str) and t for t in trainable),
+              f"train.trainable must be 'all', a group ({', '.join(GROUPS)}) or a regex, or a list of them; "
+              f"got {self.trainable!r}")
+        if self.report_to is not None:
+            from accelerate.utils import LoggerType
+
+            trackers = [t.value for t in LoggerType]
+            _need(self.report_to in trackers, f"train.report_to={self.report_to!r} is not one of {', '.join(trackers)}"
+                                              f" (or null)")
+        if self.lora is not None:
+            self.lora = check_lora(self.lora)
 
 
 @dataclasses.dataclass
@@ -106,6 +149,16 @@ class EvalArgs:
     corpus: Optional[str] = None          # held-out text (default: data.corpus)
     documents: int = 4
     every: Optional[int] = None           # also evaluate every N steps during training (into log.jsonl)
+
+    def __post_init__(self):
+        lengths = [self.lengths] if _is_number(self.lengths) else self.lengths   # `lengths: 512` means [512]
+        _need(isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 2
+                                                 for n in lengths),
+              f"eval.lengths must be a list of token counts >= 2 (e.g. [512, 1024]), got {self.lengths!r}")
+        self.lengths = lengths
+        _need(self.documents >= 1, f"eval.documents must be >= 1, got {self.documents}")
+        _need(self.every is None or self.every >= 1, f"eval.every must be >= 1 (or null), got {self.every}")
+        _need(self.corpus is None or bool(self.corpus.strip()), "eval.corpus must name a corpus or be null, got ''")
 
 
 @dataclasses.dataclass
@@ -151,6 +204,8 @@ def _coerce(cls, name: str, key: str, value):
         if target is float:
             return float(value)
         if target is str:
+            if isinstance(value, (list, dict)):
+                raise ValueError
             return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be of type {target.__name__}, got {value!r}") from None
@@ -171,6 +226,12 @@ def parse_config(argv: list[str] | None = None) -> Config:
     """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
     `--resume`, `--overwrite_output_dir`. Values are read as YAML (`--eval.lengths [512,1024]`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(config_help())
+        raise SystemExit(0)
+    if not argv:   # not a 400-step SmolLM2 run by surprise
+        raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
+                          "overrides; --help lists every field")
     raw: dict = {}
     overrides: list[tuple[str, Any]] = []
     i = 0
@@ -187,12 +248,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
                     raise ConfigError(f"--{key} needs a value")
                 i, value = i + 1, argv[i + 1]
         if key == "config":
-            path = Path(value)
-            if not path.is_file():
-                raise ConfigError(f"config file not found: {value}")
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = read_yaml_config(value)
         else:
-            overrides.append((key, yaml.safe_load(value)))
+            overrides.append((key, _yaml_value(f"--{key}", value)))
         i += 1
     for key, value in overrides:
         section, dot, field = key.partition(".")
@@ -206,17 +264,80 @@ def parse_config(argv: list[str] | None = None) -> Config:
     unknown = sorted(set(raw) - set(SECTIONS) - set(TOP_LEVEL))
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown}; allowed: {', '.join([*SECTIONS, *TOP_LEVEL])}")
+    output_dir = raw.get("output_dir", Config.output_dir)
+    if not (isinstance(output_dir, str) and output_dir.strip()):
+        raise ConfigError(f"output_dir must be a folder path, got {output_dir!r}")
     posenc = raw.get("posenc")
     if posenc is not None and not (isinstance(posenc, dict) and "method" in posenc):
         raise ConfigError(f"posenc must be a mapping with a 'method' (e.g. {{method: yarn, factor: 4}}), got {posenc!r}")
     return Config(
         **{name: _build(cls, name, raw.get(name) or {}) for name, cls in SECTIONS.items()},
         posenc=posenc,
-        output_dir=str(raw.get("output_dir", Config.output_dir)),
+        output_dir=output_dir,
         overwrite_output_dir=_coerce(Config, "overwrite_output_dir", "overwrite_output_dir",
                                      raw.get("overwrite_output_dir", False)),
         resume=_coerce(Config, "resume", "resume", raw.get("resume", False)),
     )
+
+
+def read_yaml_config(value: str) -> dict:
+    """The --config file as a mapping; a missing file, a folder or a YAML error is one clear line."""
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(f"--config {value!r} is a folder; give a YAML file (e.g. recipes/configs/*.yaml)")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {value!r}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {value!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {value!r} is not valid YAML: {_yaml_problem(err)}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {value!r} must be a mapping of sections (model, data, train, ...), "
+                          f"got a {type(raw).__name__}")
+    return raw
+
+
+def _yaml_value(name: str, text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{name} {text!r} is not a YAML value: {_yaml_problem(err)}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    return where + " ".join(problem.split()) + (" (YAML does not allow tabs for indentation)" if "\\t" in problem else "")
+
+
+def _type_name(hint) -> str:
+    if typing.get_origin(hint) is Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(hint))
+    return {dict: "mapping"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def config_help() -> str:
+    """What `--help` prints: every section's fields with their types and defaults."""
+    lines = ["usage: finetune.py --config FILE.yaml [--section.field VALUE ...] [--resume] [--overwrite_output_dir]",
+             "", "Values are YAML (--eval.lengths [512,1024]); a field given on the command line overrides the file.",
+             "Fields (defaults):"]
+    for section, cls in SECTIONS.items():
+        lines.append(f"  {section}:")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            lines.append(f"    {f.name}: {json.dumps(default)}    ({_type_name(hints[f.name])})")
+    from .registry import METHODS
+
+    lines += ["  posenc: null    (or {method: NAME, max_position_embeddings: N | factor: F, ...}; methods: "
+              f"{', '.join(sorted(METHODS))}; parameters: hf-posenc methods)",
+              f"  output_dir: {json.dumps(Config.output_dir)}", "  overwrite_output_dir: false", "  resume: false"]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ checks before loading
@@ -231,37 +352,36 @@ class Plan:
 
 
 def check_config(cfg: Config) -> Plan:
-    """Everything that can be refused before the model is loaded and before anything is written."""
+    """Everything that can be refused before the model is loaded and before anything is written: the
+    fields, the paths (an output never is, holds or lies inside an input), the corpora, and, on the
+    model's skeleton (meta device, no weights), the attention implementation, the patch, the trainable
+    parameters and the evaluation lengths."""
     if cfg.train.lora is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("train.lora needs the peft package, which is not installed: pip install peft "
                           "(or remove train.lora to train the model's own weights)")
-    if cfg.eval.every is not None and cfg.eval.every < 1:
-        raise ConfigError(f"eval.every must be >= 1 (or null), got {cfg.eval.every}")
-    if cfg.train.lora is not None and not isinstance(cfg.train.lora, dict):
-        raise ConfigError(f"train.lora must be a mapping (r, alpha, dropout, target_modules), got {cfg.train.lora!r}")
-    for spec in filter(None, [cfg.data.corpus, cfg.eval.corpus]):
-        name = spec.partition(":")[0]
-        if name not in hdata.BUILTIN and hdata._looks_like_path(spec) and not hdata._local_files(spec):
-            raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(hdata.FILE_LOADERS))} "
-                              f"files: a path, a folder or a glob)")
-    out = Path(cfg.output_dir)
-    if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
-        raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
-                          f"--overwrite_output_dir to replace it, or choose another --output_dir")
+    check_schedule(cfg.train)
     ref = _model_ref(cfg.model)
+    check_output_dir(cfg, ref)
+    for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
+        if spec:
+            check_corpus(field, spec, cfg.data)
     try:
-        config = loading.load_config(ref, gguf_file=cfg.model.gguf_file)
-    except OSError as err:
-        raise ConfigError(f"cannot read the model config of {ref!r}: {err}") from err
-    text = config.get_text_config()
-    original = int(text.max_position_embeddings)
-    target = original
-    if cfg.posenc:
-        params = cfg.posenc
-        if params.get("max_position_embeddings") is not None:
-            target = int(params["max_position_embeddings"])
-        elif params.get("factor") is not None:
-            target = int(round(float(params["factor"]) * original))
+        model = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"cannot read the model config of {ref!r}: {one_line(err)}") from None
+    folder = Path(ref)
+    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
+    if folder.is_dir() and not cfg.model.gguf_file and not weights:
+        raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
+    config = model.config
+    archs = getattr(config, "architectures", None) or []
+    causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if cfg.train.objective == "lm" and not causal:
+        raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
+                          f"use train.objective=distill for encoders")
+    original = int(config.get_text_config().max_position_embeddings)
+    check_attention(cfg.model, model)
+    target, model, exact = check_posenc(cfg, ref, model, original) if cfg.posenc else (original, model, True)
     seq_len = cfg.data.seq_len or target
     if seq_len > target:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the patched context ({target} positions"
@@ -273,12 +393,167 @@ def check_config(cfg: Config) -> Plan:
     short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
     if short_len is not None and not 2 <= short_len < seq_len:
         raise ConfigError(f"data.short_len={short_len} must be in 2..{seq_len - 1} (below data.seq_len)")
-    archs = getattr(config, "architectures", None) or []
-    causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-    if cfg.train.objective == "lm" and not causal:
-        raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
-                          f"use train.objective=distill for encoders")
+    check_trainable(cfg.train, model, ref)
+    if exact:
+        from .families.learned_tables import check_length
+
+        for length in cfg.eval.lengths:
+            try:
+                check_length(model, length)
+            except PosEncError as err:
+                raise ConfigError(f"eval.lengths: {err}") from None
     return Plan(original, target, seq_len, short_len, causal)
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count
+
+
+def check_schedule(train: TrainArgs) -> None:
+    """The scheduler is one transformers builds from (warmup, steps) alone, and the warmup fits the run."""
+    from transformers import get_scheduler
+    from transformers.trainer_utils import SchedulerType
+
+    names = [s.value for s in SchedulerType if s.value not in METRIC_SCHEDULERS]
+    if train.scheduler not in names:
+        raise ConfigError(f"train.scheduler={train.scheduler!r} is not one of {', '.join(names)}")
+    if train.warmup_steps > train.steps and train.scheduler != "constant":
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps} is more than train.steps={train.steps}: the "
+                          f"learning rate would never reach train.lr; lower train.warmup_steps")
+    probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=train.lr)
+    try:
+        get_scheduler(train.scheduler, probe, num_warmup_steps=train.warmup_steps, num_training_steps=train.steps)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"train.scheduler={train.scheduler!r} needs arguments the recipe does not pass "
+                          f"({one_line(err)}); choose one of linear, cosine, constant_with_warmup, ...") from None
+
+
+def _inputs(cfg: Config, ref: str) -> list[tuple[str, str]]:
+    """The local paths the run reads: the model (its folder, or the folder of its .gguf file) and the corpora."""
+    try:
+        name, extra = loading.resolve(ref, cfg.model.gguf_file)
+    except OSError as err:
+        raise ConfigError(f"cannot read the model config of {ref!r}: {err}") from None
+    found = [("model folder" if not extra else "folder of the model's .gguf file", name)]
+    for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
+        if spec:
+            found += [(field, spec)] if Path(spec).exists() else [(field, f) for f in hdata._local_files(spec)]
+    return [(what, path) for what, path in found if Path(path).exists()]
+
+
+def check_output_dir(cfg: Config, ref: str) -> None:
+    """output_dir is a folder (or nothing yet), never an input, an input's folder or inside one (resolved,
+    symlinks followed), and not a previous run's unless --resume or --overwrite_output_dir says so."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {cfg.output_dir!r} is a file; give a folder")
+    where = out.expanduser().resolve()
+    for what, path in _inputs(cfg, ref):
+        source = Path(path).expanduser().resolve()
+        relation = ("is" if where == source else "lies inside" if source in where.parents
+                    else "contains" if where in source.parents else None)
+        if relation:
+            raise ConfigError(f"output_dir {cfg.output_dir!r} {relation} the {what} {path!r}, which the run "
+                              f"reads; an output must not overwrite its input: choose another --output_dir")
+    if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
+        raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
+                          f"--overwrite_output_dir to replace it, or choose another --output_dir")
+
+
+def check_corpus(field: str, spec: str, args: DataArgs) -> None:
+    """Built-in and local corpora are read (and must hold some text); a hub dataset must answer."""
+    name, _, subset = spec.partition(":")
+    files = [] if name in hdata.BUILTIN else hdata._local_files(spec)
+    if name in hdata.BUILTIN or files:
+        try:
+            docs = load_documents(args, spec)
+        except Exception as err:   # a malformed file, an unknown play, ...: the loader's own words, one line
+            cause = err.__cause__ or err.__context__
+            why = f"{type(err).__name__}: {one_line(err)}" + (f" ({type(cause).__name__}: {one_line(cause)})"
+                                                               if cause is not None else "")
+            raise ConfigError(f"{field}={spec!r} cannot be read: {why[:400]}") from None
+        if not any(row["text"] and row["text"].strip() for row in docs):   # stops at the first text
+            raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
+                              f"to train or evaluate on")
+    elif Path(spec).is_dir() or hdata._looks_like_path(spec):
+        raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(hdata.FILE_LOADERS))} "
+                          f"files: a path, a folder or a glob)")
+    else:
+        import datasets
+
+        try:
+            datasets.load_dataset_builder(name, subset or None)
+        except Exception as err:   # offline, unknown name, gated, ...
+            raise ConfigError(f"{field}={spec!r}: the hub dataset {name!r} cannot be reached "
+                              f"({type(err).__name__}: {one_line(err)}); use the built-in shakespeare or kjv, "
+                              f"local .txt/.jsonl/.parquet files, or a reachable hub dataset") from None
+
+
+def check_attention(args: ModelArgs, model) -> None:
+    requested = choose_attention(args.attn_implementation)
+    try:
+        model.set_attn_implementation(requested)
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"model.attn_implementation={args.attn_implementation!r} cannot be used: "
+                          f"{one_line(err)}") from None
+
+
+def check_posenc(cfg: Config, ref: str, model, original: int):
+    """The patch, dry-run on the skeleton: (target context, patched skeleton, True); for a method that needs
+    the weights to run (sinusoidal's fit), its parameters are checked and the skeleton is left unpatched
+    (target, fresh skeleton, False)."""
+    from . import api
+    from .registry import get_method
+
+    params = {k: v for k, v in cfg.posenc.items() if k != "method"}
+    try:
+        api.patch(model, cfg.posenc["method"], **params)
+        return int(model.config.get_text_config().max_position_embeddings), model, True
+    except PosEncError as err:
+        raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {one_line(err)}") from None
+    except (NotImplementedError, RuntimeError) as err:
+        if "meta" not in str(err):
+            raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {one_line(err)}") from None
+    except Exception as err:   # the patch's own validation missed it: refuse all the same, in one line
+        raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {type(err).__name__}: {one_line(err)}") from None
+    target = get_method(cfg.posenc["method"]).from_dict(params).resolve(original).max_position_embeddings
+    fresh = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
+    check_attention(cfg.model, fresh)
+    return int(target), fresh, False
+
+
+def _compact(value) -> str:
+    return json.dumps(value, default=str)
+
+
+def check_trainable(train: TrainArgs, model, ref: str) -> None:
+    """Each trainable group or regex names parameters of the (patched) model, something is left to train,
+    and LoRA's target_modules name modules of it."""
+    names = [n for n, _ in model.named_parameters()]
+    if train.trainable != "all":
+        for entry in [train.trainable] if isinstance(train.trainable, str) else train.trainable:
+            try:
+                pattern = re.compile(GROUPS.get(entry, entry), re.IGNORECASE)
+            except re.error as err:
+                raise ConfigError(f"train.trainable entry {entry!r} is not a group ({', '.join(GROUPS)}) nor a "
+                                  f"valid regex ({err})") from None
+            if not any(pattern.search(n) for n in names):
+                raise ConfigError(f"train.trainable entry {entry!r} matches no parameter of {ref!r}; groups: "
+                                  f"{', '.join(GROUPS)}; parameter names look like {names[:3]}")
+        if train.lora is None:
+            select_trainable(model, train.trainable)
+    targets = (train.lora or {}).get("target_modules", "all-linear")
+    if targets != "all-linear":
+        modules = [n for n, _ in model.named_modules()]
+        for target in [targets] if isinstance(targets, str) else targets:
+            hit = (any(re.fullmatch(target, n) for n in modules) if isinstance(targets, str)
+                   else any(n == target or n.endswith("." + target) for n in modules))
+            if not hit:
+                raise ConfigError(f"train.lora.target_modules entry {target!r} names no module of {ref!r}; "
+                                  f"module names look like {[n for n in modules if n][:4]}")
 
 
 def _model_ref(model: ModelArgs) -> str:
@@ -318,7 +593,11 @@ def load_model(cfg: Config):
 
 
 def load_tokenizer(cfg: Config):
-    return loading.load_tokenizer(_model_ref(cfg.model), gguf_file=cfg.model.gguf_file)
+    ref = _model_ref(cfg.model)
+    try:
+        return loading.load_tokenizer(ref, gguf_file=cfg.model.gguf_file)
+    except (OSError, ValueError) as err:   # no tokenizer files beside the model, a backend missing, ...
+        raise ConfigError(f"cannot load the tokenizer of {ref!r}: {one_line(err)}") from None
 
 
 GROUPS = {
@@ -354,6 +633,25 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):   # Llama-like attention
             module.attention_dropout = 0.0
+
+
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+
+def check_lora(lora) -> dict:
+    _need(isinstance(lora, dict), f"train.lora must be a mapping ({', '.join(LORA_KEYS)}), got {lora!r}")
+    unknown = sorted(set(lora) - set(LORA_KEYS))
+    _need(not unknown, f"unknown key(s) {unknown} in train.lora; allowed: {', '.join(LORA_KEYS)}")
+    r, alpha, dropout = lora.get("r", 8), lora.get("alpha", 16), lora.get("dropout", 0.0)
+    _need(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"train.lora.r must be an int >= 1, got {r!r}")
+    _need(isinstance(alpha, int) and not isinstance(alpha, bool) and alpha >= 1,
+          f"train.lora.alpha must be an int >= 1, got {alpha!r}")
+    _need(_is_number(dropout) and 0 <= dropout < 1, f"train.lora.dropout must be in [0, 1), got {dropout!r}")
+    targets = lora.get("target_modules", "all-linear")
+    _need(isinstance(targets, str) and targets or isinstance(targets, list) and targets
+          and all(isinstance(t, str) and t for t in targets),
+          f"train.lora.target_modules must be 'all-linear', a regex or a list of module names, got {targets!r}")
+    return lora
 
 
 def apply_lora(model: torch.nn.Module, lora: dict, trainable) -> torch.nn.Module:
@@ -426,7 +724,7 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
                       "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
                       "seq_len": plan.seq_len, "short_share": args.short_share, "short_len": plan.short_len,
-                      "eos": eos, "bos": bos, "frame": [head, tail], "v": 2}, sort_keys=True)
+                      "eos": eos, "bos": bos, "frame": [head, tail], "v": 3}, sort_keys=True)
     root = Path(cache_root or args.cache_dir or loading.CACHE_DIR / "data")
     folder = root / hashlib.sha1(key.encode()).hexdigest()[:16]
     if (folder / "dataset_info.json").exists():
@@ -439,11 +737,22 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     if extra:
         blocks = [head + b + tail for b in packed["input_ids"]]
         packed = datasets.Dataset.from_dict({"input_ids": blocks, "length": [len(b) for b in blocks]})
+    packed = trainable_blocks(packed, args.corpus, sum(tokenized["num_tokens"]))
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     packed.save_to_disk(str(tmp))
     (tmp / "key.json").write_text(key)
     os.replace(tmp, folder)
     return datasets.load_from_disk(str(folder))
+
+
+def trainable_blocks(packed, corpus: str, document_tokens: int):
+    """The blocks that teach something: a block of one token predicts nothing, and a batch of such blocks
+    has a loss of 0/0 = NaN (the corpus' last block can be one EOS). No document token at all: refused."""
+    if document_tokens == 0:
+        raise ConfigError(f"data.corpus={corpus!r} gives zero training tokens (its documents are empty once "
+                          f"tokenized); nothing to train on")
+    keep = [i for i, n in enumerate(packed["length"]) if n >= 2]
+    return packed if len(keep) == len(packed) else packed.select(keep)
 
 
 def collate(pad_id: int):
@@ -557,9 +866,57 @@ def checkpoint_dir(output_dir: str, step: int) -> Path:
 
 
 def latest_checkpoint(output_dir: str) -> tuple[Optional[Path], int]:
-    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
-    folders = [f for f in folders if (f / "done").exists()]   # a checkpoint cut short by a kill is skipped
+    folders = complete_checkpoints(output_dir)
     return (folders[-1], int(folders[-1].name.split("_")[1])) if folders else (None, 0)
+
+
+def complete_checkpoints(output_dir: str) -> list[Path]:
+    """The checkpoints marked done, oldest first (a checkpoint cut short by a kill has no `done`)."""
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    return [f for f in folders if (f / "done").exists()]
+
+
+MANIFEST = "manifest.json"
+
+
+def begin_checkpoint(folder: Path) -> None:
+    """Before writing into a checkpoint folder (again, after a fallback): it is not done until `mark_done`."""
+    (folder / "done").unlink(missing_ok=True)
+
+
+def mark_done(folder: Path) -> None:
+    """Record each file's size, then mark the checkpoint complete: a file truncated later (a full disk, a
+    copy cut short) is found by its size before anything is loaded from it."""
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("done", MANIFEST)}
+    (folder / MANIFEST).write_text(json.dumps({"sizes": files}, indent=1))
+    (folder / "done").touch()
+
+
+def checkpoint_problem(folder: Path) -> Optional[str]:
+    """What is wrong with a complete checkpoint's files, or None (also for one saved before manifests)."""
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        return None
+    try:
+        sizes = json.loads(manifest.read_text())["sizes"]
+    except (ValueError, KeyError, TypeError):
+        return f"{manifest} is unreadable"
+    for name, size in sizes.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes, {size} when it was saved (truncated or replaced)"
+    return None
+
+
+def step_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The RNG seed (dropout) of one micro-batch: a function of where it is in the run alone, so a resumed
+    run draws what the uninterrupted one drew. Restoring the RNG state saved with the checkpoint is not
+    enough: the resumed run's new DataLoader iterator takes one draw from the global generator (its base
+    seed) that the uninterrupted run took at the start of the epoch instead."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{micro_batch}".encode()).digest()[:8], "little") >> 1
 
 
 def prune_checkpoints(output_dir: str, keep: int) -> None:

@@ -3,15 +3,18 @@
     accelerate launch recipes/finetune.py --config recipes/configs/smollm2_yarn_16k_finetune.yaml
     accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/finetune.py --config ... --train.lr 1e-4
     python recipes/finetune.py --config ... --resume          # continue from the latest checkpoint
+    python recipes/finetune.py --help                         # every field and its default
 
-The canonical accelerate loop: config -> checks -> Accelerator -> model + patch -> data under
-main_process_first -> prepare -> resume -> train under accumulate -> periodic save_state -> final
-save on the main process. The pieces live in hf_posenc/training.py.
+The canonical accelerate loop: config -> checks -> Accelerator -> data under main_process_first ->
+output folder -> model + patch -> prepare -> resume -> train under accumulate -> periodic save_state ->
+final save on the main process. The pieces live in hf_posenc/training.py. A refused config ends as one
+`error: ...` line and exit code 2, before anything is written.
 """
 
 import copy
 import json
 import os
+import sys
 import time
 
 # Before torch loads OpenMP: on a shared CPU, threads spinning at each barrier (the default) burn
@@ -43,14 +46,22 @@ def main(argv=None):
         log_with=cfg.train.report_to, project_dir=cfg.output_dir,
     )
     set_seed(cfg.train.seed)
+
+    # 3. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader. Before
+    #    the output folder is written and the weights load: a corpus of nothing is refused here.
+    tokenizer = T.load_tokenizer(cfg)
+    with accelerator.main_process_first():
+        dataset = T.prepare_data(cfg.data, tokenizer, plan)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else T.boundary_ids(tokenizer, False)[0]
+    dataloader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=cfg.data.shuffle,
+                                             collate_fn=T.collate(pad_id))
     if accelerator.is_main_process:
         T.prepare_output_dir(cfg)
         with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
             json.dump(cfg.to_dict(), f, indent=2)
     accelerator.wait_for_everyone()
 
-    # 3. Model, tokenizer, the unpatched teacher (distill), the patch, what trains.
-    tokenizer = T.load_tokenizer(cfg)
+    # 4. Model, the unpatched teacher (distill), the patch, what trains.
     model = T.load_model(cfg)
     teacher = None
     if cfg.train.objective == "distill":
@@ -67,13 +78,6 @@ def main(argv=None):
     accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
                       f"trainable parameters: {n_train:,} of {n_total:,}")
 
-    # 4. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader.
-    with accelerator.main_process_first():
-        dataset = T.prepare_data(cfg.data, tokenizer, plan)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else T.boundary_ids(tokenizer, False)[0]
-    dataloader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=cfg.data.shuffle,
-                                             collate_fn=T.collate(pad_id))
-
     # 5. Evaluation before training (optional).
     before = T.evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
 
@@ -89,13 +93,11 @@ def main(argv=None):
     if cfg.train.report_to:
         accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
 
-    # 7. Resume: the latest complete checkpoint, then skip the micro-batches it had consumed.
+    # 7. Resume: the newest complete checkpoint whose files are whole, then skip the micro-batches it had
+    #    consumed. A broken one (a file truncated, a load that fails) is named and the one before it taken.
     start_step = 0
     if cfg.resume:
-        path, start_step = T.latest_checkpoint(cfg.output_dir)
-        if path is not None:
-            accelerator.load_state(str(path))
-            accelerator.print(f"resumed from {path} (step {start_step})")
+        start_step = resume(accelerator, cfg.output_dir)
     log = T.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
 
     def micro_batches(consumed):
@@ -113,8 +115,9 @@ def main(argv=None):
                desc="finetune")
     for step in range(start_step + 1, cfg.train.steps + 1):
         started, losses, tokens = time.perf_counter(), [], 0
-        for _ in range(cfg.train.grad_accum):
+        for micro in range(cfg.train.grad_accum):
             batch = next(batches)
+            torch.manual_seed(T.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
             with accelerator.accumulate(model):
                 if cfg.train.objective == "lm":
                     loss = T.lm_loss(model, batch)
@@ -122,11 +125,13 @@ def main(argv=None):
                     loss = T.distill_loss(model, teacher, batch, causal=plan.causal,
                                           temperature=cfg.train.temperature)
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.train.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                losses.append(loss.detach())
+                if accelerator.sync_gradients:
+                    stop_if_diverged(accelerator, losses, step, cfg, bar)   # before a NaN reaches the weights
+                    if cfg.train.max_grad_norm:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            losses.append(loss.detach())
             tokens += int(batch["attention_mask"].sum())
         scheduler.step()
         step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
@@ -144,9 +149,13 @@ def main(argv=None):
 
         # 9. Periodic checkpoint (the full state: model, optimizer, scheduler, RNGs, sampler).
         if step % cfg.train.save_every == 0 or step == cfg.train.steps:
-            accelerator.save_state(str(T.checkpoint_dir(cfg.output_dir, step)))
+            folder = T.checkpoint_dir(cfg.output_dir, step)
+            if accelerator.is_main_process and folder.exists():
+                T.begin_checkpoint(folder)
+            accelerator.save_state(str(folder))
+            accelerator.wait_for_everyone()   # every process' RNG file is written before the manifest
             if accelerator.is_main_process:
-                (T.checkpoint_dir(cfg.output_dir, step) / "done").touch()
+                T.mark_done(folder)
                 T.prune_checkpoints(cfg.output_dir, cfg.train.keep_checkpoints)
         if cfg.train.stop_after_steps and step >= cfg.train.stop_after_steps and step < cfg.train.steps:
             bar.close()
@@ -177,5 +186,50 @@ def main(argv=None):
     return final
 
 
+def resume(accelerator, output_dir) -> int:
+    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning)."""
+    for path in reversed(T.complete_checkpoints(output_dir)):
+        step = int(path.name.split("_")[1])
+        problem = T.checkpoint_problem(path)
+        if problem is None:
+            try:
+                accelerator.load_state(str(path))
+            except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {T.one_line(err)[:300]})"
+        if problem is None:
+            accelerator.print(f"resumed from {path} (step {step})")
+            return step
+        message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
+        accelerator.print(message)
+        print(message, file=sys.stderr)
+    accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
+    return 0
+
+
+def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
+    """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
+    bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
+    if accelerator.reduce(bad, reduction="sum").item():
+        bar.close()   # its line ends before the error's
+        saved = T.latest_checkpoint(cfg.output_dir)[0]
+        raise T.TrainingDiverged(
+            f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
+            f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
+            + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))
+
+
+# What a refusal from the checks can raise: one `error: ...` line and exit code 2, no traceback.
+REFUSALS = (hp.PosEncError, OSError)
+
+
+def cli(argv=None) -> int:
+    try:
+        main(argv)
+    except REFUSALS as err:
+        print(f"error: {T.one_line(err)}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

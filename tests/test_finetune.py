@@ -4,16 +4,19 @@ The MiniLM healing run is marked `real`."""
 
 import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import datasets
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc as hp
 from hf_posenc import data as hdata
@@ -144,6 +147,121 @@ def test_kill_and_resume_ends_identical_and_reloads_in_stock_transformers(tmp_pa
 
 def tiny_model_like(folder):
     return AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A tiny GPT-2 at its default dropout (0.1 on embeddings, attention and residuals), context 128."""
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=TINY_TEXT_VOCAB,
+                        bos_token_id=EOS, eos_token_id=EOS)
+    assert config.resid_pdrop == config.attn_pdrop == config.embd_pdrop == 0.1
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_kill_and_resume_with_dropout_is_bit_exact(tmp_path, gpt2_dir, text_file):
+    """10 steps, a checkpoint every 5, "killed" after step 7, resumed from step 5: every tensor and every
+    logged loss and lr are bit-identical to the uninterrupted run's, with dropout on."""
+    sections = dict(posenc=None, data={"corpus": str(text_file)},
+                    train={"steps": 10, "save_every": 5, "warmup_steps": 2, "grad_accum": 2})
+    full = run_recipe(write_config(tmp_path / "full" / "c.yaml", gpt2_dir, **sections))
+    cut_cfg = write_config(tmp_path / "cut" / "c.yaml", gpt2_dir, **sections)
+    assert run_recipe(cut_cfg, "--train.stop_after_steps", "7") is None
+    assert T.latest_checkpoint(tmp_path / "cut" / "out")[1] == 5
+    resumed = run_recipe(cut_cfg, "--resume")
+
+    full_log, resumed_log = T.read_log(tmp_path / "full" / "out"), T.read_log(tmp_path / "cut" / "out")
+    assert [r["step"] for r in resumed_log] == list(range(1, 11))
+    assert [(r["loss"], r["lr"]) for r in resumed_log] == [(r["loss"], r["lr"]) for r in full_log]
+    a, b = state(full), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    # dropout is on and drawn: the same run under another seed's draws (same data order) ends elsewhere
+    other = write_config(tmp_path / "other" / "c.yaml", gpt2_dir, **sections)
+    with mock.patch.object(T, "step_seed", lambda seed, step, micro: step_seed(seed + 1, step, micro)):
+        reseeded = run_recipe(other)
+    assert T.read_log(tmp_path / "other" / "out")[0]["loss"] != full_log[0]["loss"]
+    assert not torch.equal(state(reseeded)["transformer.h.0.attn.c_attn.weight"], a["transformer.h.0.attn.c_attn.weight"])
+
+
+step_seed = T.step_seed
+
+
+@pytest.mark.parametrize("damage", ["truncate model.safetensors", "truncate optimizer.bin",
+                                    "garble model.safetensors", "garble optimizer.bin"])
+def test_broken_last_checkpoint_is_named_and_the_one_before_is_used(tmp_path, tiny_dir, text_file, capsys, damage):
+    sections = dict(data={"corpus": str(text_file)}, train={"keep_checkpoints": 3})
+    full = run_recipe(write_config(tmp_path / "full" / "c.yaml", tiny_dir, **sections))
+    cut_cfg = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, **sections)
+    run_recipe(cut_cfg, "--train.stop_after_steps", "5")          # checkpoints at steps 2 and 4, killed after 5
+    out = tmp_path / "cut" / "out"
+    assert [p.name for p in T.complete_checkpoints(out)] == ["step_0000002", "step_0000004"]
+    action, name = damage.split()
+    broken = T.checkpoint_dir(out, 4) / name
+    data = broken.read_bytes()
+    broken.write_bytes(data[: len(data) // 2] if action == "truncate" else b"\xff" * 16 + data[16:])
+    capsys.readouterr()
+    resumed = run_recipe(cut_cfg, "--resume")
+
+    said = capsys.readouterr()
+    warning = [line for line in said.err.splitlines() if line.startswith("warning: checkpoint step 4 is broken")]
+    assert len(warning) == 1 and warning[0] in said.out
+    if action == "truncate":
+        assert f"{broken} has {len(data) // 2} bytes, {len(data)} when it was saved" in warning[0]
+    else:
+        assert f"{broken.parent} cannot be loaded" in warning[0]
+    assert f"resumed from {T.checkpoint_dir(out, 2)} (step 2)" in said.out
+    # the replay from step 2 ends where the uninterrupted run did, and the step-4 checkpoint is whole again
+    assert [r["loss"] for r in T.read_log(out)] == [r["loss"] for r in T.read_log(tmp_path / "full" / "out")]
+    a, b = state(full), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert T.checkpoint_problem(T.checkpoint_dir(out, 4)) is None
+
+
+def test_nan_loss_stops_the_run_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny_dir, text_file, capsys):
+    """lr 1e30: the first update throws the weights to 1e30, the next forward overflows. The run stops at
+    the first non-finite loss, before the optimizer applies it, saves nothing more, exits 2 with one line."""
+    cfg = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                       train={"lr": 1e30, "warmup_steps": 0, "save_every": 1, "steps": 6})
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    capsys.readouterr()
+    assert _recipe().cli(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    step = int(re.search(r"the loss became NaN or inf at step (\d+);", errors[0]).group(1))
+    assert "train.lr (1e+30)" in errors[0] and "model.dtype" in errors[0] and "data" in errors[0]
+    out = tmp_path / "out"
+    kept = T.complete_checkpoints(out)
+    assert step >= 2 and [int(p.name.split("_")[1]) for p in kept] == [step - 2, step - 1][-min(2, step - 1):]
+    assert f"the last good checkpoint is {kept[-1]}" in errors[0]
+    from safetensors.torch import load_file
+
+    assert all(torch.isfinite(t).all() for t in load_file(kept[-1] / "model.safetensors").values())
+    assert [r["step"] for r in T.read_log(out)] == list(range(1, step))      # the NaN step is not logged
+    assert all(math.isfinite(r["loss"]) for r in T.read_log(out))
+    assert not (out / "config.json").exists() and not (out / "README.md").exists()   # no "fine-tuned" model
+
+
+def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
+    """A corpus of 64 tokens + EOS packs into one block of 64 and one of a lone EOS, which predicts
+    nothing (a batch of it has a NaN loss): it is dropped. Zero document tokens is refused."""
+    tok = tiny_tokenizer()
+    plan = T.Plan(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("x" * 64)
+    args = T.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
+    packed = T.prepare_data(args, tok, plan)
+    assert packed["length"] == [64]
+    assert hdata.pack_exact(hdata.tokenize(hdata.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
+    empty = datasets.Dataset.from_dict({"input_ids": [[EOS]], "length": [1]})
+    with pytest.raises(T.ConfigError, match="gives zero training tokens"):
+        T.trainable_blocks(empty, "c", document_tokens=0)
 
 
 def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, text_file):

@@ -1,0 +1,313 @@
+"""recipes/finetune.py given bad input, as a hostile new user would: each case is refused with a message
+that names what is wrong, before anything is written or deleted (the output folder, the model folder and
+the corpora are snapshotted, names, sizes and mtimes, before and after). A few run the real script in a
+subprocess: one `error: ...` line on stderr, exit code 2, no traceback."""
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_posenc import PosEncError
+from hf_posenc import data as hdata
+from hf_posenc import training as T
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "finetune.py"
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("finetune_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_recipe(*argv):
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return _recipe().main([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny RoPE Llama and a tiny learned-table GPT-2, both with a 128-token context and a byte tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=128).save_pretrained(root / "llama")
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=TINY_TEXT_VOCAB,
+                               bos_token_id=256, eos_token_id=256)).save_pretrained(root / "gpt2")
+    for name in ("llama", "gpt2"):
+        tiny_tokenizer().save_pretrained(root / name)
+    return root
+
+
+@pytest.fixture
+def work(tmp_path, models):
+    """Per test: a copy of the Llama (the runs may try to delete it), a corpus folder, an empty corpus."""
+    shutil.copytree(models / "llama", tmp_path / "m")
+    text = hdata.assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode()[5000:9000]
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(text)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "b.txt").write_text(text[::-1])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "nothing.txt").write_text("")
+    (tmp_path / "ok.jsonl").write_text('{"text": "To be, or not to be"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": unquoted}\n')
+    (tmp_path / "model.gguf").write_text("not a real gguf")
+    shutil.copytree(models / "llama", tmp_path / "noweights", ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(models / "llama", tmp_path / "notok", ignore=shutil.ignore_patterns("tokenizer*"))
+    return tmp_path
+
+
+def base_config(work: Path) -> dict:
+    return {
+        "model": {"name": str(work / "m")},
+        "posenc": {"method": "yarn", "max_position_embeddings": 256},
+        "data": {"corpus": str(work / "corpus"), "seq_len": 64, "cache_dir": str(work / "cache")},
+        "train": {"steps": 6, "batch_size": 2, "lr": 1e-3, "warmup_steps": 2, "scheduler": "linear",
+                  "save_every": 2, "seed": 3},
+        "output_dir": str(work / "out"),
+    }
+
+
+def merged(cfg: dict, changes: dict) -> dict:
+    out = dict(cfg)
+    for key, value in changes.items():
+        nested = isinstance(value, dict) and isinstance(cfg.get(key), dict) and key != "posenc"   # posenc: replaced
+        out[key] = {**cfg[key], **value} if nested else value
+    return out
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every file and folder under the roots: (size, mtime) of each, so a write, a touch or a delete shows."""
+    seen = {}
+    for root in roots:
+        for path in [root, *root.rglob("*")] if root.exists() else []:
+            stat = path.lstat()
+            seen[str(path)] = (stat.st_size if path.is_file() else None, stat.st_mtime_ns)
+    return seen
+
+
+# (id, config changes, extra command-line arguments, what the message must say). In changes, "{w}" stands
+# for the test's work folder and "{gpt2}" for the tiny GPT-2.
+CASES = [
+    # item 2: an output that is, holds or lies inside an input
+    ("output-is-model", {"output_dir": "{w}/m"}, ["--overwrite_output_dir"],
+     r"output_dir '.*/m' is the model folder"),
+    ("output-is-model-resume", {"output_dir": "{w}/m"}, ["--resume"], r"is the model folder"),
+    ("output-inside-model", {"output_dir": "{w}/m/run"}, [], r"lies inside the model folder"),
+    ("output-holds-model", {"output_dir": "{w}"}, ["--overwrite_output_dir"], r"contains the model folder"),
+    ("output-symlink-to-model", {"output_dir": "{w}/link"}, ["--overwrite_output_dir"], r"is the model folder"),
+    ("output-is-corpus", {"output_dir": "{w}/corpus"}, ["--overwrite_output_dir"], r"is the data\.corpus"),
+    ("output-holds-corpus-file", {"data": {"corpus": "{w}/corpus/*.txt"}, "output_dir": "{w}/corpus"},
+     ["--overwrite_output_dir"], r"is the data\.corpus|contains the data\.corpus"),
+    ("output-inside-eval-corpus", {"eval": {"corpus": "{w}/held", "lengths": [64]},
+                                   "output_dir": "{w}/held/out"}, [], r"lies inside the eval\.corpus"),
+    ("output-is-gguf-folder", {"model": {"name": "{w}/model.gguf"}, "output_dir": "{w}"},
+     ["--overwrite_output_dir"], r"contains the folder of the model's \.gguf file|is the folder of the model's"),
+    ("output-is-a-file", {"output_dir": "{w}/corpus/a.txt"}, [], r"output_dir '.*a\.txt' is a file"),
+    ("output-not-empty", {"output_dir": "{w}/empty"}, [], r"exists and is not empty; pass --resume"),
+    # item 3: refused after finetune_config.json was written, before
+    ("method-typo", {"posenc": {"method": "yrn", "factor": 2}}, [], r"unknown method 'yrn'"),
+    ("sinusoidal-on-rope", {"posenc": {"method": "sinusoidal", "max_position_embeddings": 256}}, [],
+     r"'sinusoidal' applies to learned positions, but this llama model uses rope"),
+    ("param-typo", {"posenc": {"method": "yarn", "factor": 2, "beta_fst": 16}}, [], r"unknown parameter.*beta_fst"),
+    ("trainable-nosuch", {"train": {"trainable": ["nosuch"]}}, [], r"train\.trainable entry 'nosuch' matches no"),
+    ("scheduler-bogus", {"train": {"scheduler": "bogus"}}, [], r"train\.scheduler='bogus' is not one of"),
+    ("attn-bogus", {"model": {"attn_implementation": "bogus"}}, [], r"model\.attn_implementation='bogus'"),
+    ("hub-corpus-offline", {"data": {"corpus": "someone/no-such-corpus"}}, [],
+     r"data\.corpus='someone/no-such-corpus': the hub dataset .* cannot be reached"),
+    ("eval-past-learned-table", {"model": {"name": "{gpt2}"}, "posenc": None, "eval": {"lengths": [64, 512]}}, [],
+     r"eval\.lengths: an input of 512 tokens is longer than this model's learned position table, which holds 128"),
+    ("eval-past-patched-table", {"model": {"name": "{gpt2}"}, "posenc": {"method": "interpolate",
+                                                                          "max_position_embeddings": 256},
+                                 "eval": {"lengths": [512]}}, [], r"eval\.lengths: .*512 tokens.* holds 256"),
+    # item 6: training on nothing
+    ("empty-corpus", {"data": {"corpus": "{w}/empty"}}, [], r"holds no text \(1 document"),
+    ("empty-eval-corpus", {"eval": {"corpus": "{w}/empty", "lengths": [64]}}, [], r"eval\.corpus=.* holds no text"),
+    # item 9 and the rest of a hostile sweep: values
+    ("factor-abc", {"posenc": {"method": "yarn", "factor": "abc"}}, [], r"factor must be a number, got 'abc'"),
+    ("betas-1.5", {"train": {"betas": [0.9, 1.5]}}, [], r"train\.betas must be a list of two numbers in \[0, 1\)"),
+    ("betas-scalar", {"train": {"betas": 0.9}}, [], r"train\.betas must be a list"),
+    ("betas-strings", {"train": {"betas": ["a", "b"]}}, [], r"train\.betas must be a list"),
+    ("lr-abc", {"train": {"lr": "abc"}}, [], r"train\.lr must be of type float, got 'abc'"),
+    ("lr-zero", {"train": {"lr": 0}}, [], r"train\.lr must be a positive number, got 0"),
+    ("lr-nan", {"train": {"lr": ".nan"}}, [], r"train\.lr must be a positive number"),
+    ("steps-zero", {"train": {"steps": 0}}, [], r"train\.steps must be >= 1, got 0"),
+    ("steps-float", {"train": {"steps": 2.5}}, [], r"train\.steps must be of type int, got 2\.5"),
+    ("batch-negative", {"train": {"batch_size": -1}}, [], r"train\.batch_size must be >= 1"),
+    ("grad-accum-list", {"train": {"grad_accum": [2]}}, [], r"train\.grad_accum must be of type int"),
+    ("warmup-negative", {"train": {"warmup_steps": -1}}, [], r"train\.warmup_steps must be >= 0"),
+    ("warmup-past-steps", {"train": {"warmup_steps": 20}}, [], r"train\.warmup_steps=20 is more than train\.steps=6"),
+    ("eps-negative", {"train": {"eps": -1e-8}}, [], r"train\.eps must be >= 0"),
+    ("weight-decay-negative", {"train": {"weight_decay": -0.1}}, [], r"train\.weight_decay must be >= 0"),
+    ("grad-norm-zero", {"train": {"max_grad_norm": 0}}, [], r"train\.max_grad_norm must be a positive number"),
+    ("temperature-zero", {"train": {"temperature": 0}}, [], r"train\.temperature must be a positive number"),
+    ("keep-zero", {"train": {"keep_checkpoints": 0}}, [], r"train\.keep_checkpoints must be >= 1"),
+    ("save-every-zero", {"train": {"save_every": 0}}, [], r"train\.save_every must be >= 1"),
+    ("seed-negative", {"train": {"seed": -1}}, [], r"train\.seed must be >= 0"),
+    ("stop-after-zero", {"train": {"stop_after_steps": 0}}, [], r"train\.stop_after_steps must be >= 1"),
+    ("objective-rl", {"train": {"objective": "rl"}}, [], r"train\.objective must be 'lm' or 'distill'"),
+    ("trainable-number", {"train": {"trainable": 5}}, [], r"train\.trainable must be 'all', a group"),
+    ("trainable-bad-regex", {"train": {"trainable": ["(["]}}, [], r"'\(\[' is not a group .* nor a valid regex"),
+    ("trainable-group-missing", {"train": {"trainable": ["head", "wpe"]}}, [], r"entry 'wpe' matches no parameter"),
+    ("scheduler-plateau", {"train": {"scheduler": "reduce_lr_on_plateau"}}, [], r"is not one of"),
+    ("scheduler-needs-kwargs", {"train": {"scheduler": "cosine_with_min_lr"}}, [], r"needs arguments the recipe"),
+    ("report-to-list", {"train": {"report_to": [1]}}, [], r"train\.report_to must be of type str, got \[1\]"),
+    ("report-to-unknown", {"train": {"report_to": "tensorbord"}}, [], r"train\.report_to='tensorbord' is not"),
+    ("name-list", {"model": {"name": ["a"]}}, [], r"model\.name must be of type str, got \['a'\]"),
+    ("lora-not-mapping", {"train": {"lora": [4]}}, [], r"train\.lora must be a mapping"),
+    ("lora-unknown-key", {"train": {"lora": {"rank": 4}}}, [], r"unknown key\(s\) \['rank'\] in train\.lora"),
+    ("lora-r-zero", {"train": {"lora": {"r": 0}}}, [], r"train\.lora\.r must be an int >= 1, got 0"),
+    ("lora-dropout", {"train": {"lora": {"dropout": 1.5}}}, [], r"train\.lora\.dropout must be in \[0, 1\)"),
+    ("lora-targets-nosuch", {"train": {"lora": {"target_modules": ["nosuch_proj"]}}}, [],
+     r"target_modules entry 'nosuch_proj' names no module"),
+    ("lora-targets-number", {"train": {"lora": {"target_modules": 3}}}, [], r"target_modules must be"),
+    ("dtype-float8", {"model": {"dtype": "float8"}}, [], r"model\.dtype must be auto, bfloat16, float16 or float32"),
+    ("model-missing", {"model": {"name": "{w}/nope"}}, [], r"cannot read the model config of '.*nope'"),
+    ("model-empty-name", {"model": {"name": ""}}, [], r"model\.name must name"),
+    ("model-without-weights", {"model": {"name": "{w}/noweights"}}, [], r"holds a config but no weights"),
+    ("model-without-tokenizer", {"model": {"name": "{w}/notok"}}, [], r"cannot load the tokenizer of '.*notok'"),
+    ("gguf-missing", {"model": {"name": "{w}/nope.gguf"}}, [], r"GGUF file not found"),
+    ("bool-maybe", {"model": {"gradient_checkpointing": "maybe"}}, [], r"model\.gradient_checkpointing must be of type bool"),
+    ("seq-len-one", {"data": {"seq_len": 1}}, [], r"data\.seq_len must be >= 2"),
+    ("seq-len-past-patch", {"data": {"seq_len": 512}}, [], r"data\.seq_len=512 is longer than the patched context"),
+    ("short-share-one", {"data": {"short_share": 1.0}}, [], r"data\.short_share must be in \[0, 1\)"),
+    ("short-len-one", {"data": {"short_len": 1, "short_share": 0.5}}, [], r"data\.short_len must be >= 2"),
+    ("max-documents-zero", {"data": {"max_documents": 0}}, [], r"data\.max_documents must be >= 1"),
+    ("corpus-empty-string", {"data": {"corpus": ""}}, [], r"data\.corpus must name a corpus"),
+    ("corpus-missing-glob", {"data": {"corpus": "{w}/missing/*.txt"}}, [], r"no data files match"),
+    ("corpus-folder-without-text", {"data": {"corpus": "{w}/cfg"}}, [], r"no data files match"),
+    ("corpus-folder-of-json", {"data": {"corpus": "{w}/m"}}, [], r"data\.corpus=.*/m' cannot be read"),
+    ("corpus-malformed-jsonl", {"data": {"corpus": "{w}/bad.jsonl"}}, [], r"data\.corpus=.*bad\.jsonl' cannot be read"),
+    ("corpus-wrong-text-column", {"data": {"corpus": "{w}/ok.jsonl", "text_column": "body"}}, [],
+     r"cannot be read: .*body"),
+    ("corpus-unknown-play", {"data": {"corpus": "shakespeare:hamlett"}}, [], r"no play\(s\) \['hamlett'\]"),
+    ("eval-lengths-scalar-text", {"eval": {"lengths": "abc"}}, [], r"eval\.lengths must be a list of token counts"),
+    ("eval-lengths-zero", {"eval": {"lengths": [0]}}, [], r"eval\.lengths must be a list of token counts >= 2"),
+    ("eval-documents-zero", {"eval": {"documents": 0}}, [], r"eval\.documents must be >= 1"),
+    ("eval-every-zero", {"eval": {"every": 0}}, [], r"eval\.every must be >= 1"),
+    ("posenc-string", {"posenc": "yarn"}, [], r"posenc must be a mapping with a 'method'"),
+    ("posenc-method-number", {"posenc": {"method": 5}}, [], r"method must be a name"),
+    ("posenc-no-target", {"posenc": {"method": "yarn"}}, [], r"needs max_position_embeddings= .* or factor="),
+    ("posenc-no-method", {"posenc": {"factor": 2}}, [], r"posenc must be a mapping with a 'method'"),
+    ("trainable-empty-list", {"train": {"trainable": []}}, [], r"train\.trainable must be 'all'"),
+    ("posenc-factor-below-one", {"posenc": {"method": "yarn", "factor": 0.5}}, [], r"factor"),
+    ("output-dir-null", {"output_dir": None}, [], r"output_dir must be a folder path, got None"),
+    ("section-not-mapping", {"data": ["a"]}, [], r"'data' must be a mapping of fields"),
+    ("unknown-field", {"train": {"learning_rate": 1}}, [], r"unknown field\(s\) \['learning_rate'\] in 'train'"),
+    ("unknown-section", {"optim": {"lr": 1}}, [], r"unknown key\(s\) \['optim'\]"),
+    # command lines
+    ("flag-needs-value", {}, ["--train.lr"], r"--train\.lr needs a value"),
+    ("override-bad-yaml", {}, ["--train.betas", "[0.9"], r"--train\.betas '\[0\.9' is not a YAML value"),
+    ("override-unknown-section", {}, ["--optim.lr", "1"], r"unknown section 'optim'"),
+    ("positional-argument", {}, ["extra"], r"unexpected argument 'extra'"),
+]
+
+
+def _fill(value, work: Path, models: Path):
+    if isinstance(value, str):
+        return value.replace("{w}", str(work)).replace("{gpt2}", str(models / "gpt2"))
+    if isinstance(value, dict):
+        return {k: _fill(v, work, models) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, work, models) for v in value]
+    return value
+
+
+def write_case(work: Path, models: Path, changes: dict) -> Path:
+    if "link" in str(changes.get("output_dir", "")):
+        (work / "link").symlink_to(work / "m")
+    cfg = merged(base_config(work), _fill(changes, work, models))
+    if "lr" in cfg["train"] and cfg["train"]["lr"] == ".nan":
+        cfg["train"]["lr"] = float("nan")
+    path = work / "cfg" / "c.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("changes, argv, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_refused_before_anything_is_written(work, models, changes, argv, message):
+    config = write_case(work, models, changes)
+    before = snapshot(work, models)
+    with pytest.raises(PosEncError) as refusal:
+        run_recipe("--config", config, *argv)
+    assert re.search(message, str(refusal.value)), str(refusal.value)
+    assert snapshot(work, models) == before          # nothing written, touched or deleted
+
+
+def test_config_file_problems_name_the_file_and_line(work, capsys):
+    tabbed = work / "tab.yaml"
+    tabbed.write_text("model:\n  name: x\ntrain:\n\tlr: 1e-3\n")
+    listed = work / "list.yaml"
+    listed.write_text("- model\n- train\n")
+    cases = [(["--config", tabbed], r"config file '.*tab\.yaml' is not valid YAML: line 4, column 1: .*tab"),
+             (["--config", work / "missing.yaml"], r"config file not found: '.*missing\.yaml'"),
+             (["--config", work / "corpus"], r"--config '.*corpus' is a folder"),
+             ([], r"no config given: pass --config FILE\.yaml"),
+             (["--config", listed], r"config file '.*list\.yaml' must be a mapping of sections .* got a list")]
+    before = snapshot(work)
+    for argv, message in cases:
+        with pytest.raises(T.ConfigError, match=message):
+            run_recipe(*argv)
+    assert snapshot(work) == before
+
+
+def test_help_prints_every_field_with_its_default(capsys):
+    with pytest.raises(SystemExit) as done:
+        T.parse_config(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for section, cls in T.SECTIONS.items():
+        assert f"  {section}:" in text
+        for field in cls.__dataclass_fields__:
+            assert f"    {field}: " in text, field
+    assert "lr: 2e-05" in text and "steps: 400" in text and "posenc: null" in text
+
+
+# ---------------------------------------------------------------------------------- the real script
+def script(*argv, cwd=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(RECIPE), *map(str, argv)], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=cwd)
+
+
+def test_script_refuses_in_one_line_with_exit_code_2(work, models):
+    """The data-loss case of the issue (`--model.name ./m --output_dir ./m --overwrite_output_dir`, relative
+    paths), a YAML tab and an out-of-range beta: one `error:` line each, exit 2, no traceback, nothing lost."""
+    config = write_case(work, models, {})
+    tabbed = work / "tab.yaml"
+    tabbed.write_text("train:\n\tlr: 1e-3\n")
+    before = snapshot(work, models)
+    runs = [
+        (["--config", config, "--model.name", "./m", "--output_dir", "./m", "--overwrite_output_dir"],
+         "output_dir './m' is the model folder './m'"),
+        (["--config", tabbed], "is not valid YAML: line 2"),
+        (["--config", config, "--train.betas", "[0.9, 1.5]"], "train.betas must be a list of two numbers in [0, 1)"),
+    ]
+    for argv, message in runs:
+        proc = script(*argv, cwd=work)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr + proc.stdout
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert snapshot(work, models) == before
+
+
+def test_script_help_exits_0():
+    proc = script("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "train:" in proc.stdout and "lr: 2e-05" in proc.stdout and "Traceback" not in proc.stderr
