@@ -174,7 +174,10 @@ class LearnedTableFamily:
         tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
         config = copy.deepcopy(config)
         delattr(config, RECORD_ATTR)
-        config.get_text_config().max_position_embeddings = record["original"]["max_position_embeddings"]
+        text_config = config.get_text_config()
+        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
+        if record["method"] == "rope" and "rope_parameters" in vars(text_config):  # written by the swap
+            delattr(text_config, "rope_parameters")
         return config, tuple(f"{path}.weight" for path in record["tables"])
 
     def restore_original(self, model: nn.Module, path, record: dict) -> str | None:
