@@ -522,10 +522,28 @@ class XposConfig(AttentionMethodConfig):
     gamma: float = 0.4
     scale_base: float = 512.0
 
+    # the largest exponent of the q / k scale at the advertised context: e^60 leaves q and k themselves
+    # ~e^28 of room before float32 / bfloat16 overflow (e^88), where scores would become inf and NaN
+    MAX_EXPONENT: ClassVar[float] = 60.0
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("gamma", self.gamma, above=0, optional=False)
         check_number("scale_base", self.scale_base, above=0, optional=False)
+
+    def resolve(self, original: int) -> XposConfig:
+        resolved = super().resolve(original)
+        # positions count from the middle of the keys (methods/xpos.py): the scale reaches zeta_0^(-L / 2 scale_base)
+        rate = abs(math.log(self.gamma / (1 + self.gamma)))
+        exponent = rate * resolved.max_position_embeddings / (2 * self.scale_base)
+        if not exponent <= self.MAX_EXPONENT:
+            raise InvalidParameterError(
+                f"xpos with gamma={self.gamma!r} and scale_base={self.scale_base!r} scales q and k by up to e^"
+                f"{exponent:.3g} at {resolved.max_position_embeddings} tokens, past the float range (e^88): the scores "
+                f"would be inf or NaN. Use scale_base >= {rate * resolved.max_position_embeddings / (2 * self.MAX_EXPONENT):.4g} "
+                f"(or a larger gamma, or a shorter max_position_embeddings)"
+            )
+        return resolved
 
 
 @dataclass

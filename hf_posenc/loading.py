@@ -28,8 +28,10 @@ def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool
             raise ModelNotFoundError(f"GGUF file not found: {ref}")
         return os.path.dirname(os.path.abspath(ref)), {"gguf_file": os.path.basename(ref)}
     if model and os.path.isdir(ref) and not gguf_file and not os.path.isfile(os.path.join(ref, "config.json")):
+        adapter = os.path.isfile(os.path.join(ref, "adapter_config.json"))
         raise ModelNotFoundError(f"{ref} is a folder without config.json: not a saved model (model.save_pretrained "
-                                 f"writes one)")
+                                 f"writes one)" + ("; it holds a PEFT adapter: load its base model, then "
+                                                   "peft.PeftModel.from_pretrained(model, folder)" if adapter else ""))
     if not os.path.exists(ref) and (os.path.isabs(ref) or ref.startswith((".", "~")) or ref.count("/") > 1):
         raise ModelNotFoundError(f"no model at {ref}: the path does not exist (a hub id is NAME or ORG/NAME)")
     return ref, ({"gguf_file": gguf_file} if gguf_file else {})

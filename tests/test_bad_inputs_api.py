@@ -238,6 +238,11 @@ CASES = [
          hp.InvalidParameterError, "= 0 rotary channels per head of 16", "gpt2"),
     Case("rope-one-rotary-channel", lambda c: P(c.model, "rope", partial_rotary_factor=0.1),
          hp.InvalidParameterError, "the smallest partial_rotary_factor is 2/16 = 0.125", "bert"),
+    # XPos scales past the float range: inf and NaN scores, silently
+    Case("xpos-scale-base-tiny", lambda c: P(c.model, "xpos", scale_base=1e-300), hp.InvalidParameterError,
+         "Use scale_base >= 0.6681", "llama"),
+    Case("xpos-context-past-float-range", lambda c: P(c.model, "xpos", max_position_embeddings=131072),
+         hp.InvalidParameterError, "scales q and k by up to e^160 at 131072 tokens", "llama"),
     # check_length
     Case("check-length-negative", lambda c: hp.check_length(c.model, -1), hp.InvalidParameterError,
          "length must be >= 0", "gpt2"),
@@ -254,6 +259,8 @@ CASES = [
          "is a folder without config.json", setup=empty_folder),
     Case("from-pretrained-folder-with-a-tokenizer-only", lambda c: hp.from_pretrained(c.path), hp.ModelNotFoundError,
          "is a folder without config.json", setup=folder_with("tokenizer_config.json")),
+    Case("from-pretrained-a-peft-adapter-folder", lambda c: hp.from_pretrained(c.path), hp.ModelNotFoundError,
+         "it holds a PEFT adapter", setup=folder_with("adapter_config.json")),
     Case("from-pretrained-none", lambda c: hp.from_pretrained(None), hp.ParameterTypeError, "got None"),
     Case("from-pretrained-empty", lambda c: hp.from_pretrained(""), hp.ModelNotFoundError, "is empty"),
     Case("from-pretrained-int", lambda c: hp.from_pretrained(3), hp.ParameterTypeError, "got 3"),
