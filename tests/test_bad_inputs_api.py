@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_learned import tiny
-from tiny import tiny_model, token_ids
+from tiny import tiny_model, tiny_tokenizer, token_ids
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -363,6 +363,19 @@ CASES = [
          hp.InvalidParameterError, "length must be >= 2", "llama"),
     Case("curve-perplexity-not-a-curve", lambda c: hpe.curve_perplexity({}, 0), hp.InvalidInputError,
          "what perplexity_curve returns"),
+    Case("trials-no-lengths", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[], depths=[0.5]),
+         hp.InvalidParameterError, "at least one length and one depth"),
+    Case("trials-depth-past-1", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[1.5]),
+         hp.InvalidParameterError, "depths[0] must be <= 1"),
+    Case("trials-depth-a-str", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=["a"]),
+         hp.ParameterTypeError, "depths[0] must be a number"),
+    Case("trials-zero", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[0.5], trials=0),
+         hp.InvalidParameterError, "trials must be >= 1"),
+    Case("trials-no-tokenizer", lambda c: hpe.make_trials("passkey", None, lengths=[256], depths=[0.5]),
+         hp.InvalidInputError, "tokenizer must be a transformers tokenizer"),
+    Case("summarize-scores-missing", lambda c: hpe.summarize(
+        hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[0.0, 1.0]), [{"correct": True, "logprob": 0.0}]),
+         hp.InvalidInputError, "2 trials and 1 scores"),
     Case("variant-empty", lambda c: hpe.parse_variant(""), hp.InvalidParameterError, "a variant is 'none'"),
     Case("variant-none", lambda c: hpe.parse_variant(None), hp.InvalidParameterError, "a variant is 'none'"),
     Case("grid-empty", lambda c: hpe.expand_grid(""), hp.InvalidParameterError, "a grid is a method"),
