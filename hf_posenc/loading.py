@@ -27,6 +27,10 @@ def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool
         if not os.path.isfile(ref):
             raise ModelNotFoundError(f"GGUF file not found: {ref}")
         return os.path.dirname(os.path.abspath(ref)), {"gguf_file": os.path.basename(ref)}
+    if os.path.isfile(ref):
+        raise ModelNotFoundError(f"{ref} is a file; a model is a folder holding config.json, a .gguf file or a hub id")
+    if gguf_file and os.path.isdir(ref) and not os.path.isfile(os.path.join(ref, gguf_file)):
+        raise ModelNotFoundError(f"GGUF file not found: {os.path.join(ref, gguf_file)}")
     if model and os.path.isdir(ref) and not gguf_file and not os.path.isfile(os.path.join(ref, "config.json")):
         adapter = os.path.isfile(os.path.join(ref, "adapter_config.json"))
         raise ModelNotFoundError(f"{ref} is a folder without config.json: not a saved model (model.save_pretrained "
