@@ -86,7 +86,7 @@ def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -
     if files:
         kinds = {FILE_LOADERS.get(Path(f).suffix) for f in files}
         if None in kinds or len(kinds) > 1:
-            raise ValueError(f"corpus files must all be one kind of {sorted(FILE_LOADERS)}, got {files[:5]}")
+            raise InvalidInputError(f"corpus files must all be one kind of {sorted(FILE_LOADERS)}, got {files[:5]}")
         corpus = _load_files(kinds.pop(), files)
     elif _looks_like_path(spec):
         raise FileNotFoundError(f"no corpus files match {spec!r} (expected {', '.join(sorted(FILE_LOADERS))} files)")
@@ -125,8 +125,8 @@ def _load_files(kind: str, files: list[str]) -> datasets.Dataset:
                 break
         else:
             culprit = files[0] if len(files) == 1 else culprit
-        while cause.__cause__ is not None or (cause.__context__ is not None and "generating the dataset" in str(cause)):
-            cause = cause.__cause__ or cause.__context__
+        while cause.__cause__ is not None:  # the reader's own error (UnicodeDecodeError, ArrowInvalid ...)
+            cause = cause.__cause__
         what = {"text": "UTF-8 text", "json": "JSON (.jsonl: one object per line)", "parquet": "Parquet"}[kind]
         raise InvalidInputError(
             f"corpus file {culprit} cannot be read as {what}: {type(cause).__name__}: {str(cause)[:300]}"
