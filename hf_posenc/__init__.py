@@ -10,8 +10,11 @@ from .api import describe, from_pretrained, patch, unpatch
 from .errors import (
     AlreadyPatchedError,
     CheckpointMismatchError,
+    CheckpointRecordError,
+    InvalidInputError,
     InvalidParameterError,
     MethodNotApplicableError,
+    ModelNotFoundError,
     NotPatchedError,
     ParameterTypeError,
     PosEncError,
@@ -28,7 +31,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "patch", "unpatch", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
-    "check_length", "CheckpointMismatchError", "serving_overrides", "llama_cpp_args", "write_gguf",
+    "serving_overrides", "llama_cpp_args", "write_gguf",
+    "check_length", "CheckpointMismatchError", "CheckpointRecordError", "InvalidInputError", "ModelNotFoundError",
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
 ]

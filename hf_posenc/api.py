@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import warnings
 
 import torch
 import transformers
@@ -11,9 +13,16 @@ import transformers
 from . import families  # noqa: F401  (registers the family adapters)
 from . import _compat, attention, loading
 from .config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
-from .errors import AlreadyPatchedError, MethodNotApplicableError, NotPatchedError, ParameterTypeError
+from .errors import (
+    AlreadyPatchedError,
+    CheckpointRecordError,
+    MethodNotApplicableError,
+    NotPatchedError,
+    ParameterTypeError,
+)
+from .methods.learned import ORIGINAL_TABLE
 from .plan import RECORD_ATTR, UNDO_ATTR, is_patched, undo
-from .registry import FAMILIES, find_family, get_method, methods_for
+from .registry import FAMILIES, as_model, find_family, get_method, methods_for, read_record
 
 
 def _method_config(method: str | MethodConfig, params: dict) -> MethodConfig:
@@ -34,8 +43,9 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     The target context is `max_position_embeddings=`; `factor=` over the original context is
     derived from it, or the reverse. Everything is checked before the model is touched: a refused
     call leaves the model as it was."""
+    given, model = model, as_model(model, "patch")
     cfg = _method_config(method, params)
-    record = getattr(model.config, RECORD_ATTR, None) or {}
+    record = read_record(model.config) or {}
     # a model swapped to rotary positions (learned -> rope) takes a RoPE scaling method on top
     stacked = record.get("method") == "rope" and UNDO_ATTR in model.__dict__ and isinstance(cfg, RopeMethodConfig)
     if is_patched(model) and not stacked:
@@ -53,28 +63,44 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     plan = family.plan(model, cfg)
     if stacked:
         plan.record["base"] = record
+    try:  # what save_pretrained will write: refused now rather than as a half-written config.json
+        json.dumps(plan.record)
+    except (TypeError, ValueError) as err:
+        raise ParameterTypeError(f"the parameters of {cfg.name!r} cannot be saved in config.json ({err}): {cfg}") from None
+    added = {id(p) for _, _, new in plan.swaps if new is not None for p in new.parameters() if p.requires_grad}
+    training = model.training or any(p.grad is not None for p in model.parameters())
     plan.apply()
-    return model
+    if added and training:
+        names = [name for name, p in model.named_parameters() if id(p) in added]
+        warnings.warn(
+            f"hp.patch(model, {cfg.name!r}) replaced positional modules of a model in training mode: the new trainable "
+            f"parameters {names[:4]}{' ...' if len(names) > 4 else ''} are not in any optimizer built before this "
+            f"call, which would not train them. Build the optimizer after hp.patch, or add them to it "
+            f"(optimizer.add_param_group)", stacklevel=2,
+        )
+    return given
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Undo `patch` exactly: the original modules and config come back."""
+    given, model = model, as_model(model, "unpatch")
     if UNDO_ATTR not in model.__dict__:
-        if getattr(getattr(model, "config", None), RECORD_ATTR, None) is not None:
+        if read_record(model.config) is not None:
             raise NotPatchedError(
                 "this model was loaded from a patched checkpoint by stock transformers, so the original modules "
                 "are not in memory; load it with hp.from_pretrained(path) to be able to unpatch it"
             )
         raise NotPatchedError("this model carries no hf_posenc patch")
     undo(model)
-    return model
+    return given
 
 
 def describe(model: torch.nn.Module) -> dict:
     """The model's positional mechanism and, when patched, the method and its parameters."""
+    model = as_model(model, "describe")
     family = find_family(model)
     config = model.config.get_text_config()
-    record = getattr(model.config, RECORD_ATTR, None)
+    record = read_record(model.config)
     moved = record and issubclass(get_method(record["method"]), AttentionMethodConfig)
     info = {
         "model_type": config.model_type,
@@ -100,11 +126,34 @@ def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **
     to transformers' `from_pretrained` (dtype=, attn_implementation=, ...). A `.gguf` path works too."""
     name, extra = loading.resolve(path, gguf_file)
     config = transformers.AutoConfig.from_pretrained(name, **extra)
-    return _load(path, config, gguf_file=gguf_file, **kwargs)
+    source = os.path.join(name, "config.json") if os.path.isdir(name) else f"{name} (config.json)"
+    model = _load(path, config, gguf_file=gguf_file, source=source, **kwargs)
+    if read_record(config, source):
+        _check_replay(model, config, source)
+    return model
 
 
-def _load(path, config, *, gguf_file: str | None = None, **kwargs) -> torch.nn.Module:
-    record = getattr(config, RECORD_ATTR, None)
+def _check_replay(model: torch.nn.Module, config, source: str) -> None:
+    """The record, replayed on the checkpoint, must give the config it sits in: a record edited apart from
+    its config (`linear` in the record, `yarn` in rope_parameters) would load as one model here and as
+    another in stock transformers."""
+    def plain(value):
+        return json.loads(json.dumps(value, default=str))
+
+    saved, replayed = config.get_text_config(), model.config.get_text_config()
+    for name in ("rope_parameters", "max_position_embeddings"):
+        written, expected = plain(getattr(saved, name, None)), plain(getattr(replayed, name, None))
+        if written != expected:
+            raise CheckpointRecordError(
+                f"{source}: its hf_posenc record (method {config.hf_posenc['method']!r}) and its {name} disagree: "
+                f"the config says {written}, the record gives {expected}. Stock transformers would load one model "
+                f"and hf_posenc another; the file was edited after saving. Save it again from the patched model, or "
+                f"delete the hf_posenc field to load it as stock transformers reads it"
+            )
+
+
+def _load(path, config, *, gguf_file: str | None = None, source: str | None = None, **kwargs) -> torch.nn.Module:
+    record = read_record(config, source)
     if record is None:
         return loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
     family = next(f for f in FAMILIES if f.name == record["family"])
@@ -113,14 +162,18 @@ def _load(path, config, *, gguf_file: str | None = None, **kwargs) -> torch.nn.M
         return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)  # saved tables restored
     # the model before the patch (itself patched when this one was stacked on another), then the patch again
     stock, removed = family.unpatched_config(config, record)
+    refuse_unpatch = None
     if "base" in record:
         setattr(stock, RECORD_ATTR, record["base"])
-        model = _load(path, stock, gguf_file=gguf_file, **kwargs)
+        model = _load(path, stock, gguf_file=gguf_file, source=source, **kwargs)
     else:
         extra = {"ignore_mismatched_sizes": True} if removed else {}
-        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES)):
+        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES, f".{ORIGINAL_TABLE}")):
             model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
+        if removed:  # the tables the patch removed, as they were before it
+            refuse_unpatch = family.restore_original(model, path, record)
     field_names = {f.name for f in dataclasses.fields(method)}
     patch(model, method.from_dict({k: v for k, v in record["params"].items() if k in field_names}))
     attention.restore_tensors(model, path)
+    model.__dict__[UNDO_ATTR].refuse = refuse_unpatch
     return model

@@ -13,9 +13,32 @@ from typing import Any, ClassVar
 from .errors import InvalidParameterError, ParameterTypeError
 
 
+# The longest context a parameter may name: 2^31 - 1 positions (int32 position ids; float32 angles are
+# already inexact past 2^24). Larger values are typos (factor=1e30), refused before they overflow.
+MAX_POSITIONS = 2**31 - 1
+
+
+def plain(name: str, value: Any) -> Any:
+    """`value` as plain Python: numpy and torch scalars become numbers, their arrays (nested) lists, and
+    lists and tuples keep their kind with plain items, so a validated parameter always fits in the JSON
+    of a saved config.json. Anything else is returned as it is, for the checks to refuse."""
+    if type(value) in (bool, int, float, str) or value is None:
+        return value
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy / torch scalars and arrays
+        try:
+            return value.tolist()
+        except Exception as err:  # a meta tensor, ...
+            raise ParameterTypeError(
+                f"{name} must be a number or a list of numbers, got {value!r} ({type(value).__name__}): {err}"
+            ) from None
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return value
+
+
 def check_number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None,
-                 integer: bool = False, optional: bool = True) -> None:
-    """Refuse bools, strings, NaN and inf; enforce `value >= minimum` or `value > above`."""
+                 maximum: float | None = None, integer: bool = False, optional: bool = True) -> None:
+    """Refuse bools, strings, NaN and inf; enforce `value >= minimum` or `value > above`, `value <= maximum`."""
     if value is None:
         if optional:
             return
@@ -25,7 +48,8 @@ def check_number(name: str, value: Any, *, minimum: float | None = None, above: 
     if isinstance(value, bool) or not isinstance(value, allowed):
         # numpy / torch scalars are fine when they hold a plain number
         if not isinstance(value, bool) and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-            return check_number(name, value.item(), minimum=minimum, above=above, integer=integer, optional=optional)
+            return check_number(name, value.item(), minimum=minimum, above=above, maximum=maximum, integer=integer,
+                                optional=optional)
         raise ParameterTypeError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value):
         raise InvalidParameterError(f"{name} must be finite, got {value!r}")
@@ -33,6 +57,8 @@ def check_number(name: str, value: Any, *, minimum: float | None = None, above: 
         raise InvalidParameterError(f"{name} must be >= {minimum}, got {value!r}")
     if above is not None and value <= above:
         raise InvalidParameterError(f"{name} must be > {above}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidParameterError(f"{name} must be <= {maximum}, got {value!r}")
 
 
 def parse_params(pairs: list[str]) -> dict:
@@ -65,7 +91,10 @@ class MethodConfig:
     factor: float | None = None
 
     def __post_init__(self) -> None:
-        check_number("max_position_embeddings", self.max_position_embeddings, above=0, integer=True)
+        for f in dataclasses.fields(self):  # numpy / torch values as plain Python, before any check
+            setattr(self, f.name, plain(f.name, getattr(self, f.name)))
+        check_number("max_position_embeddings", self.max_position_embeddings, above=0, maximum=MAX_POSITIONS,
+                     integer=True)
         check_number("factor", self.factor, above=0)
 
     def resolve(self, original: int) -> MethodConfig:
@@ -88,6 +117,11 @@ class MethodConfig:
         if factor is None:
             factor = target / original
         elif target is None:
+            if original * factor > MAX_POSITIONS:
+                raise InvalidParameterError(
+                    f"factor={factor!r} means a context of {original * factor:.3g} tokens (the original {original} "
+                    f"times the factor); it must be <= {MAX_POSITIONS}, so factor <= {MAX_POSITIONS / original:.6g}"
+                )
             target = round(original * factor)
         elif round(original * factor) != target:
             raise InvalidParameterError(
@@ -102,6 +136,8 @@ class MethodConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> MethodConfig:
+        if not isinstance(data, dict):
+            raise ParameterTypeError(f"the parameters of method {cls.name!r} must be a dict, got {data!r}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -141,6 +177,8 @@ class RopeMethodConfig(MethodConfig):
         if self.layer_types is not None:
             if isinstance(self.layer_types, str):
                 self.layer_types = (self.layer_types,)
+            if not isinstance(self.layer_types, (list, tuple)):
+                raise ParameterTypeError(f"layer_types must be a non-empty list of str, got {self.layer_types!r}")
             self.layer_types = tuple(self.layer_types)
             if not self.layer_types or not all(isinstance(t, str) for t in self.layer_types):
                 raise ParameterTypeError(f"layer_types must be a non-empty list of str, got {self.layer_types!r}")
@@ -309,7 +347,7 @@ class LongRopeConfig(RopeMethodConfig):
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
                 raise ParameterTypeError(f"{name} must be a list of numbers, got {value!r}")
             value = [float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) else v for v in value]
             for i, v in enumerate(value):
@@ -335,7 +373,7 @@ ROPE_METHOD_CONFIGS: tuple[type[RopeMethodConfig], ...] = (
     BaseConfig, NTKConfig, LinearConfig, DynamicConfig, YarnConfig, DynamicYarnConfig, Llama3Config, LongRopeConfig,
 )
 
-__all__ = [c.__name__ for c in ROPE_METHOD_CONFIGS] + ["MethodConfig", "RopeMethodConfig", "check_number"]
+__all__ = [c.__name__ for c in ROPE_METHOD_CONFIGS] + ["MethodConfig", "RopeMethodConfig", "check_number", "plain"]
 
 
 # -- learned absolute position tables (GPT-2, OPT, BERT and their kin) ------------------------------
@@ -456,9 +494,9 @@ class RelativeBiasConfig(AttentionMethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_number("k", self.k, above=0, integer=True, optional=False)
-        check_number("buckets", self.buckets, minimum=4, integer=True)
-        check_number("max_distance", self.max_distance, above=0, integer=True)
+        check_number("k", self.k, above=0, maximum=MAX_POSITIONS, integer=True, optional=False)
+        check_number("buckets", self.buckets, minimum=4, maximum=MAX_POSITIONS, integer=True)
+        check_number("max_distance", self.max_distance, above=0, maximum=MAX_POSITIONS, integer=True)
         if (self.buckets is None) != (self.max_distance is None):
             raise InvalidParameterError(
                 f"T5 buckets need both buckets= and max_distance= (got buckets={self.buckets!r}, "
@@ -484,10 +522,28 @@ class XposConfig(AttentionMethodConfig):
     gamma: float = 0.4
     scale_base: float = 512.0
 
+    # the largest exponent of the q / k scale at the advertised context: e^60 leaves q and k themselves
+    # ~e^28 of room before float32 / bfloat16 overflow (e^88), where scores would become inf and NaN
+    MAX_EXPONENT: ClassVar[float] = 60.0
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("gamma", self.gamma, above=0, optional=False)
         check_number("scale_base", self.scale_base, above=0, optional=False)
+
+    def resolve(self, original: int) -> XposConfig:
+        resolved = super().resolve(original)
+        # positions count from the middle of the keys (methods/xpos.py): the scale reaches zeta_0^(-L / 2 scale_base)
+        rate = abs(math.log(self.gamma / (1 + self.gamma)))
+        exponent = rate * resolved.max_position_embeddings / (2 * self.scale_base)
+        if not exponent <= self.MAX_EXPONENT:
+            raise InvalidParameterError(
+                f"xpos with gamma={self.gamma!r} and scale_base={self.scale_base!r} scales q and k by up to e^"
+                f"{exponent:.3g} at {resolved.max_position_embeddings} tokens, past the float range (e^88): the scores "
+                f"would be inf or NaN. Use scale_base >= {rate * resolved.max_position_embeddings / (2 * self.MAX_EXPONENT):.4g} "
+                f"(or a larger gamma, or a shorter max_position_embeddings)"
+            )
+        return resolved
 
 
 @dataclass

@@ -14,11 +14,13 @@ EOS, into blocks for training.
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 
 import datasets
 
 from . import assets
+from .errors import InvalidInputError
 
 FILE_LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -27,7 +29,7 @@ def _shakespeare(names: list[str]) -> datasets.Dataset:
     plays = assets.shakespeare_plays()
     unknown = [n for n in names if n not in plays]
     if unknown:
-        raise ValueError(f"no play(s) {unknown} in the shakespeare corpus; available: {', '.join(plays)}")
+        raise InvalidInputError(f"no play(s) {unknown} in the shakespeare corpus; available: {', '.join(plays)}")
     chosen = names or list(plays)
     return datasets.Dataset.from_dict({
         "title": chosen, "text": [plays[n].read_text(encoding="utf-8", errors="replace") for n in chosen]})
@@ -45,7 +47,7 @@ def _kjv(names: list[str]) -> datasets.Dataset:
     books = {book.name.lower(): number for book, number in ((b, b.value) for b in bible.short_titles)}
     unknown = [n for n in names if n not in books]
     if unknown:
-        raise ValueError(f"no book(s) {unknown} in the kjv corpus; available: {', '.join(books)}")
+        raise InvalidInputError(f"no book(s) {unknown} in the kjv corpus; available: {', '.join(books)}")
     text, bounds = bible.scripture_content, sorted(first.values()) + [len(bible.scripture_content)]
     by_number = {number: text[bounds[i]:bounds[i + 1]].strip() for i, number in enumerate(sorted(first))}
     chosen = names or list(books)
@@ -67,6 +69,16 @@ def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -
 
     `split` picks the split of a hub dataset; `text_column` names the column holding the text when it
     is not "text" (it is renamed to "text"). Local .txt files give one document per file."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidInputError(
+            f"a corpus is {' or '.join(sorted(BUILTIN))} (optionally NAME:part,part), local "
+            f"{'/'.join(sorted(FILE_LOADERS))} files (a path, a folder or a glob), or a hub dataset NAME[:CONFIG]; "
+            f"got {spec!r}"
+        )
+    if not isinstance(text_column, str) or not text_column:
+        raise InvalidInputError(f"text_column must name a column (a str), got {text_column!r}")
     name, _, subset = spec.partition(":")
     if name in BUILTIN:
         return BUILTIN[name]([s.strip() for s in subset.split(",") if s.strip()])
@@ -74,26 +86,51 @@ def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -
     if files:
         kinds = {FILE_LOADERS.get(Path(f).suffix) for f in files}
         if None in kinds or len(kinds) > 1:
-            raise ValueError(f"corpus files must all be one kind of {sorted(FILE_LOADERS)}, got {files[:5]}")
-        kind = kinds.pop()
-        extra = {"sample_by": "document", "keep_linebreaks": True} if kind == "text" else {}
-        corpus = datasets.load_dataset(kind, data_files=files, split="train", **extra)
+            raise InvalidInputError(f"corpus files must all be one kind of {sorted(FILE_LOADERS)}, got {files[:5]}")
+        corpus = _load_files(kinds.pop(), files)
     elif _looks_like_path(spec):
         raise FileNotFoundError(f"no corpus files match {spec!r} (expected {', '.join(sorted(FILE_LOADERS))} files)")
     else:
         try:
             corpus = datasets.load_dataset(name, subset or None, split=split)
         except Exception as err:  # the hub's own errors say little about what spec was expected
-            raise ValueError(
+            raise InvalidInputError(
                 f"could not load corpus {spec!r} ({type(err).__name__}: {err}); a corpus is one of "
                 f"{', '.join(sorted(BUILTIN))} (optionally NAME:part,part), local {'/'.join(sorted(FILE_LOADERS))} "
                 f"files (a path, a folder or a glob), or a hub dataset NAME[:CONFIG]"
             ) from err
     if text_column != "text":
+        if text_column not in corpus.column_names:
+            raise InvalidInputError(f"corpus {spec!r} has no column {text_column!r} (text_column=); its columns: "
+                                    f"{corpus.column_names}")
         corpus = corpus.rename_column(text_column, "text")
     if "text" not in corpus.column_names:
-        raise ValueError(f"corpus {spec!r} has no 'text' column (columns: {corpus.column_names}); pass text_column=")
+        raise InvalidInputError(
+            f"corpus {spec!r} has no 'text' column (columns: {corpus.column_names}); pass text_column=")
     return corpus
+
+
+def _load_files(kind: str, files: list[str]) -> datasets.Dataset:
+    """Local files of one kind as a dataset; a file that cannot be read is named, with the reason."""
+    extra = {"sample_by": "document", "keep_linebreaks": True} if kind == "text" else {}
+    try:
+        return datasets.load_dataset(kind, data_files=files, split="train", **extra)
+    except Exception as err:  # datasets says "An error occurred while generating the dataset", no file named
+        culprit, cause = f"{len(files)} files ({', '.join(files[:3])}{' ...' if len(files) > 3 else ''})", err
+        for file in files if len(files) > 1 else ():  # which one: each alone (the error path only)
+            try:
+                datasets.load_dataset(kind, data_files=[file], split="train", **extra)
+            except Exception as one:
+                culprit, cause = file, one
+                break
+        else:
+            culprit = files[0] if len(files) == 1 else culprit
+        while cause.__cause__ is not None:  # the reader's own error (UnicodeDecodeError, ArrowInvalid ...)
+            cause = cause.__cause__
+        what = {"text": "UTF-8 text", "json": "JSON (.jsonl: one object per line)", "parquet": "Parquet"}[kind]
+        raise InvalidInputError(
+            f"corpus file {culprit} cannot be read as {what}: {type(cause).__name__}: {str(cause)[:300]}"
+        ) from err
 
 
 def _looks_like_path(spec: str) -> bool:

@@ -41,3 +41,16 @@ class SequenceTooLongError(PosEncError, ValueError):
 
 class CheckpointMismatchError(PosEncError, ValueError):
     """A checkpoint's weights no longer match the hf_posenc patch its config records (edited after saving)."""
+
+
+class CheckpointRecordError(CheckpointMismatchError):
+    """A config's hf_posenc record is malformed (a key missing, an unknown family or method, a value of the
+    wrong type) or disagrees with the config it sits in."""
+
+
+class InvalidInputError(PosEncError, ValueError):
+    """An input that is not a method parameter cannot be used: token ids, a corpus, a corpus file."""
+
+
+class ModelNotFoundError(PosEncError, FileNotFoundError):
+    """A model path that does not exist, or a folder that holds no config.json."""

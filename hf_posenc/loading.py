@@ -9,17 +9,35 @@ from pathlib import Path
 import transformers
 
 from . import _compat
+from .errors import ModelNotFoundError, ParameterTypeError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
 
 
-def resolve(ref: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, dict]:
-    """(name_or_path, extra from_pretrained kwargs) for a hub id, a folder, or a `.gguf` file."""
+def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool = True) -> tuple[str, dict]:
+    """(name_or_path, extra from_pretrained kwargs) for a hub id, a folder, or a `.gguf` file. A path that
+    does not exist, or (for a model, not a tokenizer) a folder without config.json, is refused here rather
+    than as a hub lookup."""
+    if not isinstance(ref, (str, os.PathLike)):
+        raise ParameterTypeError(f"a model is a hub id, a local folder or a .gguf file (a str or a path), got {ref!r}")
     ref = str(ref)
+    if not ref.strip():
+        raise ModelNotFoundError("the model reference is empty; give a hub id, a local folder or a .gguf file")
     if gguf_file is None and ref.endswith(".gguf"):
         if not os.path.isfile(ref):
-            raise FileNotFoundError(f"GGUF file not found: {ref}")
+            raise ModelNotFoundError(f"GGUF file not found: {ref}")
         return os.path.dirname(os.path.abspath(ref)), {"gguf_file": os.path.basename(ref)}
+    if os.path.isfile(ref):
+        raise ModelNotFoundError(f"{ref} is a file; a model is a folder holding config.json, a .gguf file or a hub id")
+    if gguf_file and os.path.isdir(ref) and not os.path.isfile(os.path.join(ref, gguf_file)):
+        raise ModelNotFoundError(f"GGUF file not found: {os.path.join(ref, gguf_file)}")
+    if model and os.path.isdir(ref) and not gguf_file and not os.path.isfile(os.path.join(ref, "config.json")):
+        adapter = os.path.isfile(os.path.join(ref, "adapter_config.json"))
+        raise ModelNotFoundError(f"{ref} is a folder without config.json: not a saved model (model.save_pretrained "
+                                 f"writes one)" + ("; it holds a PEFT adapter: load its base model, then "
+                                                   "peft.PeftModel.from_pretrained(model, folder)" if adapter else ""))
+    if not os.path.exists(ref) and (os.path.isabs(ref) or ref.startswith((".", "~")) or ref.count("/") > 1):
+        raise ModelNotFoundError(f"no model at {ref}: the path does not exist (a hub id is NAME or ORG/NAME)")
     return ref, ({"gguf_file": gguf_file} if gguf_file else {})
 
 
@@ -74,7 +92,7 @@ def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
 
 
 def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):
-    name, extra = resolve(ref, gguf_file)
+    name, extra = resolve(ref, gguf_file, model=False)
     if "gguf_file" in extra:
         cached = _gguf_cache(name, extra["gguf_file"])
         if (cached / "tokenizer_config.json").exists():

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedConfig
 
+from .errors import NotPatchedError
+
 UNDO_ATTR = "_hf_posenc_undo"
 RECORD_ATTR = "hf_posenc"  # the config field that records a patch (saved in config.json)
 
@@ -37,6 +39,7 @@ class Undo:
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]]
     config_refs: list[tuple[torch.nn.Module, PreTrainedConfig]]
     previous: Undo | None = None  # the patch this one was stacked on (a RoPE method on a learned -> rope swap)
+    refuse: str | None = None  # why this patch cannot be undone (a loaded checkpoint lacks what it replaced)
 
     def apply(self, model: torch.nn.Module) -> None:
         for parent, name, original in self.swaps:
@@ -77,7 +80,10 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 def undo(model: torch.nn.Module) -> None:
     """Undo the last patch (a stacked patch leaves the one below it in place)."""
-    last = model.__dict__.pop(UNDO_ATTR)
+    last = model.__dict__[UNDO_ATTR]
+    if last.refuse:
+        raise NotPatchedError(last.refuse)
+    del model.__dict__[UNDO_ATTR]
     last.apply(model)
     if last.previous is not None:
         model.__dict__[UNDO_ATTR] = last.previous

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import MethodNotApplicableError, PosEncError
-from .plan import RECORD_ATTR
+from .registry import as_model, read_record
 
 # methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
 STOCK_METHODS = ("base", "ntk", "linear", "yarn", "llama3", "longrope")
@@ -38,7 +38,7 @@ class ExportError(PosEncError, ValueError):
 
 
 def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...]) -> dict | None:
-    record = getattr(getattr(model, "config", None), RECORD_ATTR, None)
+    record = read_record(as_model(model, f"export to {engine}").config)
     if record is None:
         return None
     method = record["method"]
@@ -215,7 +215,7 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
 
 def _check_same_model(model, reader, arch: str, source: Path) -> None:
     """The file must hold the model before the patch: same architecture family, same rope base."""
-    record = getattr(model.config, RECORD_ATTR, None)
+    record = read_record(model.config)
     field = reader.fields.get(f"{arch}.rope.freq_base")
     if record is None or field is None:
         return

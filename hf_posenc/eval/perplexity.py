@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .. import _compat
+from ..config import check_number
+from ..errors import InvalidInputError
 from ..plan import RECORD_ATTR
 from ..registry import METHODS
 
@@ -48,8 +50,8 @@ def _chunked_head(model: torch.nn.Module):
 def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
     """Negative log-likelihood (nats, float32) of each token given the ones before it, from one forward
     pass: [batch, length - 1] for input_ids [batch, length] (entry t scores token t + 1)."""
-    ids = torch.as_tensor(input_ids, device=model.device)
-    ids = ids[None] if ids.dim() == 1 else ids
+    check_number("chunk_size", chunk_size, minimum=1, integer=True, optional=False)
+    ids = _token_ids(model, input_ids)
     targets = ids[:, 1:]
     split = _chunked_head(model) if ids.shape[1] > chunk_size else None
     if split is None:
@@ -58,6 +60,26 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: in
     hidden = body(ids, use_cache=False)[0][:, :-1]
     return torch.cat([_cross_entropy(head(hidden[:, s:s + chunk_size]), targets[:, s:s + chunk_size])
                       for s in range(0, hidden.shape[1], chunk_size)], dim=1)
+
+
+def _token_ids(model: torch.nn.Module, input_ids) -> torch.Tensor:
+    """input_ids as a [batch, length] tensor of the model's token ids, on its device; refused with what is
+    wrong when it is not one (a float, an empty or a 3-d tensor, ids outside the vocabulary)."""
+    try:
+        ids = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise InvalidInputError(f"input_ids must be token ids (a tensor or a list of ints), got {input_ids!r:.80}: "
+                                f"{err}") from None
+    if ids.dim() not in (1, 2) or ids.shape[-1] == 0 or ids.is_floating_point() or ids.is_complex() \
+            or ids.dtype == torch.bool:
+        raise InvalidInputError(f"input_ids must be a non-empty [length] or [batch, length] tensor of int token ids, "
+                                f"got shape {tuple(ids.shape)} of {ids.dtype}")
+    embeddings = model.get_input_embeddings()
+    vocab = getattr(embeddings, "num_embeddings", None) or model.config.get_text_config().vocab_size
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise InvalidInputError(f"input_ids hold token ids {low}..{high}; this model's vocabulary is 0..{vocab - 1}")
+    return (ids[None] if ids.dim() == 1 else ids).to(model.device)
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -75,11 +97,14 @@ def document_perplexity(model: torch.nn.Module, documents: Sequence[Sequence[int
                         progress: bool = True) -> dict:
     """Each document (token ids) truncated to `max_length` tokens and scored in one pass. Returns the
     token-weighted perplexity over all documents and each document's own ("per_document")."""
+    check_number("max_length", max_length, minimum=2, integer=True, optional=False)
+    if not len(documents):
+        raise InvalidInputError("document_perplexity needs at least one document, got none")
     per_doc, total, count = [], 0.0, 0
     for doc in tqdm(documents, desc="perplexity", unit="doc", disable=not progress):
         ids = torch.as_tensor(doc[:max_length])
         if len(ids) < 2:
-            raise ValueError(f"a document needs at least 2 tokens to be scored, got {len(ids)}")
+            raise InvalidInputError(f"a document needs at least 2 tokens to be scored, got {len(ids)}")
         nll = token_nll(model, ids)[0]
         per_doc.append(math.exp(nll.mean().item()))
         total, count = total + nll.sum().item(), count + nll.numel()
@@ -97,13 +122,16 @@ def perplexity_by_length(model: torch.nn.Module, documents: Sequence[Sequence[in
     max(lengths) tokens (the loss of token t depends only on the tokens before it); a length-dependent
     one (`is_length_dependent`: dynamic scaling) gets a pass per length, as a prompt of n tokens would.
     Returns "perplexity" (token-weighted over the documents) and "per_document" ([document][length])."""
+    lengths = list(lengths)
+    for i, n in enumerate(lengths):
+        check_number(f"lengths[{i}]", n, minimum=2, integer=True, optional=False)
     lengths = sorted(set(int(n) for n in lengths))
     if not lengths or lengths[0] < 2:
-        raise ValueError(f"lengths must be a non-empty list of token counts >= 2, got {list(lengths)}")
+        raise InvalidInputError(f"lengths must be a non-empty list of token counts >= 2, got {list(lengths)}")
     short = [(i, len(d)) for i, d in enumerate(documents) if len(d) < lengths[-1]]
     if not documents or short:
         listed = ", ".join(f"#{i}: {n}" for i, n in short[:8]) + (" ..." if len(short) > 8 else "")
-        raise ValueError(f"perplexity at {lengths[-1]} tokens needs documents of at least {lengths[-1]} tokens; "
+        raise InvalidInputError(f"perplexity at {lengths[-1]} tokens needs documents of at least {lengths[-1]} tokens; "
                          + (f"too short (document: tokens): {listed}" if short else "no documents were given"))
     if one_pass is None:
         one_pass = not is_length_dependent(model)
@@ -134,11 +162,13 @@ def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, wind
     tokens no earlier window scored, so every token is scored once with at least `window - stride`
     tokens of context (all of them in the first window). The first token has no context and is not
     scored; nor is the first token of each window when stride == window (plain chunks)."""
+    check_number("window", window, minimum=2, integer=True, optional=False)
+    check_number("stride", stride, minimum=1, integer=True, optional=False)
     if not 0 < stride <= window:
-        raise ValueError(f"stride must be in 1..window ({window}), got {stride}")
+        raise InvalidInputError(f"stride must be in 1..window ({window}), got {stride}")
     ids = torch.as_tensor(input_ids)
     if len(ids) < 2:
-        raise ValueError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
+        raise InvalidInputError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
     total, count, scored_to = 0.0, 0, 1  # token 0 has no context: never scored
     starts = range(0, max(len(ids) - window, 0) + stride, stride)
     for begin in tqdm(starts, desc=f"strided perplexity ({window})", unit="window", disable=not progress):
@@ -160,10 +190,12 @@ def perplexity_curve(model: torch.nn.Module, documents: Sequence[Sequence[int]],
     scoring each position from its own prefix (causal attention) unless the model is length dependent
     (`is_length_dependent`): then `prefix=True` (the default for such models) scores each bucket from a
     separate pass over the tokens up to its end, as a prompt of that length would be run."""
+    check_number("length", length, minimum=2, integer=True, optional=False)
+    check_number("bucket", bucket, minimum=1, integer=True, optional=False)
     docs = [torch.as_tensor(d[:length]) for d in documents if len(d) >= length]
     if not docs:
         longest = max((len(d) for d in documents), default=0)
-        raise ValueError(f"no document has {length} tokens (the longest has {longest}); use a shorter length "
+        raise InvalidInputError(f"no document has {length} tokens (the longest has {longest}); use a shorter length "
                          f"or a corpus with longer documents")
     if prefix is None:
         prefix = is_length_dependent(model)
@@ -193,6 +225,9 @@ def curve_perplexity(curve: dict, start: int, end: int | None = None) -> float:
     (the first bucket has one fewer: token 0 is not scored). From a one-pass curve (`prefix=False`),
     `curve_perplexity(curve, 0, n)` at a bucket boundary n is the perplexity of the first n tokens scored
     in one pass, as `document_perplexity(..., max_length=n)` gives it, for every n from one forward."""
+    if not isinstance(curve, dict) or not {"positions", "nll"} <= set(curve):
+        raise InvalidInputError(f"curve must be what perplexity_curve returns (with 'positions' and 'nll'), got "
+                                f"{str(curve)[:80]!r}")
     rows = [(n, w) for p, n, w in zip(curve["positions"], curve["nll"], curve.get("tokens") or [1] * len(curve["nll"]))
             if p >= start and (end is None or p < end)]
     return math.exp(sum(n * w for n, w in rows) / sum(w for _, w in rows)) if rows else float("nan")

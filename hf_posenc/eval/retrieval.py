@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..config import check_number
+from ..errors import InvalidInputError, InvalidParameterError
+
 TASKS = ("passkey", "needle")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
@@ -41,7 +44,7 @@ class Haystack:
         lines = text.splitlines(keepends=True)
         self.lines = [ids for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] if ids]
         if not self.lines:
-            raise ValueError("the haystack text is empty")
+            raise InvalidInputError("the haystack text is empty")
 
     def take(self, budget: int, start: int = 0) -> list[list[int]]:
         """Consecutive lines from `start` (wrapping around) whose tokens fit in `budget`."""
@@ -58,12 +61,12 @@ def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, an
     """intro + haystack lines with `needle` inserted at the line boundary nearest `depth` + question;
     the answer follows the question."""
     if not 0 <= depth <= 1:
-        raise ValueError(f"depth must be in [0, 1], got {depth}")
+        raise InvalidParameterError(f"depth must be in [0, 1], got {depth}")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     head, fact, tail, ans = encode(INTRO), encode(needle), encode(question), encode(answer)
     budget = length - len(head) - len(fact) - len(tail) - len(ans)
     if budget < 0:
-        raise ValueError(f"length {length} is too short for the retrieval prompt ({length - budget} tokens "
+        raise InvalidParameterError(f"length {length} is too short for the retrieval prompt ({length - budget} tokens "
                          f"without any haystack)")
     lines = haystack.take(budget, start)
     cut = round(depth * len(lines))
@@ -76,9 +79,20 @@ def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequenc
     """`trials` trials per (length, depth), each with its own random key (same seed, same trials).
     `haystack` is the text of the needle task (ignored by passkey, which uses its filler line)."""
     if task not in TASKS:
-        raise ValueError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
+        raise InvalidParameterError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
+    if not callable(tokenizer):
+        raise InvalidInputError(f"tokenizer must be a transformers tokenizer (hp.load_tokenizer), got {tokenizer!r:.60}")
+    lengths, depths = list(lengths), list(depths)
+    if not lengths or not depths:
+        raise InvalidParameterError(f"make_trials needs at least one length and one depth, got lengths={lengths}, "
+                                    f"depths={depths}")
+    for i, length in enumerate(lengths):
+        check_number(f"lengths[{i}]", length, minimum=2, integer=True, optional=False)
+    for i, depth in enumerate(depths):
+        check_number(f"depths[{i}]", depth, minimum=0, maximum=1, optional=False)
+    check_number("trials", trials, minimum=1, integer=True, optional=False)
     if task == "needle" and not haystack:
-        raise ValueError("the needle task needs a haystack text (e.g. a corpus document)")
+        raise InvalidInputError("the needle task needs a haystack text (e.g. a corpus document)")
     hay = Haystack(tokenizer, FILLER if task == "passkey" else haystack)
     rng, out = random.Random(seed), []
     for length in lengths:
@@ -121,6 +135,9 @@ def score_trials(model: torch.nn.Module, trials: Sequence[Trial], *, progress: b
 
 def summarize(trials: Sequence[Trial], scores: Sequence[dict]) -> dict:
     """Accuracy per (depth, length) cell ("accuracy"[depth][length]) and per length ("by_length")."""
+    if len(trials) != len(scores):
+        raise InvalidInputError(f"summarize needs one score per trial, got {len(trials)} trials and {len(scores)} "
+                                f"scores")
     lengths = sorted({t.length for t in trials})
     depths = sorted({t.depth for t in trials})
 

@@ -20,15 +20,18 @@ NONE = "none"
 
 def parse_variant(spec: str) -> tuple[str, dict]:
     """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name is checked."""
+    if not isinstance(spec, str) or not spec.split():
+        raise InvalidParameterError(f"a variant is 'none' or a method with key=value parameters ('yarn beta_fast=16'), "
+                                    f"got {spec!r}")
     name, *pairs = spec.split()
     if name != NONE:
         get_method(name)
     try:
         params = parse_params(pairs)
     except InvalidParameterError as err:
-        raise ValueError(f"variant {spec!r}: {err}") from None
+        raise InvalidParameterError(f"variant {spec!r}: {err}") from None
     if name == NONE and params:
-        raise ValueError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
+        raise InvalidParameterError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
     return name, params
 
 
@@ -36,14 +39,17 @@ def expand_grid(spec: str) -> list[str]:
     """A grid of one method's parameters, values separated by "|", as the variants of its points:
     "yarn beta_fast=16|32 mscale=1|1.1" -> ["yarn beta_fast=16 mscale=1", "yarn beta_fast=16 mscale=1.1",
     "yarn beta_fast=32 mscale=1", "yarn beta_fast=32 mscale=1.1"]. Each point is checked as a variant."""
+    if not isinstance(spec, str) or not spec.split():
+        raise InvalidParameterError(f"a grid is a method with key=value|value parameters ('yarn beta_fast=16|32'), "
+                                    f"got {spec!r}")
     name, *pairs = spec.split()
     if name == NONE:
-        raise ValueError(f"grid {spec!r}: 'none' has no parameters to search")
+        raise InvalidParameterError(f"grid {spec!r}: 'none' has no parameters to search")
     axes = []
     for pair in pairs:
         key, sep, values = pair.partition("=")
         if not sep or not key or "" in values.split("|"):
-            raise ValueError(f"grid {spec!r}: parameters are key=value or key=value|value|..., got {pair!r}")
+            raise InvalidParameterError(f"grid {spec!r}: parameters are key=value or key=value|value|..., got {pair!r}")
         axes.append([f"{key}={value}" for value in values.split("|")])
     points = [" ".join([name, *point]) for point in itertools.product(*axes)]
     for point in points:

@@ -24,12 +24,16 @@ import torch
 from torch import nn
 
 from .. import _compat, attention, loading
-from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeSwapConfig, SinusoidalConfig
+from ..config import (
+    AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeSwapConfig, SinusoidalConfig, check_number,
+)
 from ..errors import CheckpointMismatchError, InvalidParameterError, SequenceTooLongError
-from ..methods.learned import CALL_STYLES, LearnedPositions, NoPositions, interpolate_rows, tile_rows, too_long_message
+from ..methods.learned import (
+    CALL_STYLES, ORIGINAL_TABLE, LearnedPositions, NoPositions, interpolate_rows, tile_rows, too_long_message,
+)
 from ..methods.sinusoidal import AffineFit, SinusoidalPositions, fit_affine, rms, sinusoidal_table
 from ..plan import RECORD_ATTR, UNDO_ATTR, PatchPlan, Undo
-from ..registry import find_family, get_method, register_family
+from ..registry import as_model, find_family, get_method, register_family
 
 
 # -- buffers sized by the context ------------------------------------------------------------------
@@ -170,8 +174,35 @@ class LearnedTableFamily:
         tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
         config = copy.deepcopy(config)
         delattr(config, RECORD_ATTR)
-        config.get_text_config().max_position_embeddings = record["original"]["max_position_embeddings"]
+        text_config = config.get_text_config()
+        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
+        if record["method"] == "rope" and "rope_parameters" in vars(text_config):  # written by the swap
+            delattr(text_config, "rope_parameters")
         return config, tuple(f"{path}.weight" for path in record["tables"])
+
+    def restore_original(self, model: nn.Module, path, record: dict) -> str | None:
+        """After `hp.from_pretrained` loaded a checkpoint whose tables an attention patch removed (their
+        rows random, the saved ones empty): put back each table as it was before the patch, which
+        NoPositions saved beside it, so `hp.unpatch` gives the original model. Returns why unpatch must
+        be refused instead when the checkpoint lacks them (saved by an older hf_posenc)."""
+        tables = self.tables(model)
+        wanted = [f"{t.path}.{ORIGINAL_TABLE}" for t in tables]
+        saved = _compat.read_checkpoint_tensors(path, wanted)
+        if set(saved) != set(wanted):
+            return (f"{path} does not hold the position table(s) {[t.path for t in tables]} the {record['method']!r} "
+                    f"patch removed (it was saved by an older hf_posenc), so unpatching this model would leave a "
+                    f"random table. It stays patched; for the model without the patch, load the original checkpoint "
+                    f"(and save patched models again to keep their table)")
+        with torch.no_grad():
+            for table in tables:
+                value = saved[f"{table.path}.{ORIGINAL_TABLE}"]
+                if value.shape != table.module.weight.shape:
+                    raise CheckpointMismatchError(
+                        f"{path}: the saved original table {table.path}.{ORIGINAL_TABLE} has shape "
+                        f"{tuple(value.shape)}, but the model's config gives {tuple(table.module.weight.shape)}"
+                    )
+                table.module.weight.copy_(value)
+        return None
 
     # queries -------------------------------------------------------------------------------------
 
@@ -227,6 +258,8 @@ class LearnedTableFamily:
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
         method = method.resolve(self.positions(model))
+        if isinstance(method, RopeSwapConfig):
+            _check_rotary_dim(method, _compat.head_dim(model.config.get_text_config()))
         record = self._record(method, model, tables={t.path: {} for t in tables})
         new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
         plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
@@ -334,6 +367,19 @@ class LearnedTableFamily:
         return found
 
 
+def _check_rotary_dim(method: RopeSwapConfig, head_dim: int) -> None:
+    """Rotary channels come in pairs: the share of each head that rotates must hold at least one pair, and
+    whole pairs (transformers' rotary module takes int(head_dim * partial_rotary_factor) channels)."""
+    dim = int(head_dim * method.partial_rotary_factor)
+    if dim < 2 or dim % 2:
+        raise InvalidParameterError(
+            f"partial_rotary_factor={method.partial_rotary_factor!r} gives int({head_dim} * "
+            f"{method.partial_rotary_factor!r}) = {dim} rotary channels per head of {head_dim}; rotary channels come "
+            f"in pairs, so it must give an even number >= 2: the smallest partial_rotary_factor is "
+            f"2/{head_dim} = {2 / head_dim:g}"
+        )
+
+
 def table_offset(module: nn.Module, spec: TableSpec) -> int:
     """The row of position 0."""
     if hasattr(module, "offset"):  # OPT, BART and our own modules say it
@@ -374,8 +420,8 @@ class TablePlan(PatchPlan):
             setattr(owner, name, value)
         handles = [module.register_forward_pre_hook(guard, with_kwargs=True) for module, guard in self.guards]
         undo = self.model.__dict__[UNDO_ATTR]
-        self.model.__dict__[UNDO_ATTR] = TableUndo(undo.config, undo.swaps, undo.config_refs, undo.previous, originals,
-                                                   handles)
+        self.model.__dict__[UNDO_ATTR] = TableUndo(undo.config, undo.swaps, undo.config_refs, undo.previous,
+                                                   buffers=originals, handles=handles)
 
 
 class LengthGuard:
@@ -420,6 +466,8 @@ def check_length(model: nn.Module, length: int) -> None:
     """Raise SequenceTooLongError, naming the length, the limit and the methods that lift it, when
     `model` cannot take an input of `length` tokens (a learned table, patched or not). Models with no
     limit pass."""
+    model = as_model(model, "check_length")
+    check_number("length", length, minimum=0, integer=True, optional=False)
     family = find_family(model)
     if hasattr(family, "check_length"):
         family.check_length(model, length)

@@ -99,16 +99,21 @@ class LearnedPositions(nn.Embedding):
         return f"{super().extra_repr()}, offset={self.offset}, call={self.call!r}, method={self.method!r}"
 
 
+ORIGINAL_TABLE = "original_table"  # NoPositions' copy of the table it replaced, saved with the checkpoint
+
+
 class NoPositions(nn.Module):
     """In place of a learned table when positions move into attention (ALiBi, relative bias, RoPE):
     adds nothing. It keeps an empty `weight` ([0, dim]) under the table's name, so stock transformers
     refuses the saved checkpoint (a size mismatch on the table) instead of loading a model whose
-    positions are silently missing."""
+    positions are silently missing, and the table it replaced as `original_table` (unused, and saved), so
+    `hp.unpatch` of a model `hp.from_pretrained` loaded gives the original table back, bit for bit."""
 
     def __init__(self, like: nn.Embedding, *, offset: int, call: str):
         super().__init__()
         self.offset, self.call = offset, call
         self.register_buffer("weight", like.weight.detach().new_zeros(0, like.weight.shape[1]))
+        self.register_buffer(ORIGINAL_TABLE, like.weight.detach())
 
     @property
     def limit(self) -> None:
