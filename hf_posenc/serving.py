@@ -37,8 +37,8 @@ class ExportError(PosEncError, ValueError):
     """A file to export from or to that cannot be used (not a GGUF file, the output is the input, ...)."""
 
 
-def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...]) -> dict | None:
-    record = read_record(as_model(model, f"export to {engine}").config)
+def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: str) -> dict | None:
+    record = read_record(as_model(model, call).config)
     if record is None:
         return None
     method = record["method"]
@@ -65,7 +65,7 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
     patched model from the original checkpoint: the target context and the `rope_parameters`, YaRN's
     `attention_factor` written out. `legacy=True`: as `rope_theta` + `rope_scaling`, for engines built
     on transformers 4 (vLLM releases of that time read only those). {} for an unpatched model."""
-    record = _patch(model, "vLLM", STOCK_METHODS)
+    record = _patch(model, "vLLM", STOCK_METHODS, "serving_overrides")
     if record is None:
         return {}
     text = model.config.get_text_config()
@@ -95,7 +95,7 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
     """llama.cpp command-line flags (llama-cli, llama-server) that run the patched model from the
     original GGUF file: the new rope base, or the scaling type, factor, original context, YaRN's betas
     and its attention factor in llama.cpp's terms (divided by its built-in 0.1 ln s + 1)."""
-    record = _patch(model, "llama.cpp", LLAMA_CPP_METHODS)
+    record = _patch(model, "llama.cpp", LLAMA_CPP_METHODS, "llama_cpp_args")
     if record is None:
         return []
     text = model.config.get_text_config()
@@ -136,7 +136,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     reads them. YaRN's betas and attention factor are read from the file by only some of llama.cpp's
     architectures, so a YaRN patch that needs other values than llama.cpp's defaults is refused here
     (run the original file with `llama_cpp_args(model)` instead)."""
-    record = _patch(model, "GGUF", LLAMA_CPP_METHODS)
+    record = _patch(model, "GGUF", LLAMA_CPP_METHODS, "write_gguf")
     if record is None:
         return {}
     text = model.config.get_text_config()
