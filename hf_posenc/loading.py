@@ -82,13 +82,15 @@ def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
 
 
 def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
-    """The model's skeleton on the meta device: its modules and config, no weights (instant)."""
+    """The model's skeleton on the meta device: its modules and config, no weights (instant), in eval
+    mode as from_pretrained gives it."""
     import torch
 
     config = load_config(ref, gguf_file=gguf_file)
     cls = _auto_class("", {}, None, config)
     with torch.device("meta"):
-        return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    return model.eval()
 
 
 def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):

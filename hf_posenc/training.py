@@ -106,6 +106,7 @@ class TrainArgs:
     keep_checkpoints: int = 2
     report_to: Optional[str] = None       # accelerate tracker: tensorboard, wandb, all, ...
     stop_after_steps: Optional[int] = None  # stop (as if killed) after this many steps; for testing resume
+    loss_chunk: int = 1024                # causal LMs: output layer + loss this many positions at a time (0: all)
 
     def __post_init__(self):
         if self.objective not in ("lm", "distill"):
@@ -125,6 +126,7 @@ class TrainArgs:
         _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
               f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
         _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        _need(self.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: the full logits at once), got {self.loss_chunk}")
         _need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
                                           f"got {self.keep_checkpoints}")
         _need(self.stop_after_steps is None or self.stop_after_steps >= 1,
@@ -770,29 +772,7 @@ def collate(pad_id: int):
 
 
 # ------------------------------------------------------------------------------------------ objectives
-def lm_loss(model, batch) -> torch.Tensor:
-    """Mean next-token loss over the real (unpadded) tokens."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-
-
-def distill_loss(model, teacher, batch, *, causal: bool, temperature: float = 1.0) -> torch.Tensor:
-    """Match the unpatched model on the same tokens: KL(teacher || student) on the logits of a causal
-    LM; for an encoder, MSE on the output of every layer, averaged (a denser signal than the last
-    layer alone: MiniLM heals to 0.957 instead of 0.942 in the same steps); padding excluded."""
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    mask = batch["attention_mask"].bool()
-    extra = {"use_cache": False} if causal else {"output_hidden_states": True}
-    with torch.no_grad():
-        target = teacher(**inputs, **extra)
-    out = model(**inputs, **extra)
-    if causal:
-        t = F.log_softmax(target.logits[mask].float() / temperature, -1)
-        s = F.log_softmax(out.logits[mask].float() / temperature, -1)
-        return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
-    pairs = list(zip(out.hidden_states[1:], target.hidden_states[1:]))   # [0]: the embeddings, positions differ
-    return sum(F.mse_loss(s[mask].float(), t[mask].float()) for s, t in pairs) / len(pairs)
+# lm_loss, distill_loss and their chunked forms: hf_posenc/losses.py (TrainingLoss)
 
 
 # ------------------------------------------------------------------------------------------ evaluation

@@ -29,6 +29,7 @@ from transformers import get_scheduler
 
 import hf_posenc as hp
 from hf_posenc import training as T
+from hf_posenc.losses import TrainingLoss, output_logits_mismatch
 
 
 def main(argv=None):
@@ -77,6 +78,14 @@ def main(argv=None):
     n_train, n_total = T.select_trainable(model, "all")
     accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
                       f"trainable parameters: {n_train:,} of {n_total:,}")
+    # The objective inside the module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)
+    chunk = cfg.train.loss_chunk if plan.causal else 0
+    why = chunk and output_logits_mismatch(model)
+    if why:
+        accelerator.print(f"warning: train.loss_chunk off for this model ({why}): the full logits are used")
+        chunk = 0
+    objective = TrainingLoss(model, objective=cfg.train.objective, causal=plan.causal, chunk=chunk,
+                             temperature=cfg.train.temperature)
 
     # 5. Evaluation before training (optional).
     before = T.evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
@@ -88,7 +97,7 @@ def main(argv=None):
                                   fused=accelerator.device.type == "cpu")   # CPU: one kernel, not a loop over tensors
     scheduler = get_scheduler(cfg.train.scheduler, optimizer, num_warmup_steps=cfg.train.warmup_steps,
                               num_training_steps=cfg.train.steps)
-    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    objective, optimizer, dataloader = accelerator.prepare(objective, optimizer, dataloader)
     accelerator.register_for_checkpointing(scheduler)   # stepped once per optimizer step, by hand below
     if cfg.train.report_to:
         accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
@@ -110,7 +119,7 @@ def main(argv=None):
     batches = micro_batches(start_step * cfg.train.grad_accum)
 
     # 8. Train: grad_accum micro-batches per optimizer step, under accelerator.accumulate.
-    model.train()
+    objective.train()
     bar = tqdm(total=cfg.train.steps, initial=start_step, disable=not accelerator.is_local_main_process,
                desc="finetune")
     for step in range(start_step + 1, cfg.train.steps + 1):
@@ -118,18 +127,14 @@ def main(argv=None):
         for micro in range(cfg.train.grad_accum):
             batch = next(batches)
             torch.manual_seed(T.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
-            with accelerator.accumulate(model):
-                if cfg.train.objective == "lm":
-                    loss = T.lm_loss(model, batch)
-                else:
-                    loss = T.distill_loss(model, teacher, batch, causal=plan.causal,
-                                          temperature=cfg.train.temperature)
+            with accelerator.accumulate(objective):
+                loss = objective(batch["input_ids"], batch["attention_mask"], teacher=teacher)
                 accelerator.backward(loss)
                 losses.append(loss.detach())
                 if accelerator.sync_gradients:
                     stop_if_diverged(accelerator, losses, step, cfg, bar)   # before a NaN reaches the weights
                     if cfg.train.max_grad_norm:
-                        accelerator.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                        accelerator.clip_grad_norm_(objective.parameters(), cfg.train.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
             tokens += int(batch["attention_mask"].sum())
@@ -139,7 +144,7 @@ def main(argv=None):
         record = {"step": step, "loss": step_loss, "tokens": tokens, "lr": scheduler.get_last_lr()[0],
                   "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": T.peak_memory_mb()}
         if cfg.eval.every and step % cfg.eval.every == 0 and accelerator.is_main_process:
-            record.update(T.evaluate(accelerator.unwrap_model(model), tokenizer, cfg, plan, teacher))
+            record.update(T.evaluate(model, tokenizer, cfg, plan, teacher))
         log.write(record)
         if cfg.train.report_to:
             accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
@@ -166,11 +171,12 @@ def main(argv=None):
 
     # 10. Final model, saved the hf_posenc way (stock-loadable config), tokenizer, evaluation, model card.
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(objective).model
     if cfg.train.lora:
         final, state_dict = unwrapped.merge_and_unload(), None
-    else:
-        final, state_dict = unwrapped, accelerator.get_state_dict(model)
+    else:   # the wrapper's state dict, its "model." prefix off
+        state_dict = accelerator.get_state_dict(objective)
+        final, state_dict = unwrapped, state_dict and {k.removeprefix("model."): v for k, v in state_dict.items()}
     if accelerator.is_main_process:
         final.save_pretrained(cfg.output_dir, state_dict=state_dict)
         tokenizer.save_pretrained(cfg.output_dir)

@@ -1,0 +1,160 @@
+"""The fine-tuning objectives, as one module the accelerate wrapper runs.
+
+A causal LM's float logits over its vocabulary are most of a long-context training step's memory
+(SmolLM2: 49k entries, ~0.4 MiB a token in float32, more for their gradient and the softmax). With
+`chunk` set, the output layer and the loss (cross-entropy, or the distillation KL) run `chunk` positions
+at a time, each block recomputed in the backward pass (activation checkpointing), so the logits of the
+whole sequence never exist. Same loss and gradients as the full computation (tests/test_losses.py).
+
+`TrainingLoss` wraps the model so that `accelerator.prepare` wraps the loss as well: DDP and FSDP see
+one forward that returns the loss, and their hooks stay in charge of the gradients."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over the real (unpadded) tokens, from the full logits."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                 causal: bool, temperature: float = 1.0) -> torch.Tensor:
+    """Match the unpatched model on the same tokens: KL(teacher || student) on the logits of a causal
+    LM; for an encoder, MSE on the output of every layer, averaged (a denser signal than the last
+    layer alone: MiniLM heals to 0.957 instead of 0.942 in the same steps); padding excluded."""
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    mask = attention_mask.bool()
+    extra = {"use_cache": False} if causal else {"output_hidden_states": True}
+    with torch.no_grad():
+        target = teacher(**inputs, **extra)
+    out = model(**inputs, **extra)
+    if causal:
+        t = F.log_softmax(target.logits[mask].float() / temperature, -1)
+        s = F.log_softmax(out.logits[mask].float() / temperature, -1)
+        return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
+    pairs = list(zip(out.hidden_states[1:], target.hidden_states[1:]))   # [0]: the embeddings, positions differ
+    return sum(F.mse_loss(s[mask].float(), t[mask].float()) for s, t in pairs) / len(pairs)
+
+
+# -- the output layer a block at a time -------------------------------------------------------------------
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The transformers model itself (a PEFT wrapper's LoRA layers sit inside it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden states, before the output layer: the model's base (decoder) module."""
+    return _inner(model).base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    use_cache=False).last_hidden_state
+
+
+def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """What the causal LM's forward makes of `hidden`: the output layer, then the families' own scalings
+    (Gemma 2/3's soft-capping, Cohere's logit_scale, Granite's logits_scaling)."""
+    inner = _inner(model)
+    config = inner.config.get_text_config()
+    logits = inner.get_output_embeddings()(hidden)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(inner, "logit_scale", None)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        logits = logits * scale
+    divisor = getattr(config, "logits_scaling", None)
+    if divisor:
+        logits = logits / divisor
+    return logits
+
+
+@torch.no_grad()
+def output_logits_mismatch(model: nn.Module, length: int = 8) -> str | None:
+    """Why `output_logits` does not rebuild this model's logits (a tiny forward compared both ways: its
+    forward does more to them than the scalings known here), or None when it does."""
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        vocab = _inner(model).config.get_text_config().vocab_size
+        ids = torch.arange(3, 3 + length, device=device)[None] % vocab
+        mask = torch.ones_like(ids)
+        full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        ours = output_logits(model, hidden_states(model, ids, mask)).float()
+    except (AttributeError, TypeError) as err:  # no base model / output layer where transformers keeps them
+        return f"{type(err).__name__}: {err}"
+    finally:
+        model.train(was_training)
+    if torch.allclose(ours, full, rtol=1e-3, atol=1e-3 * full.abs().max().item()):
+        return None
+    return f"the logits rebuilt from the hidden states differ by up to {(ours - full).abs().max().item():.3g}"
+
+
+def _blocks(length: int, chunk: int) -> list[slice]:
+    return [slice(a, min(a + chunk, length)) for a in range(0, length, chunk)]
+
+
+def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    chunk: int) -> torch.Tensor:
+    """`lm_loss`, `chunk` positions of logits at a time."""
+    hidden = hidden_states(model, input_ids, attention_mask)[:, :-1]
+    labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
+
+    def block_sum(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = output_logits(model, h).float()
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+
+    total = sum(checkpoint(block_sum, hidden[:, b], labels[:, b], use_reentrant=False)
+                for b in _blocks(hidden.shape[1], chunk))
+    return total / (labels != -100).sum().clamp(min=1)
+
+
+def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor, chunk: int, temperature: float = 1.0) -> torch.Tensor:
+    """`distill_loss` of a causal LM, `chunk` positions of both models' logits at a time."""
+    with torch.no_grad():
+        target = hidden_states(teacher, input_ids, attention_mask)
+    hidden = hidden_states(model, input_ids, attention_mask)
+    mask = attention_mask.bool()
+
+    def block_sum(h: torch.Tensor, t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            p = F.log_softmax(output_logits(teacher, t[m]).float() / temperature, -1)
+        q = F.log_softmax(output_logits(model, h[m]).float() / temperature, -1)
+        return F.kl_div(q, p, log_target=True, reduction="sum")
+
+    total = sum(checkpoint(block_sum, hidden[:, b], target[:, b], mask[:, b], use_reentrant=False)
+                for b in _blocks(hidden.shape[1], chunk))
+    return total / mask.sum().clamp(min=1) * temperature ** 2
+
+
+class TrainingLoss(nn.Module):
+    """The model with its objective: `forward(input_ids, attention_mask, teacher=None)` returns the loss.
+    `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. The teacher of `distill`
+    is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
+
+    def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
+                 temperature: float = 1.0):
+        super().__init__()
+        self.model, self.objective, self.causal = model, objective, causal
+        self.chunk, self.temperature = chunk if causal else 0, temperature
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None):
+        if self.objective == "lm":
+            if self.chunk:
+                return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk)
+            return lm_loss(self.model, input_ids, attention_mask)
+        if self.chunk:
+            return chunked_distill_loss(self.model, teacher, input_ids, attention_mask, self.chunk,
+                                        self.temperature)
+        return distill_loss(self.model, teacher, input_ids, attention_mask, causal=self.causal,
+                            temperature=self.temperature)
+
+    def extra_repr(self) -> str:
+        return f"objective={self.objective!r}, chunk={self.chunk}"
