@@ -20,7 +20,7 @@ import yaml
 
 from . import api, assets, loading
 from .config import parse_params
-from .errors import PosEncError
+from .errors import MethodNotApplicableError, PosEncError
 from .registry import list_methods
 
 INPUT_ERRORS = (PosEncError, ValueError, OSError, yaml.YAMLError)  # what a user's input can cause
@@ -123,6 +123,22 @@ def _input_paths(ref: str, gguf_file: str | None) -> list[Path]:
     return [path / gguf_file if gguf_file else path] if path.exists() else []
 
 
+def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> str:
+    """The model's positional mechanism from its config alone (no weights), each of `methods` checked to
+    apply to it: these refusals come before the weights load."""
+    from .registry import find_family, get_method, methods_for
+
+    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    mechanism = find_family(skeleton).mechanism
+    for method in methods:
+        if mechanism not in get_method(method).mechanisms:
+            raise MethodNotApplicableError(
+                f"method {method!r} applies to {'/'.join(get_method(method).mechanisms)} positions, but this "
+                f"{skeleton.config.model_type} model uses {mechanism} positions; methods that apply: "
+                f"{', '.join(methods_for(mechanism))}")
+    return mechanism
+
+
 def _names(value: str | None, flag: str, default: tuple[str, ...]) -> tuple[str, ...]:
     if value is None:
         return default
@@ -179,6 +195,7 @@ def cmd_patch(args) -> None:
     out = output_folder(args.out, "--out", _input_paths(ref, args.gguf_file), replaces=True)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
+    model_mechanism(ref, args.gguf_file, [args.method])
     model = loading.load_model(ref, gguf_file=args.gguf_file)
     api.patch(model, args.method, **params)
     try:
@@ -239,13 +256,13 @@ def cmd_plot(args) -> None:
                          f"{', '.join(assets.shakespeare_plays())}")
     ref = model_ref(args.model, args.gguf_file)
     output_folder(args.out, "--out", _input_paths(ref, args.gguf_file))
-    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
-    mechanism = analysis.mechanism(model)
-    wanted = [w for group in asked for w in (analysis.plots_for(model) if group == "all" else [group])]
+    mechanism = model_mechanism(ref, args.gguf_file)
+    wanted = [w for group in asked for w in (analysis.PLOTS_FOR[mechanism] if group == "all" else [group])]
     for what in wanted:
         if what not in analysis.PLOTS_FOR[mechanism]:
-            raise UsageError(f"the {what} plot does not apply to this {model.config.model_type} model's "
-                             f"{mechanism} positions; plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+            raise UsageError(f"the {what} plot does not apply to this model's {mechanism} positions; plots that "
+                             f"do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
     results = []
     for what in wanted:
         if what == "table":

@@ -194,11 +194,14 @@ def check_args(args: EvalArguments) -> None:
          "grid needs tune_length (or perplexity_lengths, whose longest is the default)")
 
 
-def check_paths(args: EvalArguments) -> str:
-    """The model reference (checked like the CLI's), and output_dir neither a file nor an input."""
+def check_model_and_paths(args: EvalArguments) -> str:
+    """The model reference (checked like the CLI's) and, from its config alone, that every variant's method
+    applies to it; output_dir neither a file nor an input. Returns the reference."""
     ref = cli.model_ref(args.model)
     inputs = [p for p in (Path(ref), Path(args.corpus)) if p.is_dir()]
     cli.output_folder(args.output_dir, "output_dir", inputs)
+    methods = {spec.split()[0] for spec in [*args.variants, *args.grid]} - {hpe.variants.NONE}
+    cli.model_mechanism(ref, methods=sorted(methods))
     return ref
 
 
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(args: EvalArguments) -> dict:
-    ref = check_paths(args)
+    ref = check_model_and_paths(args)
     out = Path(args.output_dir)
     results_path = out / "results.json"
     config = dataclasses.asdict(args)

@@ -19,16 +19,19 @@ NONE = "none"
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
-    """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name is checked."""
+    """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name and the parameters given are
+    checked (before any model is loaded)."""
+    if not spec.split():
+        raise ValueError(f"variant {spec!r} is empty; give 'none' or a method with parameters ('yarn beta_fast=16')")
     name, *pairs = spec.split()
-    if name != NONE:
-        get_method(name)
     try:
         params = parse_params(pairs)
     except InvalidParameterError as err:
         raise ValueError(f"variant {spec!r}: {err}") from None
     if name == NONE and params:
         raise ValueError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
+    if name != NONE:
+        get_method(name).from_dict(params)
     return name, params
 
 
