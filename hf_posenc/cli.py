@@ -123,9 +123,9 @@ def _input_paths(ref: str, gguf_file: str | None) -> list[Path]:
     return [path / gguf_file if gguf_file else path] if path.exists() else []
 
 
-def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> str:
-    """The model's positional mechanism from its config alone (no weights), each of `methods` checked to
-    apply to it: these refusals come before the weights load."""
+def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple[str, str]:
+    """(positional mechanism, model type) from the model's config alone (no weights), each of `methods`
+    checked to apply to it: these refusals come before the weights load."""
     from .registry import find_family, get_method, methods_for
 
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
@@ -136,7 +136,7 @@ def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> str:
                 f"method {method!r} applies to {'/'.join(get_method(method).mechanisms)} positions, but this "
                 f"{skeleton.config.model_type} model uses {mechanism} positions; methods that apply: "
                 f"{', '.join(methods_for(mechanism))}")
-    return mechanism
+    return mechanism, skeleton.config.model_type
 
 
 def _names(value: str | None, flag: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -256,12 +256,12 @@ def cmd_plot(args) -> None:
                          f"{', '.join(assets.shakespeare_plays())}")
     ref = model_ref(args.model, args.gguf_file)
     output_folder(args.out, "--out", _input_paths(ref, args.gguf_file))
-    mechanism = model_mechanism(ref, args.gguf_file)
+    mechanism, model_type = model_mechanism(ref, args.gguf_file)
     wanted = [w for group in asked for w in (analysis.PLOTS_FOR[mechanism] if group == "all" else [group])]
     for what in wanted:
         if what not in analysis.PLOTS_FOR[mechanism]:
-            raise UsageError(f"the {what} plot does not apply to this model's {mechanism} positions; plots that "
-                             f"do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+            raise UsageError(f"the {what} plot does not apply to this {model_type} model's {mechanism} positions; "
+                             f"plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
     model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
     results = []
     for what in wanted:

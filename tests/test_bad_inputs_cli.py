@@ -138,7 +138,7 @@ CLI_CASES = [
     ("plot-missing-model", ["plot", "/missing/path", "--out", "{out}"], r"model '/missing/path': no such file"),
     ("plot-out-is-a-file", ["plot", "{root}/llama", "--out", "{root}/afile"], r"--out .*afile is a file"),
     ("plot-out-inside-the-input", ["plot", "{root}/llama", "--out", "{root}/llama/plots"], r"lies inside the input"),
-    ("plot-table-on-rope", [*PLOT, "--what", "table"], r"the table plot does not apply to this model's rope positions"),
+    ("plot-table-on-rope", [*PLOT, "--what", "table"], r"the table plot does not apply to this llama model's rope positions"),
     ("demo-negative-tokens", [*DEMO, "--tokens=-5"], r"tokens must be >= 2 .*got -5"),
     ("demo-zero-tokens", [*DEMO, "--tokens", "0"], r"tokens must be >= 2 .*got 0"),
     ("demo-huge-tokens", [*DEMO, "--tokens", "100000000"], r"--tokens 100000000 is past the model's context \(64\)"),

@@ -112,7 +112,7 @@ def test_strided_perplexity_puts_the_bos_before_every_window(model, stride):
     if stride == 9:  # plain chunks of 9: each scored from its own [BOS] + chunk
         nll = [n for begin in range(0, 30, 9) for n in prefix_nll(model, [BOS, *text[begin:begin + 9]])]
         assert out["nll"] == pytest.approx(sum(nll) / 30, rel=1e-5)
-    with pytest.raises(ValueError, match=r"stride must be in 1\.\.9 \(the text tokens of a window of 10\), got 10"):
+    with pytest.raises(ValueError, match=r"stride must be in 1\.\.window - 1 \(9: the BOS takes a position\), got 10"):
         hpe.strided_perplexity(model, text, window=10, stride=10, bos=BOS)
     assert hpe.strided_perplexity(model, text, window=10, stride=stride, progress=False)["tokens"] == 29
 

@@ -143,7 +143,8 @@ def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, wind
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
     if not 0 < stride <= span:
-        raise ValueError(f"stride must be in 1..{span} (the text tokens of a window of {window}), got {stride}")
+        allowed = f"1..window - 1 ({span}: the BOS takes a position)" if has_bos else f"1..window ({window})"
+        raise ValueError(f"stride must be in {allowed}, got {stride}")
     ids = torch.as_tensor(input_ids)
     if len(ids) < 2:
         raise ValueError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
