@@ -43,6 +43,8 @@ def refusals():
         yield
     except INPUT_ERRORS as err:
         refuse(err)
+    except OverflowError as err:  # a number so large that a context computed from it overflows
+        refuse(f"a number given is too large to use ({err})")
 
 
 class ArgumentParser(argparse.ArgumentParser):

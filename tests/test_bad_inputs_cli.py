@@ -121,6 +121,8 @@ CLI_CASES = [
      r"unknown parameter\(s\) \['betafast'\] for method 'yarn'; allowed: .*beta_fast"),
     ("patch-factor-zero", [*PATCH, "--factor", "0", "--out", "{out}"], r"factor must be > 0, got 0"),
     ("patch-factor-nan", [*PATCH, "--factor", "nan", "--out", "{out}"], r"factor must be finite, got nan"),
+    ("patch-factor-overflow", [*PATCH, "--factor", "1e308", "--out", "{out}"],
+     r"a number given is too large to use \(cannot convert float infinity to integer\)"),
     ("patch-factor-abc", [*PATCH, "--factor", "abc", "--out", "{out}"], r"argument --factor: invalid float value: 'abc'"),
     ("patch-negative-context", [*PATCH, "--max-position-embeddings", "-5", "--out", "{out}"],
      r"max_position_embeddings must be > 0, got -5"),
@@ -221,7 +223,8 @@ EVAL_CASES = [
 AFTER_LOADING = {"missing-corpus", "passkey-too-short", "documents-too-short"}
 
 
-CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey"}  # the text: progress bars
+# refused after reading the text or the weights (their progress bars come first)
+CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey", "patch-factor-overflow"}
 
 
 def check_refusal(run, argv, pattern, root, capsys, *, alone=True):
