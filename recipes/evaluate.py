@@ -10,8 +10,8 @@ Every field of EvalArguments is a YAML key and a command-line flag (the flag win
 "none" (the model as loaded) or a method with parameters ("yarn", "yarn beta_fast=16"); each runs at
 every target in max_position_embeddings (several targets make a sweep). Documents and prompts start as
 the tokenizer starts an input (framing: BOS first for Llama, Gemma, Mistral), recorded in results.json.
-Every value is checked before anything loads or is written: a refusal is one line `error: ...` and exit
-code 2."""
+A configuration that cannot run is refused before anything is written (most of it before the model
+loads): one line `error: ...` on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -122,16 +122,13 @@ def read_config(path: str) -> dict:
     fields = {f.name for f in dataclasses.fields(EvalArguments)}
     unknown = sorted(set(values) - fields, key=str)
     if unknown:
-        raise EvalConfigError(f"{path}: unknown key(s) {unknown}; the keys are: {', '.join(fields_in_order())}")
+        raise EvalConfigError(f"{path}: unknown key(s) {unknown}; the keys are: "
+                              f"{', '.join(f.name for f in dataclasses.fields(EvalArguments))}")
     hints = typing.get_type_hints(EvalArguments)
     for key, value in values.items():
         if not _is_a(value, hints[key]):
             raise EvalConfigError(f"{path}: {key} must be {_type_name(hints[key])}, got {value!r}")
     return values
-
-
-def fields_in_order() -> list[str]:
-    return [f.name for f in dataclasses.fields(EvalArguments)]
 
 
 def _is_a(value, hint) -> bool:
@@ -270,9 +267,9 @@ def take(docs: list, length: int, count: int, field_name: str, corpus: str) -> t
     if len(chosen) < count:
         short = [f"{name} ({len(ids)})" for name, ids in docs if len(ids) < length]
         listed = ", ".join(short[:10]) + (f" and {len(short) - 10} more" if len(short) > 10 else "")
-        raise EvalConfigError(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} tokens, "
-                         f"{len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use a shorter "
-                         f"length, fewer documents, or a corpus with longer ones")
+        raise EvalConfigError(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} "
+                              f"tokens, {len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use "
+                              f"a shorter length, fewer documents, or a corpus with longer ones")
     return chosen, docs[last + 1:]
 
 
@@ -323,8 +320,8 @@ def check_lengths(model, args: EvalArguments, plan: list[tuple[str, str, int]]) 
             try:
                 hp.check_length(model, longest)
             except hp.SequenceTooLongError as err:
-                raise EvalConfigError(f"variant {label!r} cannot take the {longest} tokens this configuration asks "
-                                 f"for: {err}") from None
+                raise EvalConfigError(f"variant {label!r} cannot take the {longest} tokens this configuration "
+                                      f"asks for: {err}") from None
 
 
 def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
@@ -344,7 +341,8 @@ def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
         return saved
     if not args.overwrite:
         why = "another configuration" if same(saved.get("config", {})) != same(config) else "results (resume is off)"
-        raise EvalConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another --output_dir")
+        raise EvalConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another "
+                              f"--output_dir")
     print(f"{path}: replaced (--overwrite)", file=sys.stderr)
     return {}
 
