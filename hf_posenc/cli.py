@@ -1,33 +1,174 @@
-"""The `hf-posenc` command: methods, inspect, patch, demo, plot."""
+"""The `hf-posenc` command: methods, inspect, patch, demo, plot.
+
+Every refusal (a bad argument, a path that is not there, a method that does not apply) ends the command
+with one line `error: ...` on stderr and exit code 2, before anything is written; other exceptions are
+bugs and keep their traceback."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
+from typing import NoReturn
+
+import yaml
 
 from . import api, assets, loading
 from .config import parse_params
-from .errors import InvalidParameterError, PosEncError
+from .errors import MethodNotApplicableError, PosEncError
 from .registry import list_methods
 
+INPUT_ERRORS = (PosEncError, ValueError, OSError, yaml.YAMLError)  # what a user's input can cause
 
-def _params(pairs: list[str]) -> dict:
+
+class UsageError(ValueError):
+    """A command-line value the command cannot use; the message names it and says what is allowed."""
+
+
+def refuse(err: object) -> NoReturn:
+    """One line `error: ...` on stderr and exit code 2 (argparse's code for a usage error)."""
+    print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def refusals():
+    """Input errors raised inside the block end the program as `refuse` does (for the CLI and the recipes)."""
     try:
-        return {key.replace("-", "_"): value for key, value in parse_params(pairs or []).items()}
-    except InvalidParameterError as err:
-        raise SystemExit(f"--param: {err}") from None
+        yield
+    except INPUT_ERRORS as err:
+        refuse(err)
+    except OverflowError as err:  # a number so large that a context computed from it overflows
+        refuse(f"a number given is too large to use ({err})")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own refusals: one line too
+        refuse(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def model_ref(ref: str, gguf_file: str | None = None) -> str:
+    """The model argument, aliases resolved, checked before anything loads: a local path must be a model
+    folder (config.json, or the file --gguf-file names) or a .gguf file. A hub id passes through."""
+    if not ref.strip():
+        raise UsageError("the model is empty; give a hub id, a folder, a .gguf file, or smollm2 / minilm")
+    ref = assets.resolve_alias(ref)
+    path = Path(ref).expanduser()
+    # hub ids are NAME or ORG/NAME; anything else is a path
+    if not (path.exists() or ref.startswith((".", "/", "~")) or ref.endswith(".gguf") or ref.count("/") > 1):
+        return ref
+    if not path.exists():
+        raise UsageError(f"model {ref!r}: no such file or folder")
+    if path.is_file():
+        if path.suffix != ".gguf" or gguf_file:
+            raise UsageError(f"model {ref!r} is a file; give a model folder (with config.json) or a .gguf file")
+    elif gguf_file:
+        if not (path / gguf_file).is_file():
+            raise UsageError(f"--gguf-file {gguf_file!r}: no such file in {ref}")
+    elif not (path / "config.json").is_file():
+        raise UsageError(f"model folder {ref!r} has no config.json: not a Hugging Face model folder")
+    return str(path)
+
+
+def output_folder(out: str, flag: str, inputs=(), *, replaces: bool = False) -> Path:
+    """`out` as a folder to write to, checked before anything loads: not a file, not under a file, not an
+    input nor inside one, and (when `replaces`: the folder is replaced whole) containing no input nor the
+    current folder."""
+    if not out.strip():
+        raise UsageError(f"{flag} is empty; name a folder")
+    path = Path(out).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {out} is a file; name a folder")
+    blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UsageError(f"{flag} {out} lies under {blocked}, which is a file")
+    for source in inputs:
+        source = Path(source).expanduser().resolve()
+        if path == source or source in path.parents:
+            raise UsageError(f"{flag} {out} is or lies inside the input {source}; write somewhere else")
+        if replaces and path in source.parents:
+            raise UsageError(f"{flag} {out} contains the input {source}, which replacing it would delete; "
+                             f"write somewhere else")
+    if replaces and (path == Path.cwd() or path in Path.cwd().parents):
+        raise UsageError(f"{flag} {out} is or contains the current folder; name a new folder")
+    return path
+
+
+@contextlib.contextmanager
+def replacing(out: Path):
+    """A fresh folder beside `out` to write into; when the block succeeds it takes `out`'s place by renames,
+    so `out` never mixes old and new files (a previous model's tokenizer, shards or index), and a failed
+    write leaves `out` as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _input_paths(ref: str, gguf_file: str | None) -> list[Path]:
+    """The local files a command reads: the model folder, or the .gguf file (a sibling folder is fine)."""
+    path = Path(ref)
+    return [path / gguf_file if gguf_file else path] if path.exists() else []
+
+
+def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple[str, str]:
+    """(positional mechanism, model type) from the model's config alone (no weights), each of `methods`
+    checked to apply to it: these refusals come before the weights load."""
+    from .registry import find_family, get_method, methods_for
+
+    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    mechanism = find_family(skeleton).mechanism
+    for method in methods:
+        if mechanism not in get_method(method).mechanisms:
+            raise MethodNotApplicableError(
+                f"method {method!r} applies to {'/'.join(get_method(method).mechanisms)} positions, but this "
+                f"{skeleton.config.model_type} model uses {mechanism} positions; methods that apply: "
+                f"{', '.join(methods_for(mechanism))}")
+    return mechanism, skeleton.config.model_type
+
+
+def _names(value: str | None, flag: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    if value is None:
+        return default
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        raise UsageError(f"{flag} {value!r} names nothing; give comma-separated names")
+    return names
 
 
 def _method_params(args) -> dict:
-    """--param pairs plus --max-position-embeddings / --factor, as hp.patch keywords."""
-    params = _params(args.param)
-    if args.max_position_embeddings is not None:
-        params["max_position_embeddings"] = args.max_position_embeddings
-    if args.factor is not None:
-        params["factor"] = args.factor
+    """--param pairs plus --max-position-embeddings / --factor, as hp.patch keywords. A key given twice
+    (two --param, or --param and its own flag) is refused: which one should win is not obvious."""
+    params, given = {}, {}
+    for pair in args.param or []:
+        try:
+            ((key, value),) = parse_params([pair]).items()
+        except ValueError as err:
+            raise UsageError(f"--param: {err}") from None
+        key = key.replace("-", "_")
+        if key in params:
+            raise UsageError(f"--param {given[key]} and --param {pair} both set {key}; give it once")
+        params[key], given[key] = value, pair
+    for key, flag in (("max_position_embeddings", "--max-position-embeddings"), ("factor", "--factor")):
+        value = getattr(args, key)
+        if value is not None:
+            if key in params:
+                raise UsageError(f"--param {given[key]} and {flag} {value} both set {key}; give it once")
+            params[key] = value
     return params
 
 
@@ -43,41 +184,56 @@ def cmd_methods(args) -> None:
 
 
 def cmd_inspect(args) -> None:
-    info = api.describe(loading.meta_model(assets.resolve_alias(args.model), gguf_file=args.gguf_file))
+    info = api.describe(loading.meta_model(model_ref(args.model, args.gguf_file), gguf_file=args.gguf_file))
     print(json.dumps(info, indent=2, default=str))
 
 
 def cmd_patch(args) -> None:
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise SystemExit(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
-    params = _method_params(args)
-    # Check method and parameters before loading any weights.
     from .registry import get_method
 
-    get_method(args.method).from_dict(params)
-    ref = assets.resolve_alias(args.model)
+    params = _method_params(args)
+    get_method(args.method).from_dict(params)  # method and parameters, before any loading
+    ref = model_ref(args.model, args.gguf_file)
+    out = output_folder(args.out, "--out", _input_paths(ref, args.gguf_file), replaces=True)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
+    model_mechanism(ref, args.gguf_file, [args.method])
     model = loading.load_model(ref, gguf_file=args.gguf_file)
     api.patch(model, args.method, **params)
-    model.save_pretrained(out)
     try:
-        loading.load_tokenizer(ref, gguf_file=args.gguf_file).save_pretrained(out)
+        tokenizer = loading.load_tokenizer(ref, gguf_file=args.gguf_file)
     except (OSError, ValueError) as err:
+        tokenizer = None
         print(f"note: no tokenizer saved ({err})", file=sys.stderr)
+    with replacing(out) as fresh:
+        model.save_pretrained(fresh)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(fresh)
     print(json.dumps(api.describe(model), indent=2, default=str))
-    print(f"saved to {out}")
+    print(f"saved to {args.out}")
 
 
 def cmd_demo(args) -> None:
     from . import demo
 
-    methods = tuple(args.methods.split(",")) if args.methods else demo.DEMO_METHODS
-    long_variants = tuple(args.long_variants.split(",")) if args.long_variants else demo.LONG_VARIANTS
+    methods = _names(args.methods, "--methods", demo.DEMO_METHODS)
+    long_variants = _names(args.long_variants, "--long-variants", demo.LONG_VARIANTS)
+    if args.out is not None:
+        output_folder(args.out, "--out")
+    demo.run(model_ref(args.model), tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
+             long_variants=long_variants, dtype=args.dtype, corpus=args.corpus, out=args.out)
+
+
+def _lengths(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
     try:
-        demo.run(args.model, tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
-                 long_variants=long_variants, dtype=args.dtype, corpus=args.corpus, out=args.out)
-    except ValueError as err:  # a text too short, a bad variant: say it without a traceback
-        raise SystemExit(f"error: {err}") from None
+        lengths = [int(n) for n in value.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 2:
+        raise UsageError(f"--lengths must be comma-separated token counts >= 2 (e.g. 1024,2048), got {value!r}")
+    return lengths
 
 
 def cmd_plot(args) -> None:
@@ -88,21 +244,27 @@ def cmd_plot(args) -> None:
 
     asked = [w for w in args.what.split(",") if w]
     unknown = [w for w in asked if w not in (*analysis.PLOTS, "all")]
-    if unknown:
-        raise SystemExit(f"error: unknown plot(s) {unknown}; known: {', '.join(analysis.PLOTS)}, all")
+    if unknown or not asked:
+        raise UsageError(f"unknown plot(s) {unknown or [args.what]}; known: {', '.join(analysis.PLOTS)}, all")
     params = _method_params(args)
     methods = [m for group in args.method or [] for m in group.split(",") if m]
     for method in methods:  # check names and parameters before loading any weights
         get_method(method).from_dict(params)
-    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
-    ref = assets.resolve_alias(args.model)
-    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
-    mechanism = analysis.mechanism(model)
-    wanted = [w for group in asked for w in (analysis.plots_for(model) if group == "all" else [group])]
+    lengths = _lengths(args.lengths)
+    if args.queries < 1:
+        raise UsageError(f"--queries must be >= 1, got {args.queries}")
+    if {"attention", "all"} & set(asked) and args.play not in assets.shakespeare_plays():
+        raise UsageError(f"--play {args.play!r} is not a play of the shakespeare corpus; plays: "
+                         f"{', '.join(assets.shakespeare_plays())}")
+    ref = model_ref(args.model, args.gguf_file)
+    output_folder(args.out, "--out", _input_paths(ref, args.gguf_file))
+    mechanism, model_type = model_mechanism(ref, args.gguf_file)
+    wanted = [w for group in asked for w in (analysis.PLOTS_FOR[mechanism] if group == "all" else [group])]
     for what in wanted:
         if what not in analysis.PLOTS_FOR[mechanism]:
-            raise SystemExit(f"error: the {what} plot does not apply to this {model.config.model_type} model's "
-                             f"{mechanism} positions; plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+            raise UsageError(f"the {what} plot does not apply to this {model_type} model's {mechanism} positions; "
+                             f"plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
     results = []
     for what in wanted:
         if what == "table":
@@ -129,7 +291,7 @@ def cmd_plot(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-posenc", description=__doc__)
+    parser = ArgumentParser(prog="hf-posenc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="every method, the mechanisms it applies to, its parameters")
@@ -194,10 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
-    try:
+    with refusals():
         args.func(args)
-    except (PosEncError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

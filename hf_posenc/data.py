@@ -6,7 +6,8 @@
     load_corpus("notes/*.txt")                  # local files: .txt (one document per file), .jsonl/.json, .parquet
     load_corpus("wikitext:wikitext-103-raw-v1", split="test")   # anything else: a hub dataset NAME[:CONFIG]
 
-then `tokenize(corpus, tokenizer)` adds "input_ids", and `pack_exact(tokenized, length, eos_token_id=...)`
+then `tokenize(corpus, tokenizer)` adds "input_ids" (each document starting as the tokenizer starts an
+input: BOS first for Llama, Gemma, Mistral), and `pack_exact(tokenized, length, eos_token_id=...)`
 (every token once) or `pack` (equal blocks, the tail dropped) cut the stream of documents, joined by
 EOS, into blocks for training.
 """
@@ -138,10 +139,35 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or any(c in spec for c in "*?[\\") or Path(spec).suffix in FILE_LOADERS
 
 
-def tokenize(corpus: datasets.Dataset, tokenizer, *, min_tokens: int = 0) -> datasets.Dataset:
-    """Adds "input_ids" (no special tokens) and "num_tokens"; keeps documents of at least `min_tokens`."""
+def bos_prefix(tokenizer, bos: bool | str = "auto") -> list[int]:
+    """The token that goes before each document, as a list ([] or [id]). "auto": what the tokenizer itself
+    puts before an input (Llama, Gemma, Mistral: their BOS, which these models always see first and score
+    far worse without; GPT-2, SmolLM2, Qwen: nothing); True: the tokenizer's BOS token; False: nothing."""
+    if bos is True:
+        if tokenizer.bos_token_id is None:
+            raise ValueError("bos=True, but the tokenizer has no BOS token; use bos='auto' or False")
+        return [tokenizer.bos_token_id]
+    if bos is False:
+        return []
+    if bos != "auto":
+        raise ValueError(f"bos must be 'auto', True or False, got {bos!r}")
+    plain, full = tokenizer("a", add_special_tokens=False)["input_ids"], tokenizer("a")["input_ids"]
+    starts = [i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain]
+    head = full[:starts[0]] if starts else full[:1] if full[:1] == [tokenizer.bos_token_id] else []
+    if len(head) > 1:
+        raise ValueError(f"the tokenizer puts {len(head)} tokens {head} before an input, not one BOS token; "
+                         f"pass bos=True (its BOS token) or bos=False (nothing)")
+    return head
+
+
+def tokenize(corpus: datasets.Dataset, tokenizer, *, min_tokens: int = 0, bos: bool | str = "auto") -> datasets.Dataset:
+    """Adds "input_ids" and "num_tokens"; keeps documents of at least `min_tokens` tokens. Each document
+    starts as `bos_prefix(tokenizer, bos)` says (by default as the tokenizer frames an input: BOS first for
+    Llama, Gemma, Mistral); no other special token is added."""
+    prefix = bos_prefix(tokenizer, bos)
+
     def encode(batch):
-        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        ids = [prefix + i for i in tokenizer(batch["text"], add_special_tokens=False)["input_ids"]]
         return {"input_ids": ids, "num_tokens": [len(i) for i in ids]}
 
     tokenized = corpus.map(encode, batched=True, desc="tokenizing")

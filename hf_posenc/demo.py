@@ -27,26 +27,40 @@ LONG_VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn")
 def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
         long_tokens: int = 16384, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "bfloat16",
         corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo", print_fn=print) -> dict:
-    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2."""
+    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2.
+    Everything is checked (the model's config, the text, the retrieval prompt) before the weights load."""
+    from .registry import get_method
+
     for spec in (*methods, *long_variants):  # unknown methods stop here, before loading
-        hpe.parse_variant(spec)
+        name = hpe.parse_variant(spec)[0]
+        if name != hpe.variants.NONE and "rope" not in get_method(name).mechanisms:
+            raise ValueError(f"the demo compares RoPE methods; {name!r} applies to "
+                             f"{'/'.join(get_method(name).mechanisms)} positions")
+    if tokens < 2:
+        raise ValueError(f"tokens must be >= 2 (the comparison inside the context), got {tokens}")
+    if long_tokens < 0 or long_tokens == 1:
+        raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
+    if long_tokens and not long_variants:
+        raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
     started = time.perf_counter()
     ref = assets.resolve_alias(model)
+    info = _demo_model(ref, model)
+    context = info["max_position_embeddings"]
+    target = 2 * context
+    if tokens > context:
+        raise ValueError(f"--tokens {tokens} is past the model's context ({context}); part 1 compares inside it")
+    tokenizer = loading.load_tokenizer(ref)
+    text = data.load_corpus(corpus)[0]["text"]
+    # as the tokenizer frames an input: BOS first for models that always see it (Llama, Gemma, Mistral)
+    ids = torch.tensor(data.bos_prefix(tokenizer) + tokenizer(text, add_special_tokens=False).input_ids)
+    if len(ids) < max(tokens, long_tokens):
+        raise ValueError(f"{corpus} has {len(ids)} tokens; the demo needs {max(tokens, long_tokens)}")
+    trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0) if long_tokens else []
     print_fn(f"loading {Path(ref).name} (a GGUF file not in hf_posenc's cache is de-quantized, ~20 s)")
     # dtype= at loading, not .to(dtype) after it: that would also cast the rotary inv_freq buffer to bfloat16
     lm = loading.load_model(ref, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
-    tokenizer = loading.load_tokenizer(ref)
-    info = api.describe(lm)
-    context = info["max_position_embeddings"]
-    target = 2 * context
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
              f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
-    if tokens > context:
-        raise ValueError(f"--tokens {tokens} is past the model's context ({context}); part 1 compares inside it")
-    text = data.load_corpus(corpus)[0]["text"]
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
-    if len(ids) < max(tokens, long_tokens):
-        raise ValueError(f"{corpus} has {len(ids)} tokens; the demo needs {max(tokens, long_tokens)}")
 
     inside = _inside_context(lm, ids[:tokens], methods, target)
     print_fn(f"\n1. Inside the original context: the first {tokens} tokens of {corpus}\n")
@@ -57,7 +71,6 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     past = {}
     if long_tokens:
         lengths = sorted({n for n in (context // 4, context // 2, context, long_tokens) if 1 < n <= long_tokens})
-        trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)
         past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials)
         print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}, and a passkey "
                  f"hidden halfway through {long_tokens} tokens of filler\n")
@@ -67,6 +80,20 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     print_fn(f"total {time.perf_counter() - started:.0f} s. More: python recipes/evaluate.py --config "
              f"recipes/configs/eval_smollm2.yaml (perplexity curves, passkey, needle)")
     return {"inside": inside, "past": past}
+
+
+def _demo_model(ref: str, name: str) -> dict:
+    """hp.describe of the model from its config alone (no weights); refused unless a causal LM with RoPE."""
+    skeleton = loading.meta_model(ref)
+    info = api.describe(skeleton)
+    causal = skeleton.get_output_embeddings() is not None
+    if info["mechanism"] != "rope" or not causal:
+        kind = "causal LM" if causal else "model without a language-model head"
+        raise ValueError(f"the demo compares RoPE scaling methods, so it needs a causal LM with rotary positions "
+                         f"(Llama, Mistral, Qwen, SmolLM2, ...); {name} is a {info['model_type']} {kind} with "
+                         f"{info['mechanism']} positions. For it: hf-posenc methods (what applies to "
+                         f"{info['mechanism']} positions), hf-posenc patch, hf-posenc plot")
+    return info
 
 
 def _inside_context(model, ids: torch.Tensor, methods, target: int) -> list[dict]:

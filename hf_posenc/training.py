@@ -67,7 +67,7 @@ class DataArgs:
     seq_len: Optional[int] = None         # default: the patched context
     short_share: float = 0.0              # share of sequences cut to short_len (keeps short-context quality)
     short_len: Optional[int] = None       # default: the original context
-    bos: bool = False                     # also put BOS before each document (EOS always follows it)
+    bos: Union[bool, str] = "auto"        # BOS before each document: auto (as the tokenizer starts an input), true, false
     shuffle: bool = True
     cache_dir: Optional[str] = None       # default: $HF_POSENC_CACHE/data
 
@@ -76,6 +76,8 @@ class DataArgs:
             raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
         if not 0.0 <= self.short_share < 1.0:
             raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
+        if not (isinstance(self.bos, bool) or self.bos == "auto"):
+            raise ConfigError(f"data.bos must be auto, true or false, got {self.bos!r}")
         if self.streaming and not self.max_documents:
             raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
         _need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
@@ -721,7 +723,11 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     Call under `accelerator.main_process_first()`: the main process builds, the others load."""
     import datasets
 
-    eos, bos = boundary_ids(tokenizer, args.bos)
+    eos, bos = boundary_ids(tokenizer, args.bos is True)
+    if args.bos is True and bos is None:
+        raise ConfigError("data.bos is true, but the tokenizer has no BOS (nor CLS) token; use auto or false")
+    if args.bos == "auto":  # a causal LM's documents start as its tokenizer starts an input (Llama, Gemma: BOS)
+        bos = next(iter(hdata.bos_prefix(tokenizer)), None) if plan.causal else None
     head, tail = ([], []) if plan.causal else frame_ids(tokenizer)
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
                       "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
@@ -732,7 +738,7 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     if (folder / "dataset_info.json").exists():
         return datasets.load_from_disk(str(folder))
     docs = load_documents(args)
-    tokenized = hdata.tokenize(docs, tokenizer)
+    tokenized = hdata.tokenize(docs, tokenizer, bos=False)  # pack_exact puts the BOS
     extra = len(head) + len(tail)
     packed = hdata.pack_exact(tokenized, plan.seq_len - extra, eos_token_id=eos, bos_token_id=bos,
                               short_share=args.short_share, short_length=plan.short_len and plan.short_len - extra)

@@ -8,7 +8,10 @@ and figures to output_dir.
 
 Every field of EvalArguments is a YAML key and a command-line flag (the flag wins). Variants are
 "none" (the model as loaded) or a method with parameters ("yarn", "yarn beta_fast=16"); each runs at
-every target in max_position_embeddings (several targets make a sweep)."""
+every target in max_position_embeddings (several targets make a sweep). Documents and prompts start as
+the tokenizer starts an input (framing: BOS first for Llama, Gemma, Mistral), recorded in results.json.
+A configuration that cannot run is refused before anything is written (most of it before the model
+loads): one line `error: ...` on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import platform
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 import hf_posenc as hp
-from hf_posenc import assets, data
+from hf_posenc import cli, data
 from hf_posenc import eval as hpe
 
 
@@ -37,6 +41,9 @@ from hf_posenc import eval as hpe
 class EvalArguments:
     model: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
     dtype: str = field(default="bfloat16", metadata={"help": "float32, bfloat16 or float16"})
+    framing: str = field(default="auto", metadata={
+        "help": "what starts each document and prompt: auto (as the tokenizer starts an input: BOS for Llama, "
+                "Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
     attn_implementation: str = "sdpa"
     variants: list[str] = field(default_factory=lambda: ["none", "yarn"],
                                 metadata={"help": "'none' or a method with parameters: 'yarn beta_fast=16'"})
@@ -73,30 +80,126 @@ class EvalArguments:
 
 
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
+DTYPES = ("float32", "bfloat16", "float16")
+FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
+MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid")
+
+
+class EvalConfigError(ValueError):
+    """A configuration the recipe cannot run; raised before the model loads or anything is written."""
+
+
+class ArgumentParser(HfArgumentParser):
+    def error(self, message: str):  # argparse's own refusals: one line, exit code 2, like every other one
+        cli.refuse(f"{message} (see --help)")
 
 
 def parse_args(argv: list[str] | None = None) -> EvalArguments:
-    """YAML (--config) first, then the command line over it."""
-    parser = HfArgumentParser(EvalArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """YAML (--config) first, then the command line over it; every value checked (`check_args`)."""
+    parser = ArgumentParser(EvalArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a YAML file whose keys are the flags below")
-    config = argparse.ArgumentParser(add_help=False)
+    config = ArgumentParser((), add_help=False)
     config.add_argument("--config")
     path = config.parse_known_args(argv)[0].config
     if path:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(EvalArguments)})
-        if unknown:
-            raise SystemExit(f"{path}: unknown key(s) {unknown}; the keys are: "
-                             f"{', '.join(f.name for f in dataclasses.fields(EvalArguments))}")
-        parser.set_defaults(**values)
+        parser.set_defaults(**read_config(path))
     args = parser.parse_args_into_dataclasses(argv)[0]
+    check_args(args)
+    return args
+
+
+def read_config(path: str) -> dict:
+    """The YAML file's keys, each checked against the type of its field."""
+    if not Path(path).is_file():
+        raise EvalConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise EvalConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise EvalConfigError(f"{path} must be a mapping of keys (model: ..., variants: [...]), got {values!r}")
+    fields = {f.name for f in dataclasses.fields(EvalArguments)}
+    unknown = sorted(set(values) - fields, key=str)
+    if unknown:
+        raise EvalConfigError(f"{path}: unknown key(s) {unknown}; the keys are: "
+                              f"{', '.join(f.name for f in dataclasses.fields(EvalArguments))}")
+    hints = typing.get_type_hints(EvalArguments)
+    for key, value in values.items():
+        if not _is_a(value, hints[key]):
+            raise EvalConfigError(f"{path}: {key} must be {_type_name(hints[key])}, got {value!r}")
+    return values
+
+
+def _is_a(value, hint) -> bool:
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_is_a(v, typing.get_args(hint)[0]) for v in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(hint) is list:
+        item = typing.get_args(hint)[0]
+        return f"a list of {names[item].split(' ', 1)[1]}s (YAML [a, b, ...], even for one)"
+    return names[hint]
+
+
+def check_args(args: EvalArguments) -> None:
+    """Every value in range, before anything is loaded or written."""
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise EvalConfigError(message)
+
+    need(args.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    need(args.framing in FRAMINGS, f"framing must be one of {', '.join(FRAMINGS)}, got {args.framing!r}")
+    for name in ("model", "attn_implementation", "corpus", "corpus_split", "text_column", "output_dir"):
+        need(bool(getattr(args, name).strip()), f"{name} is empty")
+    need(bool(args.variants), "variants is empty: nothing to evaluate; give at least one, e.g. [none, yarn]")
+    need(bool(args.max_position_embeddings),
+         "max_position_embeddings is empty: give the target context(s) of the patched variants, e.g. [16384]")
     for spec in args.variants:
         hpe.parse_variant(spec)  # an unknown method stops here, before any loading
     for spec in args.grid:
         hpe.expand_grid(spec)
-    if args.grid and not (args.tune_length or args.perplexity_lengths):
-        raise SystemExit("grid needs tune_length (or perplexity_lengths, whose longest is the default)")
-    return args
+    for name in ("variants", "max_position_embeddings", "grid"):
+        values = getattr(args, name)
+        need(len(set(values)) == len(values), f"{name} lists a value twice: {values}")
+    for name, least in (("max_position_embeddings", 2), ("perplexity_lengths", 2), ("strided_windows", 2),
+                        ("passkey_lengths", 1), ("needle_lengths", 1)):
+        values = getattr(args, name)
+        need(all(v >= least for v in values), f"{name} must hold token counts >= {least}, got {values}")
+    for name in ("perplexity_documents", "tune_documents", "curve_documents", "curve_bucket", "trials"):
+        need(getattr(args, name) >= 1, f"{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("tune_length", "curve_length"):
+        value = getattr(args, name)
+        need(value == 0 or value >= 2, f"{name} must be 0 (off) or a token count >= 2, got {value}")
+    need(args.strided_tokens >= 2, f"strided_tokens must be >= 2, got {args.strided_tokens}")
+    need(0 <= args.strided_stride <= min(args.strided_windows, default=args.strided_stride),
+         f"strided_stride must be 0 (half the window) or in 1..{min(args.strided_windows, default=0)} (the "
+         f"smallest of strided_windows), got {args.strided_stride}")
+    need(all(0 <= d <= 1 for d in args.depths), f"depths must be fractions in [0, 1], got {args.depths}")
+    need(bool(args.depths) or not (args.passkey_lengths or args.needle_lengths),
+         "depths is empty; passkey_lengths / needle_lengths need at least one depth")
+    need(any(getattr(args, name) for name in MEASURES),
+         f"nothing to measure: set at least one of {', '.join(MEASURES)}")
+    need(not args.grid or bool(args.tune_length or args.perplexity_lengths),
+         "grid needs tune_length (or perplexity_lengths, whose longest is the default)")
+
+
+def check_model_and_paths(args: EvalArguments) -> str:
+    """The model reference (checked like the CLI's) and, from its config alone, that every variant's method
+    applies to it; output_dir neither a file nor an input. Returns the reference."""
+    ref = cli.model_ref(args.model)
+    inputs = [p for p in (Path(ref), Path(args.corpus)) if p.is_dir()]
+    cli.output_folder(args.output_dir, "output_dir", inputs)
+    methods = {spec.split()[0] for spec in [*args.variants, *args.grid]} - {hpe.variants.NONE}
+    cli.model_mechanism(ref, methods=sorted(methods))
+    return ref
 
 
 def max_length(args: EvalArguments) -> int:
@@ -116,12 +219,16 @@ def variant_plan(args: EvalArguments) -> list[tuple[str, str, int]]:
 def prepare_data(args: EvalArguments, tokenizer) -> dict:
     """Token ids for each measure, the haystack text, the retrieval trials. With a grid, the first
     tune_documents long enough are the tuning split, and the other perplexity measures read only the
-    documents after them (held out)."""
+    documents after them (held out). Each document and prompt starts as `framing` says (by default as the
+    tokenizer starts an input); the sliding window puts that BOS before every window instead."""
     corpus = data.load_corpus(args.corpus, split=args.corpus_split, text_column=args.text_column)
-    tokenized = data.tokenize(corpus, tokenizer)
+    bos = FRAMINGS[args.framing]
+    prefix = data.bos_prefix(tokenizer, bos)
+    tokenized = data.tokenize(corpus, tokenizer, bos=bos)
     names = corpus["title"] if "title" in corpus.column_names else [f"#{i}" for i in range(len(corpus))]
     docs = list(zip(names, tokenized["input_ids"]))
-    out = {"tune": [], "lengths": [], "curve": [], "strided": [], "trials": {}}
+    out = {"tune": [], "lengths": [], "curve": [], "strided": [], "trials": {},
+           "framing": "bos" if prefix else "none", "bos": prefix[0] if prefix else None}
     if args.grid:
         length = args.tune_length or max(args.perplexity_lengths)
         out["tune"], docs = take(docs, length, args.tune_documents, "tune_documents", args.corpus)
@@ -132,13 +239,20 @@ def prepare_data(args: EvalArguments, tokenizer) -> dict:
         out["curve"], _ = take(docs, args.curve_length, args.curve_documents, "curve_documents", args.corpus)
     if args.strided_windows:
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        stream = [t for _, ids in docs for t in ids + eos]
+        stream = [t for _, ids in docs for t in ids[len(prefix):] + eos]
         out["strided"] = stream[:args.strided_tokens]
+        stride, window = args.strided_stride, min(args.strided_windows)
+        if prefix and stride >= window:
+            raise EvalConfigError(f"strided_stride={stride}: with the BOS before every window, a window of {window} "
+                                  f"holds {window - 1} tokens of text; use a stride of at most {window - 1}")
     for task, lengths in (("passkey", args.passkey_lengths), ("needle", args.needle_lengths)):
         if lengths:  # the needle hides in the corpus text: enough of it for the longest prompt
             haystack = "\n".join(corpus["text"])[:16 * max(lengths)] if task == "needle" else None
-            out["trials"][task] = hpe.make_trials(task, tokenizer, lengths=lengths, depths=args.depths,
-                                                  trials=args.trials, haystack=haystack, seed=args.seed)
+            try:
+                out["trials"][task] = hpe.make_trials(task, tokenizer, lengths=lengths, depths=args.depths,
+                                                      trials=args.trials, haystack=haystack, seed=args.seed, bos=bos)
+            except ValueError as err:
+                raise EvalConfigError(f"{task}_lengths {lengths}: {err}") from None
     return out
 
 
@@ -153,9 +267,9 @@ def take(docs: list, length: int, count: int, field_name: str, corpus: str) -> t
     if len(chosen) < count:
         short = [f"{name} ({len(ids)})" for name, ids in docs if len(ids) < length]
         listed = ", ".join(short[:10]) + (f" and {len(short) - 10} more" if len(short) > 10 else "")
-        raise SystemExit(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} tokens, "
-                         f"{len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use a shorter "
-                         f"length, fewer documents, or a corpus with longer ones")
+        raise EvalConfigError(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} "
+                              f"tokens, {len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use "
+                              f"a shorter length, fewer documents, or a corpus with longer ones")
     return chosen, docs[last + 1:]
 
 
@@ -175,7 +289,7 @@ def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
         res["curve"] = hpe.perplexity_curve(model, inputs["curve"], length=args.curve_length, bucket=args.curve_bucket)
     for window in args.strided_windows:
         res.setdefault("strided", {})[str(window)] = hpe.strided_perplexity(
-            model, inputs["strided"], window=window, stride=args.strided_stride or window // 2)
+            model, inputs["strided"], window=window, stride=args.strided_stride or window // 2, bos=inputs["bos"])
     for task, trials in inputs["trials"].items():
         res[task] = hpe.summarize(trials, hpe.score_trials(model, trials))
     return res
@@ -206,8 +320,8 @@ def check_lengths(model, args: EvalArguments, plan: list[tuple[str, str, int]]) 
             try:
                 hp.check_length(model, longest)
             except hp.SequenceTooLongError as err:
-                raise SystemExit(f"variant {label!r} cannot take the {longest} tokens this configuration asks "
-                                 f"for: {err}") from None
+                raise EvalConfigError(f"variant {label!r} cannot take the {longest} tokens this configuration "
+                                      f"asks for: {err}") from None
 
 
 def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
@@ -215,25 +329,37 @@ def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
     is only replaced with --overwrite (checked before anything is loaded)."""
     if not path.exists():
         return {}
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError as err:
+        saved = err
+    if not isinstance(saved, dict):
+        raise EvalConfigError(f"{path} is not a results file of this recipe ({saved}); remove it or choose "
+                              f"another --output_dir")
     same = lambda c: {k: v for k, v in c.items() if k not in OUTPUT_ONLY}  # noqa: E731
     if args.resume and same(saved.get("config", {})) == same(config):
         return saved
     if not args.overwrite:
         why = "another configuration" if same(saved.get("config", {})) != same(config) else "results (resume is off)"
-        raise SystemExit(f"{path} already holds {why}: pass --overwrite to replace it, or choose another --output_dir")
+        raise EvalConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another "
+                              f"--output_dir")
     print(f"{path}: replaced (--overwrite)", file=sys.stderr)
     return {}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    """The recipe's entry: a refusal is one line `error: ...` on stderr and exit code 2."""
+    with cli.refusals():
+        return run(parse_args(argv))
+
+
+def run(args: EvalArguments) -> dict:
+    ref = check_model_and_paths(args)
     out = Path(args.output_dir)
     results_path = out / "results.json"
     config = dataclasses.asdict(args)
     saved = previous_results(results_path, config, args)
 
-    ref = assets.resolve_alias(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation=args.attn_implementation)
     model = model.to(device).eval()
@@ -244,13 +370,15 @@ def main(argv: list[str] | None = None) -> dict:
     check_lengths(model, args, variant_plan(args) + [(label, point, target) for label, spec, target in grids
                                                        for point in hpe.expand_grid(spec)])
 
-    results = {"config": config, "model": describe(model), "grid": saved.get("grid", {}),
-               "variants": saved.get("variants", {})}
+    results = {"config": config, "model": describe(model), "framing": inputs["framing"],
+               "grid": saved.get("grid", {}), "variants": saved.get("variants", {})}
     results["machine"] = {"date": datetime.date.today().isoformat(), "device": device, "python": platform.python_version(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
                           "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
-    out.mkdir(parents=True, exist_ok=True)
-    save = lambda: results_path.write_text(json.dumps(results, indent=1, default=str))  # noqa: E731
+
+    def save():  # the folder appears with the first result, never empty
+        out.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=1, default=str))
 
     # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)
     plan = variant_plan(args)
@@ -283,6 +411,11 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+FRAMING_NOTE = {"bos": "bos (each document, window and prompt starts with the tokenizer's BOS token, as the model "
+                       "sees an input; the BOS is context, never scored).",
+                "none": "none (documents, windows and prompts are scored as tokenized, with no BOS before them)."}
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3g}" if x == x else "-"
 
@@ -292,7 +425,8 @@ def summary(results: dict, context: int) -> str:
     variants, machine = results["variants"], results["machine"]
     lines = [f"# {results['config']['model']}: positional variants", "",
              f"{machine['date']}, {machine['device']} ({machine['platform']}), torch {machine['torch']}, "
-             f"transformers {machine['transformers']}, {results['config']['dtype']}; original context {context}.", ""]
+             f"transformers {machine['transformers']}, {results['config']['dtype']}; original context {context}.", "",
+             f"Framing: {FRAMING_NOTE[results.get('framing', 'none')]}", ""]
     lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
     if lengths:
         first = next(iter(lengths.values()))

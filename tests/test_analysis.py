@@ -314,10 +314,11 @@ def test_cli_plots_a_rope_and_a_learned_checkpoint(tmp_path, capsys):
         assert (tmp_path / "out" / f"{name}.png").stat().st_size > 5000, name
         assert f"{name}.png" in printed
     assert read_csv(tmp_path / "out" / "table-interpolate.csv")["position"].tolist() == list(range(2 * N))
-    with pytest.raises(SystemExit, match="does not apply to this llama model's rope positions"):
-        main(["plot", str(rope_dir), "--what", "similarity", "--out", str(tmp_path / "out")])
-    with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
-        main(["plot", str(rope_dir), "--what", "decay", "--method", "yarnn", "--out", str(tmp_path / "out")])
+    for argv, message in ((["--what", "similarity"], "does not apply to this llama model's rope positions"),
+                          (["--what", "decay", "--method", "yarnn"], "unknown method 'yarnn'")):
+        with pytest.raises(SystemExit) as exit_:  # one line `error: ...`, exit code 2
+            main(["plot", str(rope_dir), *argv, "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_plots_need_matplotlib_and_the_checks_do_not(tmp_path, monkeypatch):

@@ -39,11 +39,24 @@ def test_patch_saves_a_stock_loadable_checkpoint(checkpoint, tmp_path, capsys):
     assert model(token_ids(200)).logits.shape == (1, 200, 128)
 
 
-def test_patch_refuses_before_loading(checkpoint, tmp_path):
-    with pytest.raises(SystemExit, match="factor must be > 0"):
-        main(["patch", str(checkpoint), "--method", "linear", "--factor", "-1", "--out", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
-        main(["patch", str(checkpoint), "--method", "yarnn", "--factor", "2", "--out", str(tmp_path / "x")])
+def refusal(capsys, argv) -> str:
+    """The one-line refusal (exit code 2) of `hf-posenc argv`."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_patch_refuses_before_loading(checkpoint, tmp_path, capsys):
+    out = str(tmp_path / "x")
+    assert "factor must be > 0" in refusal(capsys, ["patch", str(checkpoint), "--method", "linear", "--factor", "-1",
+                                                    "--out", out])
+    assert "unknown method 'yarnn'" in refusal(capsys, ["patch", str(checkpoint), "--method", "yarnn", "--factor", "2",
+                                                        "--out", out])
     assert not (tmp_path / "x").exists()
-    with pytest.raises(SystemExit, match="exists and is not empty; pass --overwrite"):
-        main(["patch", str(checkpoint), "--method", "linear", "--factor", "2", "--out", str(checkpoint)])
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    assert "exists and is not empty; pass --overwrite" in refusal(
+        capsys, ["patch", str(checkpoint), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "full")])

@@ -3,6 +3,7 @@ saved with a byte-level tokenizer and a corpus of local text files."""
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_recipe_config_yaml_then_command_line(tmp_path):
     assert [label for label, _, _ in recipe.variant_plan(args)] == ["none", "yarn beta_fast=16 @16384",
                                                                      "yarn beta_fast=16 @32768"]
     config.write_text("curve_lenght: 4096\n")
-    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['curve_lenght'\]"):
+    with pytest.raises(recipe.EvalConfigError, match=r"unknown key\(s\) \['curve_lenght'\]"):
         recipe.parse_args(["--config", str(config)])
     with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'"):
         recipe.parse_args(["--variants", "none", "yarnn"])
@@ -121,7 +122,17 @@ def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(chec
     assert (tmp_path / "perplexity_by_length.png").stat().st_size > 0
 
 
-def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp_path, monkeypatch):
+def refusal(capsys, argv) -> str:
+    """The recipe's one-line refusal (exit code 2) of argv."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        recipe.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "".join(err)
+    return err[-1]
+
+
+def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated"))
     # lengths past a learned table: named, before anything runs or is written
     gpt2 = tmp_path / "gpt2"
@@ -130,30 +141,27 @@ def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp
     out = tmp_path / "out"
     args = [*base_args(gpt2, corpus_dir, out), "--variants", "none", "sinusoidal", "--perplexity_lengths", "128"]
     limit = hp.load_model(gpt2).config.n_positions
-    with pytest.raises(SystemExit, match=rf"variant 'none' cannot take the 128 tokens .*{limit}"):
-        recipe.main(args)
+    assert re.search(rf"variant 'none' cannot take the 128 tokens .*{limit}", refusal(capsys, args))
     assert not out.exists()
     # a corpus too short: the documents that are
-    with pytest.raises(SystemExit, match=r"needs 3 documents of >= 5000 tokens, 0 have them; too short \(tokens\): #0 \(\d+\), #1"):
-        recipe.main([*base_args(checkpoint, corpus_dir, out), "--perplexity_lengths", "5000", "--perplexity_documents", "3"])
+    assert re.search(r"needs 3 documents of >= 5000 tokens, 0 have them; too short \(tokens\): #0 \(\d+\), #1",
+                     refusal(capsys, [*base_args(checkpoint, corpus_dir, out), "--perplexity_lengths", "5000",
+                                      "--perplexity_documents", "3"]))
     # unknown keys and methods: the valid ones listed
     config = tmp_path / "c.yaml"
     config.write_text("perplexity_length: [64]\n")
-    with pytest.raises(SystemExit, match="unknown key\\(s\\) \\['perplexity_length'\\]; the keys are: model, .*perplexity_lengths"):
-        recipe.main(["--config", str(config)])
-    with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'; known methods: alibi"):
-        recipe.main(["--grid", "yarnn beta_fast=1|2"])
-    with pytest.raises(ValueError, match="key=value or key=value\\|value"):
-        recipe.main(["--grid", "yarn beta_fast=16|", "--tune_length", "64"])
+    assert re.search(r"unknown key\(s\) \['perplexity_length'\]; the keys are: model, .*perplexity_lengths",
+                     refusal(capsys, ["--config", str(config)]))
+    assert "unknown method 'yarnn'; known methods: alibi" in refusal(capsys, ["--grid", "yarnn beta_fast=1|2"])
+    assert "key=value or key=value|value" in refusal(capsys, ["--grid", "yarn beta_fast=16|", "--tune_length", "64"])
 
 
-def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, corpus_dir, tmp_path, monkeypatch):
+def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, corpus_dir, tmp_path, monkeypatch, capsys):
     (tmp_path / "results.json").write_text(json.dumps({"config": {"model": "other"}, "variants": {"x": {}}}))
     before = (tmp_path / "results.json").read_text()
     monkeypatch.setattr(recipe.hp, "load_model", lambda *a, **k: pytest.fail("loaded"))
     args = [*base_args(checkpoint, corpus_dir, tmp_path), "--variants", "none", "--perplexity_lengths", "64"]
-    with pytest.raises(SystemExit, match="already holds another configuration: pass --overwrite"):
-        recipe.main(args)
+    assert "already holds another configuration: pass --overwrite" in refusal(capsys, args)
     assert (tmp_path / "results.json").read_text() == before
     monkeypatch.undo()
     results = recipe.main([*args, "--overwrite"])
@@ -249,5 +257,7 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     assert past["dynamic_yarn"]["lengths"]["perplexity"][:3] == pytest.approx(past["none"]["lengths"]["perplexity"][:3], rel=1e-5)
     assert past["dynamic_yarn"]["lengths"]["perplexity"][3] == pytest.approx(past["yarn"]["lengths"]["perplexity"][3], rel=1e-5)
     assert past["yarn"]["passkey"]["lengths"] == [512] and past["yarn"]["passkey"]["trials"] == 1
-    with pytest.raises(SystemExit, match="unknown method 'yarnn'"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
+    assert exit_.value.code == 2 and "error: unknown method 'yarnn'" in capsys.readouterr().err

@@ -156,25 +156,33 @@ def perplexity_by_length(model: torch.nn.Module, documents: Sequence[Sequence[in
 
 
 def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, window: int, stride: int,
-                       progress: bool = True) -> dict:
+                       bos: int | None = None, progress: bool = True) -> dict:
     """Perplexity of one long text with a sliding window (transformers' "perplexity of fixed-length
     models" recipe): windows of `window` tokens start every `stride` tokens, and each scores only the
     tokens no earlier window scored, so every token is scored once with at least `window - stride`
     tokens of context (all of them in the first window). The first token has no context and is not
-    scored; nor is the first token of each window when stride == window (plain chunks)."""
+    scored; nor is the first token of each window when stride == window (plain chunks).
+
+    With `bos` (the model's BOS token id, for models that always see it first), every window is that
+    token then `window - 1` tokens of the text: the BOS is context, never scored, and the text's first
+    token is scored after it."""
+    has_bos = bos is not None
+    span = window - has_bos  # tokens of the text per window
     check_number("window", window, minimum=2, integer=True, optional=False)
     check_number("stride", stride, minimum=1, integer=True, optional=False)
-    if not 0 < stride <= window:
-        raise InvalidInputError(f"stride must be in 1..window ({window}), got {stride}")
+    if not 0 < stride <= span:
+        allowed = f"1..window - 1 ({span}: the BOS takes a position)" if has_bos else f"1..window ({window})"
+        raise InvalidInputError(f"stride must be in {allowed}, got {stride}")
     ids = torch.as_tensor(input_ids)
     if len(ids) < 2:
         raise InvalidInputError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
-    total, count, scored_to = 0.0, 0, 1  # token 0 has no context: never scored
-    starts = range(0, max(len(ids) - window, 0) + stride, stride)
+    prefix = ids.new_tensor([bos] if has_bos else [])
+    total, count, scored_to = 0.0, 0, 0 if has_bos else 1  # without a BOS, token 0 has no context: never scored
+    starts = range(0, max(len(ids) - span, 0) + stride, stride)
     for begin in tqdm(starts, desc=f"strided perplexity ({window})", unit="window", disable=not progress):
-        end = min(begin + window, len(ids))
-        nll = token_nll(model, ids[begin:end])[0]  # scores tokens begin + 1 .. end - 1
-        new = nll[max(scored_to - begin - 1, 0):]
+        end = min(begin + span, len(ids))
+        nll = token_nll(model, torch.cat([prefix, ids[begin:end]]))[0]  # entry j: token begin + j + 1 - has_bos
+        new = nll[max(scored_to - begin - 1 + has_bos, 0):]
         total, count, scored_to = total + new.sum().item(), count + new.numel(), end
         if end == len(ids):
             break

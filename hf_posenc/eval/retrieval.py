@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import check_number
+from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
 
 TASKS = ("passkey", "needle")
@@ -57,13 +58,15 @@ class Haystack:
 
 
 def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, answer: str, length: int,
-                depth: float, start: int = 0) -> Trial:
+                depth: float, start: int = 0, bos: bool | str = "auto") -> Trial:
     """intro + haystack lines with `needle` inserted at the line boundary nearest `depth` + question;
-    the answer follows the question."""
+    the answer follows the question. The prompt starts as `data.bos_prefix(tokenizer, bos)` says (by
+    default as the tokenizer starts an input: BOS first for Llama, Gemma, Mistral)."""
     if not 0 <= depth <= 1:
         raise InvalidParameterError(f"depth must be in [0, 1], got {depth}")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     head, fact, tail, ans = encode(INTRO), encode(needle), encode(question), encode(answer)
+    head = bos_prefix(tokenizer, bos) + head
     budget = length - len(head) - len(fact) - len(tail) - len(ans)
     if budget < 0:
         raise InvalidParameterError(f"length {length} is too short for the retrieval prompt ({length - budget} tokens "
@@ -75,9 +78,10 @@ def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, an
 
 
 def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequence[float], trials: int = 1,
-                haystack: str | None = None, seed: int = 0) -> list[Trial]:
+                haystack: str | None = None, seed: int = 0, bos: bool | str = "auto") -> list[Trial]:
     """`trials` trials per (length, depth), each with its own random key (same seed, same trials).
-    `haystack` is the text of the needle task (ignored by passkey, which uses its filler line)."""
+    `haystack` is the text of the needle task (ignored by passkey, which uses its filler line); `bos`
+    as in `build_trial`."""
     if task not in TASKS:
         raise InvalidParameterError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
     if not callable(tokenizer):
@@ -110,7 +114,7 @@ def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequenc
                                 f"The special magic number for {word} mentioned in the provided text is")
                     start = rng.randrange(len(hay.lines))
                 out.append(build_trial(tokenizer, hay, needle=needle, question=question, answer=f" {key}",
-                                       length=length, depth=depth, start=start))
+                                       length=length, depth=depth, start=start, bos=bos))
     return out
 
 

@@ -19,19 +19,20 @@ NONE = "none"
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
-    """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name is checked."""
+    """'yarn beta_fast=16' -> ('yarn', {'beta_fast': 16}); the method name and the parameters given are
+    checked (before any model is loaded)."""
     if not isinstance(spec, str) or not spec.split():
         raise InvalidParameterError(f"a variant is 'none' or a method with key=value parameters ('yarn beta_fast=16'), "
                                     f"got {spec!r}")
     name, *pairs = spec.split()
-    if name != NONE:
-        get_method(name)
     try:
         params = parse_params(pairs)
     except InvalidParameterError as err:
         raise InvalidParameterError(f"variant {spec!r}: {err}") from None
     if name == NONE and params:
         raise InvalidParameterError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
+    if name != NONE:
+        get_method(name).from_dict(params)
     return name, params
 
 
