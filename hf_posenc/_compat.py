@@ -42,6 +42,26 @@ INTERLEAVED_ROTARY_MODEL_TYPES = ("cohere", "cohere2", "cohere2_moe", "deepseek_
 _LOCAL_LAYER_HINTS = ("sliding", "chunked", "local")
 
 
+def native_bfloat16(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether `device` (default: the GPU if any, else the CPU) runs bfloat16 matrix work natively, and
+    what says so. torch's CPU capability string reads "AVX512" with or without AVX512-BF16, so the CPU is
+    asked through torch.cpu's own probes (AMX tiles, AVX512-BF16); without them torch emulates bfloat16,
+    several times slower than float32 (a SmolLM2 forward at 4096 tokens: 74.5 s against 20.4 s, AVX2)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return ok, f"{torch.cuda.get_device_name(device)} {'runs' if ok else 'does not run'} bfloat16"
+    if device.type != "cpu":
+        return False, f"bfloat16 support of {device.type} devices is not known here"
+    capability = torch.backends.cpu.get_cpu_capability()
+    probes = {"AMX": "_is_amx_tile_supported", "AVX512-BF16": "_is_avx512_bf16_supported"}
+    found = [name for name, probe in probes.items() if getattr(torch.cpu, probe, lambda: False)()]
+    if found:
+        return True, f"this CPU runs bfloat16 natively ({', '.join(found)}; torch capability {capability})"
+    return False, (f"this CPU has no native bfloat16 (torch capability {capability}, no AVX512-BF16 or AMX): "
+                   f"bfloat16 would be emulated, several times slower than float32")
+
+
 def rope_layer_types(config: PreTrainedConfig) -> list[str | None]:
     """The keys of a nested `rope_parameters`, or `[None]` when it is one flat dict."""
     params = getattr(config, "rope_parameters", None) or {}

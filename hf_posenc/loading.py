@@ -112,3 +112,21 @@ def _auto_class(name: str, extra: dict, auto_class, config):
         if cls is not None:
             return cls
     return transformers.AutoModelForCausalLM
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_dtype(name: str, device=None):
+    """(torch dtype, why) for a dtype name; "auto": bfloat16 where `device` runs it natively (a GPU that
+    supports it, a CPU with AVX512-BF16 or AMX), float32 elsewhere."""
+    import torch
+
+    from .errors import InvalidParameterError
+
+    if name == "auto":
+        native, why = _compat.native_bfloat16(device)
+        return (torch.bfloat16 if native else torch.float32), f"auto: {why}"
+    if name not in DTYPES:
+        raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return getattr(torch, name), "asked for"

@@ -33,14 +33,15 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 import hf_posenc as hp
-from hf_posenc import cli, data
+from hf_posenc import cli, data, loading
 from hf_posenc import eval as hpe
 
 
 @dataclass
 class EvalArguments:
     model: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
-    dtype: str = field(default="bfloat16", metadata={"help": "float32, bfloat16 or float16"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where the hardware runs it natively, "
+                                                         "else float32), float32, bfloat16 or float16"})
     framing: str = field(default="auto", metadata={
         "help": "what starts each document and prompt: auto (as the tokenizer starts an input: BOS for Llama, "
                 "Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
@@ -80,7 +81,7 @@ class EvalArguments:
 
 
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid")
 
@@ -361,7 +362,9 @@ def run(args: EvalArguments) -> dict:
     saved = previous_results(results_path, config, args)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation=args.attn_implementation)
+    dtype, why = loading.resolve_dtype(args.dtype, device)
+    print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
+    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.attn_implementation)
     model = model.to(device).eval()
     tokenizer = hp.load_tokenizer(ref)
     context = model.config.get_text_config().max_position_embeddings
@@ -372,6 +375,7 @@ def run(args: EvalArguments) -> dict:
 
     results = {"config": config, "model": describe(model), "framing": inputs["framing"],
                "grid": saved.get("grid", {}), "variants": saved.get("variants", {})}
+    results["dtype"] = {"used": str(dtype).removeprefix("torch."), "why": why}
     results["machine"] = {"date": datetime.date.today().isoformat(), "device": device, "python": platform.python_version(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
                           "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
@@ -425,7 +429,8 @@ def summary(results: dict, context: int) -> str:
     variants, machine = results["variants"], results["machine"]
     lines = [f"# {results['config']['model']}: positional variants", "",
              f"{machine['date']}, {machine['device']} ({machine['platform']}), torch {machine['torch']}, "
-             f"transformers {machine['transformers']}, {results['config']['dtype']}; original context {context}.", "",
+             f"transformers {machine['transformers']}, {results.get('dtype', {}).get('used', results['config']['dtype'])}; "
+             f"original context {context}.", "",
              f"Framing: {FRAMING_NOTE[results.get('framing', 'none')]}", ""]
     lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
     if lengths:

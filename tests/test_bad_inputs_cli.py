@@ -168,7 +168,7 @@ EVAL_CASES = [
     ("zero-length-yaml", ["--config", "{root}/zero_length.yaml", "--output_dir", "{out}"],
      r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
     ("dtype-float8", [*EVAL, "--dtype", "float8", "--perplexity_lengths", "64"],
-     r"dtype must be one of float32, bfloat16, float16, got 'float8'"),
+     r"dtype must be one of auto, float32, bfloat16, float16, got 'float8'"),
     ("framing-unknown", [*EVAL, "--framing", "always", "--perplexity_lengths", "64"],
      r"framing must be one of auto, bos, none, got 'always'"),
     ("curve-bucket-zero", [*EVAL, "--curve_length", "128", "--curve_bucket", "0"], r"curve_bucket must be >= 1, got 0"),

@@ -60,3 +60,21 @@ def test_patch_refuses_before_loading(checkpoint, tmp_path, capsys):
     (tmp_path / "full" / "notes.txt").write_text("mine")
     assert "exists and is not empty; pass --overwrite" in refusal(
         capsys, ["patch", str(checkpoint), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "full")])
+
+
+def test_auto_dtype_follows_the_hardware(monkeypatch):
+    """bfloat16 only where the CPU runs it natively (torch.cpu's AVX512-BF16 / AMX probes), else float32."""
+    import torch
+
+    from hf_posenc import InvalidParameterError, loading
+
+    for amx, avx512_bf16, expected in [(False, False, torch.float32), (False, True, torch.bfloat16),
+                                       (True, False, torch.bfloat16)]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        dtype, why = loading.resolve_dtype("auto", "cpu")
+        assert dtype == expected
+        assert ("natively" in why) == (expected == torch.bfloat16) and "capability" in why
+    assert loading.resolve_dtype("float32", "cpu") == (torch.float32, "asked for")
+    with pytest.raises(InvalidParameterError, match="dtype must be one of auto"):
+        loading.resolve_dtype("float8")
