@@ -147,7 +147,8 @@ class RopeModels:
         if method.removes_positions:
             dim = _compat.rotary_dim(config, None)
             plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
-        attention.plan_attention(plan, model, method, new_config)
+        rotary = self.rotary_modules(model)[0][2]  # dca / self_extend rotate q and k with it themselves
+        attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan
 
     # -- helpers -------------------------------------------------------------------------------
