@@ -118,6 +118,10 @@ class RopeModels:
             if id(old) not in rebuilt:
                 rebuilt[id(old)] = self._rebuild(old, new_config, method, layer_types, natives, original)
             plan.swaps.append((parent, name, rebuilt[id(old)]))
+        if getattr(method, "exact_cache", False):
+            from ..methods.exact_cache import plan_exact_cache
+
+            plan_exact_cache(plan, model, method, new_config, layer_types)
         return plan
 
     def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:
