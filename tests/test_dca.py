@@ -287,3 +287,17 @@ def test_native_length_dependent_rope_is_refused():
         attn_implementation="sdpa")
     with pytest.raises(hp.MethodNotApplicableError, match="changes them with the input length"):
         hp.patch(model, "dca")
+
+
+def test_evaluation_scores_every_length_from_one_pass():
+    """DCA is causal and static: the one-pass perplexity of each prefix is the separate forward's."""
+    from hf_posenc import eval as hpe
+
+    model = build()
+    docs = [ids(150)[0].tolist()]
+    with hpe.patched(model, "dca chunk_size=24 local_window=4", 4 * CTX) as params:
+        assert params["max_position_embeddings"] == 4 * CTX and not hpe.is_length_dependent(model)
+        one = hpe.perplexity_by_length(model, docs, [40, 100, 150], progress=False)
+        separate = hpe.perplexity_by_length(model, docs, [40, 100, 150], one_pass=False, progress=False)
+    assert one["one_pass"] and one["perplexity"] == pytest.approx(separate["perplexity"], rel=1e-5)
+    assert not is_patched(model)

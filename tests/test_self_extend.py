@@ -169,3 +169,16 @@ def test_models_it_cannot_serve_are_refused():
     with pytest.raises(hp.MethodNotApplicableError, match="sdpa or eager"):
         hp.patch(flash, "self_extend", group_size=2)
     assert not is_patched(flash)
+
+
+def test_evaluation_variants_pick_the_group_from_the_target():
+    from hf_posenc import eval as hpe
+
+    model = build()
+    with hpe.patched(model, "self_extend", 4 * CTX):
+        group = hp.describe(model)["params"]["group_size"]
+        assert longest_input(group, CTX // 4, CTX) >= 4 * CTX > longest_input(group - 1, CTX // 4, CTX)
+        assert not hpe.is_length_dependent(model)
+    with hpe.patched(model, "self_extend group_size=2 window=16", 4 * CTX):  # its own group: its own longest
+        assert hp.describe(model)["max_position_embeddings"] == longest_input(2, 16, CTX)
+    assert hpe.expand_grid("self_extend group_size=2|4") == ["self_extend group_size=2", "self_extend group_size=4"]
