@@ -18,7 +18,25 @@ from .. import _compat
 from ..attention import CHILD, PREFIX, PositionalAttention, positional_attention
 from ..errors import MethodNotApplicableError
 from ..plan import PatchPlan
-from .rope import LengthDependentRotary, NoRotation, RotaryQK
+from .rope import LengthDependentRotary, NoRotation, RotaryQK, apply_rotary
+
+
+class ExactRotaryQK(RotaryQK):
+    """RotaryQK whose cos / sin for positions 0 .. K - 1 are computed once per step and shared by every
+    layer (the frequencies depend on K only)."""
+
+    def __init__(self, rotary: torch.nn.Module):
+        super().__init__(rotary)
+        self._memo: tuple | None = None
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        state = (k_len, key.dtype, key.device, torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        if self._memo is None or self._memo[0] != state:
+            cos, sin = self.rotary(key, torch.arange(k_len, device=key.device)[None])
+            self._memo = (state, cos.unsqueeze(1), sin.unsqueeze(1))  # broadcast over heads
+        _, cos, sin = self._memo
+        return apply_rotary(query, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :]), apply_rotary(key, cos, sin)
 
 
 def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, method, new_config, layer_types) -> None:
@@ -46,7 +64,7 @@ def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, method, new_config
     dim = _compat.rotary_dim(config, None)
     plan.swaps[:] = [(parent, name, NoRotation(dim) if new is rotary else new) for parent, name, new in plan.swaps]
     reference = next(model.parameters())
-    qk = RotaryQK(rotary)  # shared: every layer rotates with the same frequencies
+    qk = ExactRotaryQK(rotary)  # shared: every layer rotates with the same frequencies
     plan.swaps += [(module, CHILD, PositionalAttention(causal=module.is_causal, qk=qk).to(reference.device))
                    for _, module in modules]
     for kind in {inner, "eager"}:
