@@ -163,8 +163,8 @@ def main() -> None:
             print(f"passkey {label}: {results['passkey'][label]['found']}/{len(trials)}", flush=True)
 
     if args.timing_length and not results["timing"]:  # 3. forward time against the unpatched SDPA forward
-        ids = torch.tensor([docs[args.plays[0]][:args.timing_length]]) if len(docs[args.plays[0]]) >= args.timing_length \
-            else tokenizer(assets.shakespeare_text(args.plays[0]), return_tensors="pt").input_ids[:, :args.timing_length]
+        text = assets.shakespeare_text(args.plays[0])
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[:, :args.timing_length]
         forward_seconds(model, ids[:, :512])  # warm-up
         seconds = {"none": forward_seconds(model, ids)}
         for method in ("dca", "self_extend"):

@@ -180,7 +180,9 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
     # ALiBi is the same in every layer: one child for all of them, which builds the bias once a forward
     alibi = PositionalAttention(causal=causal, bias=AlibiBias(heads, bidirectional=not causal), layout=layout)
     # dca / self_extend: one computation shared by every layer (the positions are the same in each)
-    compute = method.build(rotary=rotary, config=config, inner=inner, causal=causal) if hasattr(method, "build") else None
+    compute = None
+    if hasattr(method, "build"):
+        compute = method.build(rotary=rotary, config=config, inner=inner, causal=causal)
     for _, module in modules:
         bias = qk = None
         if isinstance(method, AlibiConfig):

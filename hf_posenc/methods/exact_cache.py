@@ -36,7 +36,8 @@ class ExactRotaryQK(RotaryQK):
             cos, sin = self.rotary(key, torch.arange(k_len, device=key.device)[None])
             self._memo = (state, cos.unsqueeze(1), sin.unsqueeze(1))  # broadcast over heads
         _, cos, sin = self._memo
-        return apply_rotary(query, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :]), apply_rotary(key, cos, sin)
+        query = apply_rotary(query, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :])
+        return query, apply_rotary(key, cos, sin)
 
 
 def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, method, new_config, layer_types) -> None:
@@ -49,7 +50,8 @@ def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, method, new_config
             f"per layer type ({layer_types}). Leave exact_cache=False")
     if config.model_type in _compat.INTERLEAVED_ROTARY_MODEL_TYPES:
         raise MethodNotApplicableError(
-            f"exact_cache=True rotates q and k in the rotate-half layout; {config.model_type} rotates interleaved pairs")
+            f"exact_cache=True rotates q and k in the rotate-half layout; {config.model_type} rotates interleaved "
+            f"pairs")
     inner = _compat.attention_implementation(config)
     modules = _compat.attention_modules(model)
     if inner.startswith(PREFIX) or not _compat.known_attention(inner) or not modules:

@@ -94,8 +94,9 @@ class RemappedAttention(nn.Module):
                 keys = valid[row].nonzero().squeeze(1)
                 queries = valid[row, k_len - q_len:].nonzero().squeeze(1)  # always the last of the row's keys
                 if len(queries):
-                    out[row:row + 1, :, queries] = self.attend(query[row:row + 1, :, queries], key[row:row + 1, :, keys],
-                                                               value[row:row + 1, :, keys], groups, scale)
+                    one = slice(row, row + 1)
+                    out[one, :, queries] = self.attend(query[one, :, queries], key[one, :, keys], value[one, :, keys],
+                                                       groups, scale)
         return out.transpose(1, 2).contiguous(), None
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int,
