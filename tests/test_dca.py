@@ -301,3 +301,32 @@ def test_evaluation_scores_every_length_from_one_pass():
         separate = hpe.perplexity_by_length(model, docs, [40, 100, 150], one_pass=False, progress=False)
     assert one["one_pass"] and one["perplexity"] == pytest.approx(separate["perplexity"], rel=1e-5)
     assert not is_patched(model)
+
+
+@pytest.mark.parametrize("s, w", [(16, 4), (60, 4), (30, 14)])
+def test_every_position_the_implementation_uses_is_below_the_original_context(s, w, monkeypatch):
+    """The positions DualChunkAttention actually rotates with, over an input of many chunks."""
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
+    attention = DualChunkAttention(build().model.rotary_emb, CTX, s, w)
+    used, parts = [], attention.parts
+
+    def recording(*args):
+        result = parts(*args)
+        used.extend(result)
+        return result
+
+    monkeypatch.setattr(attention, "parts", recording)
+    q, k = torch.randn(1, 4, 500, 16), torch.randn(1, 2, 500, 16)
+    attention(torch.nn.Module(), q, k, k, None)
+    assert {p.query for p in used} == {"intra", "successive", "inter"}
+    assert max(int(p.query_positions.max()) for p in used) == CTX - 1
+    assert int(attention.key_positions(500, q.device)["chunk"].max()) == s - 1
+
+
+def test_bfloat16_within_a_chunk_is_the_unpatched_model():
+    model, reference = build().to(torch.bfloat16), build().to(torch.bfloat16)
+    hp.patch(model, "dca", chunk_size=40, local_window=8)
+    batch = ids(40, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).logits, reference(batch).logits, atol=2e-2, rtol=2e-2)
+        assert torch.isfinite(model(ids(200, batch=2)).logits).all()
