@@ -182,3 +182,30 @@ def test_evaluation_variants_pick_the_group_from_the_target():
     with hpe.patched(model, "self_extend group_size=2 window=16", 4 * CTX):  # its own group: its own longest
         assert hp.describe(model)["max_position_embeddings"] == longest_input(2, 16, CTX)
     assert hpe.expand_grid("self_extend group_size=2|4") == ["self_extend group_size=2", "self_extend group_size=4"]
+
+
+def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_measuring(tmp_path):
+    from test_eval_recipe import TEXT, recipe
+    from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+    model = hp.patch(build(), "self_extend", group_size=2, window=16)
+    hp.check_length(model, 112)
+    with pytest.raises(hp.SequenceTooLongError, match="at most 112 tokens"):
+        hp.check_length(model, 113)
+    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "corpus").mkdir()
+    for name, text in (("a.txt", TEXT), ("b.txt", TEXT[::-1])):
+        (tmp_path / "corpus" / name).write_text(text)
+    args = ["--model", str(tmp_path / "model"), "--dtype", "float32", "--corpus", str(tmp_path / "corpus"),
+            "--max_position_embeddings", "256", "--perplexity_lengths", "16", "256", "--perplexity_documents", "1",
+            "--tune_documents", "1", "--plots", "false"]
+    with pytest.raises(SystemExit, match="self_extend group_size=4.*at most 208 tokens"):
+        recipe.main([*args, "--output_dir", str(tmp_path / "refused"), "--variants", "none",
+                     "--grid", "self_extend group_size=4|8"])
+    results = recipe.main([*args, "--output_dir", str(tmp_path / "out"), "--variants", "none", "dca", "self_extend",
+                           "--grid", "self_extend group_size=8|16"])
+    ppl = {k: v["lengths"]["perplexity"] for k, v in results["variants"].items()}
+    for method in ("dca", "self_extend"):  # 16 tokens: inside a chunk and the window, the model as it was
+        assert ppl[method][0] == pytest.approx(ppl["none"][0], rel=1e-5) and ppl[method][1] != ppl["none"][1]
+    assert results["variants"]["dca"]["lengths"]["one_pass"]

@@ -63,6 +63,14 @@ class RopeModels:
             "rope_layer_types": [t for t in _compat.rope_layer_types(config) if t is not None] or None,
         }
 
+    def check_length(self, model: torch.nn.Module, length: int) -> None:
+        """`hp.check_length`: only Self-Extend bounds a RoPE model's input (its longest grouped position)."""
+        from ..methods.remapped import RemappedAttention
+
+        compute = next((m for m in model.modules() if isinstance(m, RemappedAttention)), None)
+        if compute is not None:
+            compute.check_length(length)
+
     def unpatched_config(self, config, record: dict) -> tuple:
         """The config of the model before the patch, from a loaded patched config (for
         `hp.from_pretrained`), and the saved tensors that do not fit that model (none here)."""
