@@ -129,7 +129,7 @@ class RopeModels:
         if getattr(method, "exact_cache", False):
             from ..methods.exact_cache import plan_exact_cache
 
-            plan_exact_cache(plan, model, method, new_config, layer_types)
+            plan_exact_cache(plan, model, new_config, layer_types)
         return plan
 
     def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:

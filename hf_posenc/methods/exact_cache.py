@@ -40,7 +40,7 @@ class ExactRotaryQK(RotaryQK):
         return query, apply_rotary(key, cos, sin)
 
 
-def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, method, new_config, layer_types) -> None:
+def plan_exact_cache(plan: PatchPlan, model: torch.nn.Module, new_config, layer_types) -> None:
     """Turn a dynamic plan (its rotary modules swapped for LengthDependentRotary) into the exact one: the
     rotary modules rotate nothing, and each attention module rotates q and the whole cache itself."""
     config = model.config.get_text_config()
