@@ -294,7 +294,8 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     knows those rows and sets their lse to -inf.
 
     torch's fused kernels return the log-sum-exp through private ops (torch 2.13: the CPU flash kernel;
-    on CUDA the memory-efficient kernel). The log-sum-exp has no gradient through them, so while autograd
+    on CUDA the memory-efficient kernel, unmasked calls only, which the CPU test suite does not exercise).
+    The log-sum-exp has no gradient through them, so while autograd
     records, and on other devices or versions where the ops are missing, the fallback computes the scores of
     this call in float32 (q x k floats: callers keep q to a block of queries)."""
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
