@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
 from hf_posenc import _compat
-from hf_posenc.methods import remapped
 from hf_posenc.methods.dca import DualChunkAttention
 from hf_posenc.methods.rope import apply_rotary
 from hf_posenc.plan import is_patched
@@ -99,8 +98,7 @@ class LseCalls:
 # -- the computation against the paper's position matrices ------------------------------------------
 
 @pytest.mark.parametrize("s, w", [(16, 4), (24, 8), (40, 24), (13, 5)])
-def test_dca_matches_the_papers_position_matrices(s, w, monkeypatch):
-    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)  # blocks inside chunks too
+def test_dca_matches_the_papers_position_matrices(s, w):
     rotary = build().model.rotary_emb
     attention = DualChunkAttention(rotary, CTX, s, w)
     check_against_reference(attention, lambda m: dca_positions(m, s, w, CTX))
@@ -148,7 +146,6 @@ def test_inputs_within_a_chunk_are_the_unpatched_model(model_type):
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_model_equals_the_reference_at_several_chunks(model_type, monkeypatch):
     """Every layer's attention swapped for the reference (explicit matrices): the same logits."""
-    monkeypatch.setattr(remapped, "QUERY_BLOCK", 16)
     model = build(model_type)
     hp.patch(model, "dca", chunk_size=20, local_window=6)
     batch = ids(90, batch=2)
@@ -166,19 +163,17 @@ def test_model_equals_the_reference_at_several_chunks(model_type, monkeypatch):
 
 
 def test_sdpa_kernel_does_the_work_without_a_length_squared_tensor(monkeypatch):
-    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
     model = build()
     hp.patch(model, "dca", chunk_size=24, local_window=4)
     assert model.config._attn_implementation == "hf_posenc_sdpa"
     calls = LseCalls(monkeypatch)
     with torch.no_grad():
         model(ids(100, batch=2))
-    assert calls.shapes and all(q <= 8 for q, _ in calls.shapes)
+    assert calls.shapes and all(q <= 24 for q, _ in calls.shapes)  # at most a chunk of queries a call
     assert all(m is None for m in calls.masks)  # DCA's parts need no mask: whole ranges or the causal diagonal
 
 
-def test_cached_generation_equals_the_full_forward_with_left_padding(monkeypatch):
-    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
+def test_cached_generation_equals_the_full_forward_with_left_padding():
     model = build()
     hp.patch(model, "dca", chunk_size=16, local_window=4)
     prompt = ids(40, batch=2)
@@ -306,7 +301,6 @@ def test_evaluation_scores_every_length_from_one_pass():
 @pytest.mark.parametrize("s, w", [(16, 4), (60, 4), (30, 14)])
 def test_every_position_the_implementation_uses_is_below_the_original_context(s, w, monkeypatch):
     """The positions DualChunkAttention actually rotates with, over an input of many chunks."""
-    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
     attention = DualChunkAttention(build().model.rotary_emb, CTX, s, w)
     used, parts = [], attention.parts
 

@@ -85,10 +85,10 @@ class DualChunkAttention(RemappedAttention):
         return {"chunk": torch.arange(length, device=device) % self.chunk_size}
 
     def blocks(self, first, end):
-        """Blocks never straddle a chunk: each one has a single intra / successive / inter split."""
+        """One block per chunk: its parts need no mask (whole key ranges and the causal diagonal), so the
+        kernel calls can be as long as a chunk."""
         s = self.chunk_size
-        cuts = range((first // s + 1) * s, end, s)
-        return [b for a, e in split(first, end, *cuts) for b in RemappedAttention.blocks(self, a, e)]
+        return split(first, end, *range((first // s + 1) * s, end, s))
 
     def parts(self, start, end, device):
         s, w, c = self.chunk_size, self.local_window, self.original

@@ -121,9 +121,12 @@ class RemappedAttention(nn.Module):
                 if part.query not in queries:
                     block = query[..., start - first:end - first, :]
                     queries[part.query] = _rotate(block, cos[part.query_positions], sin[part.query_positions])
-                out, lse = _compat.attention_with_lse(
-                    queries[part.query], keys[part.keys][..., part.start:part.end, :],
-                    value[..., part.start:part.end, :], mask=mask, causal=causal, scale=scale)
+                q, k, v = queries[part.query], keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
+                if causal == "reversed":  # query i sees keys i .. end: causal once both orders are reversed
+                    out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale)
+                    out, lse = out.flip(-2), lse.flip(-1)
+                else:
+                    out, lse = _compat.attention_with_lse(q, k, v, mask=mask, causal=causal, scale=scale)
                 results.append((out, lse.masked_fill(empty, float("-inf"))))
             outputs.append(merge(results))
         return torch.cat(outputs, dim=-2)
@@ -150,17 +153,21 @@ def _attended_keys(mask: torch.Tensor | None, batch: int, k_len: int) -> torch.T
     return None if bool(allowed.all()) else allowed
 
 
-def _pattern(part: Part, dtype: torch.dtype) -> tuple[torch.Tensor | None, bool, torch.Tensor]:
+def _pattern(part: Part, dtype: torch.dtype) -> tuple[torch.Tensor | None, bool | str, torch.Tensor]:
     """(float mask or None, causal, rows that see no key) for a part: no mask where every query sees the
-    whole range, the kernel's causal mask where the range is the block's own diagonal."""
+    whole range, the kernel's causal mask where the range is the block's own diagonal ("reversed" where
+    query i sees keys i .. end of a range as long as the block: a band's first keys)."""
     lo, hi = part.lo.clamp(min=part.start), part.hi.clamp(max=part.end - 1)
     empty = lo > hi
-    whole_start = bool((part.lo <= part.start).all())
-    if whole_start and bool((part.hi >= part.end - 1).all()):
+    whole_start, whole_end = bool((part.lo <= part.start).all()), bool((part.hi >= part.end - 1).all())
+    if whole_start and whole_end:
         return None, False, empty
     size = part.end - part.start
-    if whole_start and size == len(lo) and torch.equal(part.hi - part.start, torch.arange(size, device=lo.device)):
+    diagonal = torch.arange(size, device=lo.device)
+    if size == len(lo) and whole_start and torch.equal(part.hi - part.start, diagonal):
         return None, True, empty
+    if size == len(lo) and whole_end and torch.equal(part.lo - part.start, diagonal):
+        return None, "reversed", empty
     keys = torch.arange(part.start, part.end, device=lo.device)
     allowed = (keys >= lo[:, None]) & (keys <= hi[:, None])
     return torch.zeros(allowed.shape, dtype=dtype, device=lo.device).masked_fill(~allowed, float("-inf")), False, empty
