@@ -287,8 +287,9 @@ def quiet_load_report(suffixes: tuple[str, ...]):
 
 def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, mask: torch.Tensor | None = None,
                        causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of query [b, h, q, d] over key / value [b, h, k, d] (same head count), and the
-    log-sum-exp of each query's scaled scores (float32, [b, h, q]): what merges attention over disjoint key
+    """Softmax attention of query [b, h, q, d] over key / value [b, h_kv, k, d] (h_kv divides h: kv head j
+    serves query heads j * h / h_kv .. (j + 1) * h / h_kv - 1), and the log-sum-exp of each query's scaled
+    scores (float32, [b, h, q]): what merges attention over disjoint key
     sets into one softmax. `mask`: float, added to the scores, [q, k] or broadcastable to [b, h, q, k];
     `causal`: query i sees keys 0..i (q == k). A query that sees no key gets output 0 and lse 0: the caller
     knows those rows and sets their lse to -inf.
@@ -300,12 +301,13 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     this call in float32 (q x k floats: callers keep q to a block of queries)."""
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
         try:
-            if query.device.type == "cpu":
+            if query.device.type == "cpu":  # takes grouped kv heads itself
                 attn_mask = None if mask is None else mask.to(query.dtype).expand(*query.shape[:2], *mask.shape[-2:])
                 out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     query, key, value, 0.0, causal, attn_mask=attn_mask, scale=scale)
                 return out, lse
             if query.device.type == "cuda" and mask is None:
+                key, value = _repeat_kv(key, query.shape[1]), _repeat_kv(value, query.shape[1])
                 out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
                     query, key, value, None, True, 0.0, causal, scale=scale)
                 return out, lse[..., :query.shape[-2]]  # padded to a multiple of the kernel's block
@@ -317,6 +319,7 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 def attention_with_lse_reference(query, key, value, *, mask=None, causal=False, scale=None):
     """`attention_with_lse` written out: float32 scores, their log-sum-exp, the weighted values."""
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    key, value = _repeat_kv(key, query.shape[1]), _repeat_kv(value, query.shape[1])
     scores = (query.float() @ key.float().transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores + mask.float()
@@ -327,3 +330,7 @@ def attention_with_lse_reference(query, key, value, *, mask=None, causal=False, 
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # a row with no key: weights 0
     return (weights @ value.float()).to(query.dtype), lse.nan_to_num(0.0, neginf=0.0)
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)

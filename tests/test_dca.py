@@ -153,7 +153,7 @@ def test_model_equals_the_reference_at_several_chunks(model_type, monkeypatch):
         ours = model(batch).logits
         attention = next(m for m in model.modules() if isinstance(m, DualChunkAttention))
 
-        def reference(query, key, value, groups, scale):
+        def reference(query, key, value, scale):
             cos, sin = attention.table(CTX, query)
             pq, pk = dca_positions(query.shape[-2], 20, 6, CTX)
             return reference_attention(query, key, value, cos, sin, pq, pk, scale).to(query.dtype)

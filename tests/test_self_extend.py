@@ -63,7 +63,7 @@ def test_model_equals_the_reference(model_type, monkeypatch):
         ours = model(batch).logits
         attention = next(m for m in model.modules() if isinstance(m, SelfExtendAttention))
 
-        def reference(query, key, value, groups, scale):
+        def reference(query, key, value, scale):
             cos, sin = attention.table(max(CTX, query.shape[-2]), query)
             pq, pk = self_extend_positions(query.shape[-2], 3, 20)
             return reference_attention(query, key, value, cos, sin, pq, pk, scale).to(query.dtype)

@@ -55,6 +55,8 @@ class RemappedAttention(nn.Module):
         self.rotary = rotary  # the model's own rotary module, as it was before the patch
         self.original = original  # the context the model was trained on: every relative distance stays below it
         self._table: tuple | None = None
+        self._gathers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._gathers_for: tuple | None = None  # the input they belong to: (q_len, k_len, the table's key)
 
     # -- what a method defines -------------------------------------------------------------------------
 
@@ -83,11 +85,10 @@ class RemappedAttention(nn.Module):
         q_len, k_len = query.shape[-2], key.shape[-2]
         if attention_mask is None and 1 < q_len < k_len:  # prefill into an empty static cache (as transformers' sdpa)
             key, value, k_len = key[..., :q_len, :], value[..., :q_len, :], q_len
-        groups = query.shape[1] // key.shape[1]
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         valid = _attended_keys(attention_mask, query.shape[0], k_len)
         if valid is None:
-            out = self.attend(query, key, value, groups, scale)
+            out = self.attend(query, key, value, scale)
         else:  # padding: each row alone, its positions counted over the tokens it attends to
             out = query.new_zeros(*query.shape[:-1], value.shape[-1])
             for row in range(query.shape[0]):
@@ -96,19 +97,20 @@ class RemappedAttention(nn.Module):
                 if len(queries):
                     one = slice(row, row + 1)
                     out[one, :, queries] = self.attend(query[one, :, queries], key[one, :, keys], value[one, :, keys],
-                                                       groups, scale)
+                                                       scale)
         return out.transpose(1, 2).contiguous(), None
 
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int,
-               scale: float) -> torch.Tensor:
-        """Rows without padding: keys at positions 0 .. K - 1, queries the last Q of them. [b, heads, Q, d]."""
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+        """Rows without padding: keys at positions 0 .. K - 1, queries the last Q of them. [b, heads, Q, d]
+        (key / value keep their kv heads: the kernel groups them)."""
         q_len, k_len = query.shape[-2], key.shape[-2]
         self.check_length(k_len)
         first = k_len - q_len
         cos, sin = self.table(max(k_len, self.original), query)
-        keys = {name: _repeat(_rotate(key, cos[p], sin[p]), groups)
+        if self._gathers_for != (q_len, k_len, self._table[0]):  # another input: other positions
+            self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0])
+        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, lambda p=p: p))
                 for name, p in self.key_positions(k_len, query.device).items()}
-        value = _repeat(value, groups)
         outputs = []
         for start, end in self.blocks(first, k_len):
             queries, results = {}, []
@@ -120,7 +122,8 @@ class RemappedAttention(nn.Module):
                     continue
                 if part.query not in queries:
                     block = query[..., start - first:end - first, :]
-                    queries[part.query] = _rotate(block, cos[part.query_positions], sin[part.query_positions])
+                    at = self.gathered((part.query, start, end), cos, sin, lambda part=part: part.query_positions)
+                    queries[part.query] = _rotate(block, *at)
                 q, k, v = queries[part.query], keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
                 if causal == "reversed":  # query i sees keys i .. end: causal once both orders are reversed
                     out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale)
@@ -130,6 +133,14 @@ class RemappedAttention(nn.Module):
                 results.append((out, lse.masked_fill(empty, float("-inf"))))
             outputs.append(merge(results))
         return torch.cat(outputs, dim=-2)
+
+    def gathered(self, key: tuple, cos: torch.Tensor, sin: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin at `positions()` (named by `key`), gathered once for all the layers of a forward: they see
+        the same input, so the same positions."""
+        if key not in self._gathers:
+            p = positions()
+            self._gathers[key] = (cos[p], sin[p])
+        return self._gathers[key]
 
     def table(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [positions, rotary_dim] of positions 0 .. length - 1 from the model's rotary module,
@@ -185,10 +196,6 @@ def merge(results: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return apply_rotary(x, cos[None, None], sin[None, None])  # positions shared by the batch and the heads
-
-
-def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 def check_model(name: str, config, inner: str, causal: bool) -> None:
