@@ -109,7 +109,7 @@ class RemappedAttention(nn.Module):
         cos, sin = self.table(max(k_len, self.original), query)
         if self._gathers_for != (q_len, k_len, self._table[0]):  # another input: other positions
             self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0])
-        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, lambda p=p: p))
+        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p))
                 for name, p in self.key_positions(k_len, query.device).items()}
         outputs = []
         for start, end in self.blocks(first, k_len):
@@ -122,9 +122,10 @@ class RemappedAttention(nn.Module):
                     continue
                 if part.query not in queries:
                     block = query[..., start - first:end - first, :]
-                    at = self.gathered((part.query, start, end), cos, sin, lambda part=part: part.query_positions)
+                    at = self.gathered((part.query, start, end), cos, sin, part.query_positions)
                     queries[part.query] = _rotate(block, *at)
-                q, k, v = queries[part.query], keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
+                q = queries[part.query]
+                k, v = keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
                 if causal == "reversed":  # query i sees keys i .. end: causal once both orders are reversed
                     out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale)
                     out, lse = out.flip(-2), lse.flip(-1)
@@ -134,12 +135,12 @@ class RemappedAttention(nn.Module):
             outputs.append(merge(results))
         return torch.cat(outputs, dim=-2)
 
-    def gathered(self, key: tuple, cos: torch.Tensor, sin: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos / sin at `positions()` (named by `key`), gathered once for all the layers of a forward: they see
+    def gathered(self, key: tuple, cos: torch.Tensor, sin: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin at `positions` (named by `key`), gathered once for all the layers of a forward: they see
         the same input, so the same positions."""
         if key not in self._gathers:
-            p = positions()
-            self._gathers[key] = (cos[p], sin[p])
+            self._gathers[key] = (cos[positions], sin[positions])
         return self._gathers[key]
 
     def table(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
