@@ -301,3 +301,56 @@ def quiet_load_report(suffixes: tuple[str, ...]):
         yield
     finally:
         logger.removeFilter(drop)
+
+
+# -- attention with its log-sum-exp (Dual Chunk Attention, Self-Extend) -------------------------------
+
+def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, mask: torch.Tensor | None = None,
+                       causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of query [b, h, q, d] over key / value [b, h_kv, k, d] (h_kv divides h: kv head j
+    serves query heads j * h / h_kv .. (j + 1) * h / h_kv - 1), and the log-sum-exp of each query's scaled
+    scores (float32, [b, h, q]): what merges attention over disjoint key
+    sets into one softmax. `mask`: float, added to the scores, [q, k] or broadcastable to [b, h, q, k];
+    `causal`: query i sees keys 0..i (q == k). A query that sees no key gets output 0 and lse 0: the caller
+    knows those rows and sets their lse to -inf.
+
+    torch's fused kernels return the log-sum-exp through private ops (torch 2.13: the CPU flash kernel;
+    on CUDA the memory-efficient kernel, unmasked calls only, which the CPU test suite does not exercise).
+    The log-sum-exp has no gradient through them, so while autograd
+    records, and on other devices or versions where the ops are missing, the fallback computes the scores of
+    this call in float32 (q x k floats: callers keep q to a block of queries)."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+        try:
+            if query.device.type == "cpu":  # takes grouped kv heads itself
+                attn_mask = None if mask is None else mask.to(query.dtype).expand(*query.shape[:2], *mask.shape[-2:])
+                out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    query, key, value, 0.0, causal, attn_mask=attn_mask, scale=scale)
+                return out, lse
+            if query.device.type == "cuda" and mask is None:
+                key, value = _repeat_kv(key, query.shape[1]), _repeat_kv(value, query.shape[1])
+                out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+                    query, key, value, None, True, 0.0, causal, scale=scale)
+                return out, lse[..., :query.shape[-2]]  # padded to a multiple of the kernel's block
+        except (AttributeError, RuntimeError, NotImplementedError):
+            pass
+    return attention_with_lse_reference(query, key, value, mask=mask, causal=causal, scale=scale)
+
+
+def attention_with_lse_reference(query, key, value, *, mask=None, causal=False, scale=None):
+    """`attention_with_lse` written out: float32 scores, their log-sum-exp, the weighted values."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    key, value = _repeat_kv(key, query.shape[1]), _repeat_kv(value, query.shape[1])
+    scores = (query.float() @ key.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    if causal:
+        q_len, k_len = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).triu(1),
+                                    float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # a row with no key: weights 0
+    return (weights @ value.float()).to(query.dtype), lse.nan_to_num(0.0, neginf=0.0)
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)

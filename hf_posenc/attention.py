@@ -78,9 +78,10 @@ class PositionalAttention(nn.Module):
     """What one attention layer does with positions: transform q and k (`qk`), add `bias` to the scores."""
 
     def __init__(self, *, causal: bool, bias: nn.Module | None = None, qk: nn.Module | None = None,
-                 layout: BlockLayout | None = None):
+                 layout: BlockLayout | None = None, compute: nn.Module | None = None):
         super().__init__()
         self.causal, self.bias, self.qk = causal, bias, qk
+        self.compute = compute  # a method that computes attention itself (dca, self_extend)
         self.layout = layout or BlockLayout()
         self._memo: tuple | None = None  # ALiBi's masks: the same in every layer
 
@@ -124,6 +125,8 @@ def positional_attention(inner: str):
                 f"hp.patch; {type(module).__name__} carries no patch. Set the model's attn_implementation back to "
                 f"{inner!r}"
             )
+        if position.compute is not None:
+            return position.compute(module, query, key, value, attention_mask, **kwargs)
         function = _compat.attention_function(inner, module)
         if position.qk is not None:
             query, key = position.qk(query, key)
@@ -176,6 +179,10 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
     layout = BlockLayout()  # the layers see the same mask and lengths: their blocks are built once a forward
     # ALiBi is the same in every layer: one child for all of them, which builds the bias once a forward
     alibi = PositionalAttention(causal=causal, bias=AlibiBias(heads, bidirectional=not causal), layout=layout)
+    # dca / self_extend: one computation shared by every layer (the positions are the same in each)
+    compute = None
+    if hasattr(method, "build"):
+        compute = method.build(rotary=rotary, config=config, inner=inner, causal=causal)
     for _, module in modules:
         bias = qk = None
         if isinstance(method, AlibiConfig):
@@ -189,7 +196,7 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
             qk = XposScale(_compat.head_dim(config), _compat.rotary_dim(config, None), method.gamma, method.scale_base)
         elif isinstance(method, RopeSwapConfig):
             qk = RotaryQK(rotary)
-        child = PositionalAttention(causal=module.is_causal, bias=bias, qk=qk, layout=layout)
+        child = PositionalAttention(causal=module.is_causal, bias=bias, qk=qk, layout=layout, compute=compute)
         plan.swaps.append((module, CHILD, child.to(reference.device)))
     for kind in {inner, "eager"}:  # eager too: what tools that need attention weights switch to
         _compat.register_attention(PREFIX + kind, positional_attention(kind), like=kind)
@@ -199,7 +206,7 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
 def describe(model: nn.Module, record: dict) -> dict:
     """What `hp.describe` says of a model patched with an attention method."""
     config = model.config.get_text_config()
-    mechanism = {"alibi": "bias", "relative_bias": "bias", "xpos": "rope", "rope": "rope"}[record["method"]]
+    mechanism = {"alibi": "bias", "relative_bias": "bias"}.get(record["method"], "rope")
     return {"mechanism": mechanism, "attn_implementation": _compat.attention_implementation(config),
             "length_limit": None}
 

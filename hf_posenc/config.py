@@ -247,6 +247,17 @@ class DynamicConfig(RopeMethodConfig):
     summary: ClassVar[str] = "dynamic NTK, measured from the original context"
     length_dependent: ClassVar[bool] = True
 
+    exact_cache: bool = False  # hf_posenc/methods/exact_cache.py: cached keys re-rotated at every step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_exact_cache(self.exact_cache)
+
+
+def _check_exact_cache(value) -> None:
+    if not isinstance(value, bool):
+        raise ParameterTypeError(f"exact_cache must be a bool, got {value!r}")
+
 
 def _check_betas(beta_fast: float, beta_slow: float) -> None:
     check_number("beta_fast", beta_fast, above=0, optional=False)
@@ -297,6 +308,7 @@ class DynamicYarnConfig(RopeMethodConfig):
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    exact_cache: bool = False  # hf_posenc/methods/exact_cache.py: cached keys re-rotated at every step
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -305,6 +317,7 @@ class DynamicYarnConfig(RopeMethodConfig):
         check_number("mscale_all_dim", self.mscale_all_dim, above=0)
         if not isinstance(self.truncate, bool):
             raise ParameterTypeError(f"truncate must be a bool, got {self.truncate!r}")
+        _check_exact_cache(self.exact_cache)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import api, assets, data, loading
 from . import eval as hpe
 
-DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope")
+DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope", "dca", "self_extend")
 LONG_VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn")
 
 

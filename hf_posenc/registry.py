@@ -169,3 +169,10 @@ def list_methods() -> list[dict]:
 
 for _cls in _config.ROPE_METHOD_CONFIGS + _config.LEARNED_METHOD_CONFIGS + _config.ATTENTION_METHOD_CONFIGS:
     register_method(_cls)
+
+# methods whose config and computation live in one module
+from .methods.dca import DcaConfig  # noqa: E402
+from .methods.self_extend import SelfExtendConfig  # noqa: E402
+
+register_method(DcaConfig)
+register_method(SelfExtendConfig)

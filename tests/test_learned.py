@@ -398,7 +398,7 @@ def test_rope_methods_are_refused_on_learned_tables_and_the_reverse():
         hp.patch(gpt2, "yarn", factor=2)
     assert not is_patched(gpt2) and type(gpt2.transformer.wpe) is torch.nn.Embedding
     llama = tiny_model("llama")
-    with pytest.raises(hp.MethodNotApplicableError, match=r"methods that apply: alibi, base, dynamic, .*, xpos, yarn$"):
+    with pytest.raises(hp.MethodNotApplicableError, match=r"methods that apply: alibi, base, dca, dynamic, .*, xpos, yarn$"):
         hp.patch(llama, "sinusoidal", factor=2)
     assert not is_patched(llama)
 

@@ -70,6 +70,14 @@ class RopeModels:
             } or None,
         }
 
+    def check_length(self, model: torch.nn.Module, length: int) -> None:
+        """`hp.check_length`: only Self-Extend bounds a RoPE model's input (its longest grouped position)."""
+        from ..methods.remapped import RemappedAttention
+
+        compute = next((m for m in model.modules() if isinstance(m, RemappedAttention)), None)
+        if compute is not None:
+            compute.check_length(length)
+
     def unpatched_config(self, config, record: dict) -> tuple:
         """The config of the model before the patch, from a loaded patched config (for
         `hp.from_pretrained`), and the saved tensors that do not fit that model (none here)."""
@@ -125,6 +133,10 @@ class RopeModels:
             if id(old) not in rebuilt:
                 rebuilt[id(old)] = self._rebuild(old, new_config, method, layer_types, natives, original)
             plan.swaps.append((parent, name, rebuilt[id(old)]))
+        if getattr(method, "exact_cache", False):
+            from ..methods.exact_cache import plan_exact_cache
+
+            plan_exact_cache(plan, model, new_config, layer_types)
         return plan
 
     def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:
@@ -154,7 +166,8 @@ class RopeModels:
         if method.removes_positions:
             dim = _compat.rotary_dim(config, None)
             plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
-        attention.plan_attention(plan, model, method, new_config)
+        rotary = self.rotary_modules(model)[0][2]  # dca / self_extend rotate q and k with it themselves
+        attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan
 
     # -- helpers -------------------------------------------------------------------------------

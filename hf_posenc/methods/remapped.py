@@ -1,0 +1,225 @@
+"""Attention whose RoPE positions depend on the query as well as the key (Dual Chunk Attention,
+Self-Extend): the shared machinery.
+
+Such a method splits each query's keys into parts; each part rotates the query and the keys at the
+positions the method gives them, runs one SDPA kernel call that also returns the log-sum-exp of the scores
+(`_compat.attention_with_lse`), and the parts are merged as one softmax over all keys:
+out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p). No L x L tensor: queries go in blocks,
+a part's keys are a contiguous range, and a part that only some queries of a block see gets a float mask
+of (block x range) entries; the common parts need no mask or the kernel's own causal one.
+
+The model's rotary module is replaced by `NoRotation`, so q and k reach the attention call, and the KV
+cache, un-rotated; the method rotates them with cos / sin read from the model's original rotary module
+(a table of the positions it needs, shared by every layer). Positions count the tokens a row attends to:
+a left-padded row is attended exactly as the same row alone.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .. import _compat
+from ..errors import MethodNotApplicableError
+from .rope import apply_rotary
+
+QUERY_BLOCK = 512  # queries per kernel call: a masked part costs at most this many rows x its keys
+
+
+class Part(NamedTuple):
+    """Keys start .. end - 1 (rotated as `keys`: a name of `key_positions`) seen by a block of queries
+    rotated at `query_positions`; query i of the block sees the keys t with lo[i] <= t <= hi[i]."""
+    query: str  # a name for the query rotation: parts that share it rotate the queries once
+    query_positions: torch.Tensor  # [block]
+    keys: str
+    start: int
+    end: int
+    lo: torch.Tensor  # [block]
+    hi: torch.Tensor  # [block]
+
+
+def split(start: int, end: int, *cuts: int) -> list[tuple[int, int]]:
+    """The non-empty ranges [start, end) is cut into at `cuts`."""
+    points = sorted({start, end, *(c for c in cuts if start < c < end)})
+    return [(a, b) for a, b in zip(points, points[1:]) if a < b]
+
+
+class RemappedAttention(nn.Module):
+    """One module shared by every attention layer of a model. Subclasses give `key_positions`, `blocks`,
+    `parts` and `check_length`; positions in them are the token positions 0 .. L - 1 of one row."""
+
+    def __init__(self, rotary: nn.Module, original: int):
+        super().__init__()
+        self.rotary = rotary  # the model's own rotary module, as it was before the patch
+        self.original = original  # the context the model was trained on: every relative distance stays below it
+        self._table: tuple | None = None
+        self._gathers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._gathers_for: tuple | None = None  # the input they belong to: (q_len, k_len, the table's key)
+
+    # -- what a method defines -------------------------------------------------------------------------
+
+    def key_positions(self, length: int, device: torch.device) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def blocks(self, first: int, end: int) -> list[tuple[int, int]]:
+        """Query blocks covering positions first .. end - 1."""
+        return [(a, min(a + QUERY_BLOCK, end)) for a in range(first, end, QUERY_BLOCK)]
+
+    def parts(self, start: int, end: int, device: torch.device) -> list[Part]:
+        raise NotImplementedError
+
+    def check_length(self, length: int) -> None:
+        """Refuse an input this method cannot attend over."""
+
+    # -- the attention call ----------------------------------------------------------------------------
+
+    def forward(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+        """transformers' attention-function contract: q [b, heads, q, d], k / v [b, kv_heads, k, d] (the
+        cache included, un-rotated), the model's mask; returns ([b, q, heads, d], None)."""
+        if dropout and module.training:
+            raise MethodNotApplicableError(
+                f"{type(self).__name__} has no attention dropout; set the model's attention_dropout to 0 for training")
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        if attention_mask is None and 1 < q_len < k_len:  # prefill into an empty static cache (as transformers' sdpa)
+            key, value, k_len = key[..., :q_len, :], value[..., :q_len, :], q_len
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        valid = _attended_keys(attention_mask, query.shape[0], k_len)
+        if valid is None:
+            out = self.attend(query, key, value, scale)
+        else:  # padding: each row alone, its positions counted over the tokens it attends to
+            out = query.new_zeros(*query.shape[:-1], value.shape[-1])
+            for row in range(query.shape[0]):
+                keys = valid[row].nonzero().squeeze(1)
+                queries = valid[row, k_len - q_len:].nonzero().squeeze(1)  # always the last of the row's keys
+                if len(queries):
+                    one = slice(row, row + 1)
+                    out[one, :, queries] = self.attend(query[one, :, queries], key[one, :, keys], value[one, :, keys],
+                                                       scale)
+        return out.transpose(1, 2).contiguous(), None
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+        """Rows without padding: keys at positions 0 .. K - 1, queries the last Q of them. [b, heads, Q, d]
+        (key / value keep their kv heads: the kernel groups them)."""
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        self.check_length(k_len)
+        first = k_len - q_len
+        cos, sin = self.table(max(k_len, self.original), query)
+        if self._gathers_for != (q_len, k_len, self._table[0]):  # another input: other positions
+            self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0])
+        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p))
+                for name, p in self.key_positions(k_len, query.device).items()}
+        outputs = []
+        for start, end in self.blocks(first, k_len):
+            queries, results = {}, []
+            for part in self.parts(start, end, query.device):
+                if part.end <= part.start:
+                    continue
+                mask, causal, empty = _pattern(part, query.dtype)
+                if bool(empty.all()):
+                    continue
+                if part.query not in queries:
+                    block = query[..., start - first:end - first, :]
+                    at = self.gathered((part.query, start, end), cos, sin, part.query_positions)
+                    queries[part.query] = _rotate(block, *at)
+                q = queries[part.query]
+                k, v = keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
+                if causal == "reversed":  # query i sees keys i .. end: causal once both orders are reversed
+                    out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale)
+                    out, lse = out.flip(-2), lse.flip(-1)
+                else:
+                    out, lse = _compat.attention_with_lse(q, k, v, mask=mask, causal=causal, scale=scale)
+                results.append((out, lse.masked_fill(empty, float("-inf"))))
+            outputs.append(merge(results))
+        return torch.cat(outputs, dim=-2)
+
+    def gathered(self, key: tuple, cos: torch.Tensor, sin: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin at `positions` (named by `key`), gathered once for all the layers of a forward: they see
+        the same input, so the same positions."""
+        if key not in self._gathers:
+            self._gathers[key] = (cos[positions], sin[positions])
+        return self._gathers[key]
+
+    def table(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [positions, rotary_dim] of positions 0 .. length - 1 from the model's rotary module,
+        built once and shared by every layer (grown when an input needs more)."""
+        key = (like.dtype, like.device, torch.is_inference_mode_enabled())
+        if self._table is None or self._table[0] != key or self._table[1] < length:
+            with torch.no_grad():
+                cos, sin = self.rotary(like, torch.arange(length, device=like.device)[None])
+            self._table = (key, length, cos[0], sin[0])
+        return self._table[2], self._table[3]
+
+
+def _attended_keys(mask: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:
+    """[batch, k_len] bool: the keys each row attends to, or None when every row attends to all of them.
+    The last query of a causal model without a sliding window attends to every key of its row that counts."""
+    if mask is None:
+        return None
+    last = mask[:, 0, -1, :k_len]
+    allowed = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
+    allowed = allowed.expand(batch, k_len)
+    return None if bool(allowed.all()) else allowed
+
+
+def _pattern(part: Part, dtype: torch.dtype) -> tuple[torch.Tensor | None, bool | str, torch.Tensor]:
+    """(float mask or None, causal, rows that see no key) for a part: no mask where every query sees the
+    whole range, the kernel's causal mask where the range is the block's own diagonal ("reversed" where
+    query i sees keys i .. end of a range as long as the block: a band's first keys)."""
+    lo, hi = part.lo.clamp(min=part.start), part.hi.clamp(max=part.end - 1)
+    empty = lo > hi
+    whole_start, whole_end = bool((part.lo <= part.start).all()), bool((part.hi >= part.end - 1).all())
+    if whole_start and whole_end:
+        return None, False, empty
+    size = part.end - part.start
+    diagonal = torch.arange(size, device=lo.device)
+    if size == len(lo) and whole_start and torch.equal(part.hi - part.start, diagonal):
+        return None, True, empty
+    if size == len(lo) and whole_end and torch.equal(part.lo - part.start, diagonal):
+        return None, "reversed", empty
+    keys = torch.arange(part.start, part.end, device=lo.device)
+    allowed = (keys >= lo[:, None]) & (keys <= hi[:, None])
+    return torch.zeros(allowed.shape, dtype=dtype, device=lo.device).masked_fill(~allowed, float("-inf")), False, empty
+
+
+def merge(results: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One softmax over the union of the parts' keys, from each part's output and log-sum-exp."""
+    if len(results) == 1:
+        return results[0][0]
+    outs = torch.stack([out for out, _ in results])
+    lses = torch.stack([lse for _, lse in results])
+    weights = torch.exp(lses - torch.logsumexp(lses, dim=0)).nan_to_num(0.0)  # no key at all: 0
+    return (outs.float() * weights[..., None]).sum(0).to(outs.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return apply_rotary(x, cos[None, None], sin[None, None])  # positions shared by the batch and the heads
+
+
+def check_model(name: str, config, inner: str, causal: bool) -> None:
+    """What a remapped-attention method needs of the model, checked before the patch."""
+    if not causal:
+        raise MethodNotApplicableError(
+            f"method {name!r} is built for decoder-only (causal) models; this {config.model_type} model attends "
+            f"bidirectionally")
+    if inner not in ("sdpa", "eager"):
+        raise MethodNotApplicableError(
+            f"method {name!r} runs its own SDPA kernel calls and reads the model's padding from its sdpa or eager "
+            f"mask; this model runs attn_implementation={inner!r}. Load it with attn_implementation='sdpa'")
+    if config.model_type in _compat.INTERLEAVED_ROTARY_MODEL_TYPES:
+        raise MethodNotApplicableError(
+            f"method {name!r} rotates q and k in the rotate-half layout; {config.model_type} rotates interleaved pairs")
+    window = getattr(config, "sliding_window", None)
+    local = [t for t in getattr(config, "layer_types", None) or [] if t != "full_attention"]
+    if window is not None or local:
+        raise MethodNotApplicableError(
+            f"method {name!r} replaces full causal attention; this {config.model_type} model attends within a "
+            f"sliding window (sliding_window={window}, layer types {sorted(set(local)) or 'all'}), which it would drop")
+    rope_type = _compat.get_rope_parameters(config, None).get("rope_type", "default")
+    if rope_type in ("dynamic", "longrope"):
+        raise MethodNotApplicableError(
+            f"method {name!r} reads cos / sin from the model's rotary module at fixed positions; this checkpoint's "
+            f"rope_type={rope_type!r} changes them with the input length")

