@@ -139,10 +139,11 @@ def main() -> None:
             if label in results["perplexity"]:
                 continue
             start = time.perf_counter()
-            with hpe.patched(model, method, target) as params:
+            with hpe.patched(model, method, target):
+                params = hp.describe(model).get("params") or {}  # resolved: self_extend's group, dca's chunk
                 res = hpe.perplexity_by_length(model, list(docs.values()), lengths, progress=False)
             results["perplexity"][label] = {
-                "params": {k: v for k, v in params.items() if k != "max_position_embeddings"},
+                "params": params,
                 "perplexity": dict(zip(map(str, lengths), res["perplexity"])),
                 "per_play": {p: dict(zip(map(str, lengths), r)) for p, r in zip(docs, res["per_document"])},
                 "one_pass": res["one_pass"], "seconds": time.perf_counter() - start}
