@@ -12,8 +12,8 @@
 4. Peak memory (peak RSS above the RSS after loading) of one forward at each of --memory-lengths, each in a
    fresh process forked after loading, for none / dca / self_extend.
 
-dtype: bfloat16 when torch.backends.cpu.get_cpu_capability() reports AVX512 with bf16 support
-("AVX512_BF16" / "AMX"), else float32 (--dtype overrides). Results go to --out (JSON, rewritten after every
+dtype: bfloat16 where the hardware runs it natively (a CPU with AVX512-BF16 or AMX: torch.cpu's probes), else
+float32 (--dtype overrides). Results go to --out (JSON, rewritten after every
 step; a rerun with the same settings resumes), the tables to stdout.
 
     python benchmarks/bench_long_context.py                          # hours on 2 CPU cores
@@ -46,8 +46,10 @@ METHODS = ["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"]
 
 
 def default_dtype() -> str:
-    capability = torch.backends.cpu.get_cpu_capability()
-    return "bfloat16" if any(tag in capability for tag in ("BF16", "AMX")) else "float32"
+    """bfloat16 where the hardware runs it natively, else float32 (hf_posenc.loading.resolve_dtype)."""
+    from hf_posenc.loading import resolve_dtype
+
+    return str(resolve_dtype("auto")[0]).removeprefix("torch.")
 
 
 def load(dtype: str):
@@ -98,7 +100,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1, help="passkey trials per (length, depth)")
     parser.add_argument("--timing-length", type=int, default=16384, help="0: skip the timing")
     parser.add_argument("--memory-lengths", type=int, nargs="*", default=[8192, 16384, 32768])
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on AVX512-BF16 / AMX CPUs, else float32")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
     parser.add_argument("--out", default="runs/bench/long_context.json")
     parser.add_argument("--child-method", help=argparse.SUPPRESS)
     parser.add_argument("--child-length", type=int, help=argparse.SUPPRESS)

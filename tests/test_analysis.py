@@ -1,6 +1,6 @@
 """hf_posenc.analysis on tiny models: every plot writes a PNG and a CSV that holds the values computed
-here from the seed formulas (the sinusoidal table, theta_i = base^(-2i/d), cos((m - n) theta_i)), from
-YaRN's rule, or from transformers' own attention weights; the checks are ~0 where the seeds say the
+here from the papers' formulas (the sinusoidal table, theta_i = base^(-2i/d), cos((m - n) theta_i)), from
+YaRN's rule, or from transformers' own attention weights; the checks are ~0 where the papers say the
 property holds and large where it does not."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_similarity_of_the_sinusoidal_table_is_a_sum_of_cosines(tmp_path):
     np.testing.assert_allclose(data["pe: mean"], expected, rtol=0, atol=1e-10)
     np.testing.assert_allclose(data["pe: std"], 0, atol=1e-10)
     assert data["pe: mean"][0] == pytest.approx(dim / 2)
-    assert data["pe: mean"][1:50].mean() < data["pe: mean"][0] * 0.9  # the decay the seeds describe
+    assert data["pe: mean"][1:50].mean() < data["pe: mean"][0] * 0.9  # the decay the papers describe
 
 
 def test_similarity_variants_of_a_learned_model(tmp_path):

@@ -1,7 +1,7 @@
 """Positions inside attention: alibi, relative_bias, xpos, and learned -> rope (issue 6).
 
 Each method is checked against a reference written here (the ALiBi paper's slopes, T5's own bucket
-function, the seed's clipped table, a model with its positions zeroed by hand, plain RoPE), then through
+function, Shaw et al.'s clipped table, a model with its positions zeroed by hand, plain RoPE), then through
 the model: forward, backward, cached generation, save / reload, the SDPA kernel, 4x the original length."""
 
 from __future__ import annotations

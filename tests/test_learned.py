@@ -249,7 +249,7 @@ def test_distilbert_own_sinusoid_is_described_and_matches_the_seed_formula():
     assert hp.describe(tiny("distilbert"))["mechanism"] == "learned"
     batch = inputs(model, N)
     reference = logits(model, batch)
-    hp.patch(model, "sinusoidal", factor=2, init="raw")  # DistilBERT's table is the seed formula
+    hp.patch(model, "sinusoidal", factor=2, init="raw")  # DistilBERT's table is the sinusoidal formula
     torch.testing.assert_close(logits(model, batch), reference, rtol=0, atol=1e-6)
 
 

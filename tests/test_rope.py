@@ -1,4 +1,4 @@
-"""The RoPE methods on a tiny Llama: the seed formulas, the rotary property, identity, generation,
+"""The RoPE methods on a tiny Llama: the papers' formulas, the rotary property, identity, generation,
 isolation and bad input. Parity with transformers and round trips across families live in
 test_rope_families.py."""
 

@@ -1,5 +1,5 @@
 """The generic RoPE adapter across the causal-LM families of transformers it is tested on:
-parity with transformers' own RoPE functions and with the seed formulas, stock save/load round
+parity with transformers' own RoPE functions and with the papers' formulas, stock save/load round
 trips, checkpoints stock transformers cannot express, unpatch and factor-1 identity.
 
 Everything here builds tiny models from config (no hub) and runs them on one thread; the save/load
@@ -204,7 +204,7 @@ def test_rotary_matches_transformers_and_the_seed_formula(family, method):
     assert getattr(rotary, prefix(key) + "attention_scaling") == ref_scaling
 
     if method in ("base", "ntk"):
-        # the seed formula theta_i = base'^(-2i/d), computed here in float64
+        # RoPE's formula theta_i = base'^(-2i/d), computed here in float64
         theta = native["rope_theta"]
         new_base = theta * 2.0 if method == "base" else theta * 2.0 ** (dim / (dim - 2))
         seed = torch.tensor([new_base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)

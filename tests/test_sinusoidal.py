@@ -1,4 +1,4 @@
-"""The math of hf_posenc.methods.sinusoidal and .learned against references written here: the seed
+"""The math of hf_posenc.methods.sinusoidal and .learned against references written here: the paper's
 formula element by element, the rotation property, plain least squares, the interpolation formula."""
 
 from __future__ import annotations

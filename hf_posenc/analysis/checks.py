@@ -1,4 +1,4 @@
-"""Two checks of the properties the seed documents state, as numbers:
+"""Two checks of the properties the papers state (Vaswani et al. 2017, Su et al. 2021), as numbers:
 
 - `check_relative`: how far the q.k scores a positional mechanism gives depend on the absolute positions
   m and n rather than only on m - n. RoPE: <R_m q, R_n k> = <q, R_(n-m) k>, so 0 (up to the float32
@@ -82,7 +82,7 @@ def check_relative(source, *, length: int | None = None, trials: int = 8, seed: 
     `source`: a model (RoPE or a position table, patched or not), a rotary module, a position-table
     module, or a 2-D table tensor. RoPE: S[m, n] = <R_m q, R_n k> with the module's own cos/sin, for
     `trials` random pairs q, k (the residuals pooled). A table: S[m, n] = PE(m) . PE(n), the
-    position-position term of the attention score of an absolute encoding (the seeds' decay)."""
+    position-position term of the attention score of an absolute encoding (the decay with distance)."""
     if length is not None and length < 2:
         raise InvalidParameterError(f"length must be >= 2, got {length!r}")
     module, layer_type, table = None, None, None
@@ -127,7 +127,7 @@ def _is_rotary(module) -> bool:
 @dataclass
 class RotationFit:
     """PE(pos + shift) against R(angle_i) PE(pos) in each pair i, R(a) = [[cos a, sin a], [-sin a, cos a]]
-    (the seed's rotation: sin(x + a), cos(x + a) from sin x, cos x): the best angle per pair (least
+    (the rotation property: sin(x + a), cos(x + a) from sin x, cos x): the best angle per pair (least
     squares over pos), and per pair the residual ||PE(pos + shift) - R PE(pos)|| and the norm
     ||PE(pos + shift)|| over pos."""
 

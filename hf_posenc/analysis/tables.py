@@ -24,7 +24,7 @@ MEASURES = ("cosine", "dot")
 # name -> (method, parameters, label). "model" is the model's table as it is.
 VARIANTS: dict[str, tuple[str | None, dict, str]] = {
     "model": (None, {}, "the model's table"),
-    "sinusoidal": ("sinusoidal", {"init": "raw"}, "sinusoidal (seed formula)"),
+    "sinusoidal": ("sinusoidal", {"init": "raw"}, "sinusoidal (Vaswani et al.)"),
     "scaled": ("sinusoidal", {"init": "scaled"}, "sinusoidal, scaled to the table's RMS"),
     "fit": ("sinusoidal", {"init": "fit"}, "sinusoidal fitted to the table"),
     "interpolate": ("interpolate", {}, "table interpolated"),
@@ -175,7 +175,7 @@ def plot_similarity(source, out: str | Path, *, variants: Sequence[str] = DEFAUL
     `source` is a learned-position model or a dict {name: 2-D tensor}. For a model, `variants` picks
     the tables, each built from the model's own table by a temporary patch to the target context
     (max_position_embeddings= or factor=, default 2x the original): "model" (its table as it is),
-    "sinusoidal" (the seed formula), "scaled", "fit" (the sinusoid fitted to the table), "interpolate",
+    "sinusoidal" (the formula of Vaswani et al. 2017), "scaled", "fit" (the sinusoid fitted to the table), "interpolate",
     "tile". The model's own learned table stops at its context. Writes out/similarity.png/.csv/.json;
     the CSV has a `distance` column, then `<variant>: mean|std|min|max` per table."""
     if measure not in MEASURES:

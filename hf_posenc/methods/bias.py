@@ -3,7 +3,7 @@
 Scores become q_i . k_j / sqrt(d) + b_h(i - j) for head h, query position i, key position j:
 - ALiBi (Press et al. 2022): b_h(i - j) = -m_h * (i - j), a fixed slope m_h per head, so attention
   fades linearly with distance ("train short, test long").
-- relative bias (Shaw et al. 2018, the seed survey's clipped table): b_h = a learned value per head for
+- relative bias (Shaw et al. 2018, the clipped table): b_h = a learned value per head for
   each distance j - i clipped to [-k, k] (2k + 1 values per head); or, as in T5, one value per
   log-spaced bucket of distances up to `max_distance`.
 """

@@ -4,7 +4,7 @@ Rotary position embedding rotates each pair i of q/k channels by the angle m * t
 position m, with theta_i = base^(-2i/d) (d = rotary dimension). Every method here only changes
 the frequencies theta_i (and, for YaRN/LongRoPE, a scale on cos/sin). Where transformers already
 knows a method, this file only writes the `rope_parameters` that select it; transformers' own
-`ROPE_INIT_FUNCTIONS` do the arithmetic (DESIGN.md rule 2).
+`ROPE_INIT_FUNCTIONS` do the arithmetic.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ SCALING_KEYS = frozenset({
     "high_freq_factor",
 })
 # rope_type written into a saved config for methods transformers lacks: stock loading stops with
-# KeyError on this name instead of silently building a different model (DESIGN.md rule 3).
+# KeyError on this name instead of silently building a different model.
 CUSTOM_ROPE_TYPE_PREFIX = "hf_posenc_"
 
 
 def inv_freq(theta: float, dim: int) -> torch.Tensor:
-    """The seed formula: theta_i = base^(-2i/d), i = 0 .. d/2 - 1."""
+    """RoPE's frequencies (Su et al. 2021): theta_i = base^(-2i/d), i = 0 .. d/2 - 1."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
 
 

@@ -1,8 +1,8 @@
-"""Sinusoidal absolute positions (the seed formula), the fits that start them close to a learned
+"""Sinusoidal absolute positions (Vaswani et al. 2017), the fits that start them close to a learned
 table, then the module that replaces the learned table with them.
 
     PE(pos, 2i)   = sin(pos / base^(2i/d))
-    PE(pos, 2i+1) = cos(pos / base^(2i/d))          base = 10000 in the seed documents
+    PE(pos, 2i+1) = cos(pos / base^(2i/d))          base = 10000 in the paper
 
 Each pair (2i, 2i+1) turns on a circle at its own frequency, so PE(pos + k) is PE(pos) rotated by
 k / base^(2i/d) in every pair: a fixed linear map of PE(pos) for each shift k.
