@@ -62,16 +62,30 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
         elif not cache:
             model = _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
             _compat.drop_gguf_quantization(model)
-            return model
+            return _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])
         else:
             # de-quantize once in float32 into the cache, then load from it as asked (dtype=, config=, ...)
             model = _auto_class(name, extra, auto_class, None).from_pretrained(name, **extra)
             _compat.drop_gguf_quantization(model)
+            _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])
             model.save_pretrained(cached)
             load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
             del model
             name, extra = str(cached), {}
     return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+
+
+def _apply_gguf_rope_scaling(model, path: Path):
+    """Patch a model loaded from a GGUF file with the rope scaling its metadata holds (transformers drops
+    it): the config goes back to the original context, then the scaling is applied as hp.patch does."""
+    from . import api, serving
+
+    found = serving.gguf_patch(path)
+    if found is None:
+        return model
+    method, params = found
+    model.config.get_text_config().max_position_embeddings = params.pop("original_max_position_embeddings")
+    return api.patch(model, method, **params)
 
 
 def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):

@@ -236,3 +236,21 @@ def read_gguf_rope(path: str | os.PathLike) -> dict[str, object]:
     arch = reader.fields["general.architecture"].contents()
     return {key[len(arch) + 1:]: field.contents() for key, field in reader.fields.items()
             if key.startswith(f"{arch}.rope.") or key == f"{arch}.context_length"}
+
+
+def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
+    """The patch a GGUF file's rope metadata describes, as (method, hp.patch parameters) with the original
+    context among them (`original_max_position_embeddings`), or None for plain RoPE. transformers reads a
+    llama-architecture file's context and rope base but not its rope scaling: without this, such a file
+    (written by `write_gguf`, or by llama.cpp's converter from a scaled checkpoint) loads unscaled."""
+    rope = read_gguf_rope(path)
+    kind = rope.get("rope.scaling.type")
+    if kind not in ("linear", "yarn"):
+        return None
+    factor, target = float(rope["rope.scaling.factor"]), int(rope["context_length"])
+    original = int(rope.get("rope.scaling.original_context_length") or round(target / factor))
+    params = {"max_position_embeddings": target, "original_max_position_embeddings": original}
+    for key in ("beta_fast", "beta_slow"):
+        if f"rope.scaling.yarn_{key}" in rope and kind == "yarn":
+            params[key] = float(rope[f"rope.scaling.yarn_{key}"])
+    return kind, params

@@ -163,3 +163,25 @@ def test_smollm2_gguf_export(tmp_path):
     assert rope["rope.scaling.original_context_length"] == 8192 and rope["context_length"] == 16384
     assert rope["rope.freq_base"] == 100000.0
     assert len(gguf.GGUFReader(tmp_path / "smollm2-16k.gguf").tensors) == 272
+
+
+@pytest.mark.real
+def test_a_scaled_gguf_loads_patched(tmp_path):
+    """transformers reads a GGUF file's context and rope base, not its rope scaling: hf_posenc restores it."""
+    from hf_posenc import assets
+
+    source = assets.smollm2_gguf()
+    original = hp.load_model(source).eval()
+    patched = hp.patch(hp.load_model(source), "yarn", max_position_embeddings=16384).eval()
+    serving.write_gguf(patched, source, tmp_path / "smollm2-16k.gguf")
+    assert serving.gguf_patch(tmp_path / "smollm2-16k.gguf") == (
+        "yarn", {"max_position_embeddings": 16384, "original_max_position_embeddings": 8192})
+    assert serving.gguf_patch(source) is None
+    loaded = hp.load_model(tmp_path / "smollm2-16k.gguf", cache=False).eval()
+    info = hp.describe(loaded)
+    assert (info["method"], info["factor"], info["max_position_embeddings"]) == ("yarn", 2.0, 16384)
+    assert loaded.config.rope_parameters == patched.config.rope_parameters
+    ids = torch.arange(100, 164)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, patched(ids).logits)
+        assert not torch.allclose(loaded(ids).logits, original(ids).logits)
