@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import yaml
 
-from . import api, assets, loading
+from . import api, assets, card, loading
 from .config import parse_params
 from .errors import MethodNotApplicableError, PosEncError
 from .registry import list_methods
@@ -208,7 +208,9 @@ def cmd_patch(args) -> None:
     with replacing(out) as fresh:
         model.save_pretrained(fresh)
         if tokenizer is not None:
+            card.fit_tokenizer(tokenizer, model)  # tools truncate to the tokenizer's model_max_length
             tokenizer.save_pretrained(fresh)
+        (Path(fresh) / "README.md").write_text(card.patch_card(model, str(args.model)))
     print(json.dumps(api.describe(model), indent=2, default=str))
     print(f"saved to {args.out}")
 

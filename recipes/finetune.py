@@ -29,6 +29,7 @@ from transformers import get_scheduler
 
 import hf_posenc as hp
 from hf_posenc import training as T
+from hf_posenc.card import fit_tokenizer
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch
 
 
@@ -179,6 +180,7 @@ def main(argv=None):
         final, state_dict = unwrapped, state_dict and {k.removeprefix("model."): v for k, v in state_dict.items()}
     if accelerator.is_main_process:
         final.save_pretrained(cfg.output_dir, state_dict=state_dict)
+        fit_tokenizer(tokenizer, final)   # model_max_length: the patched context, which tools truncate to
         tokenizer.save_pretrained(cfg.output_dir)
         after = T.evaluate(final, tokenizer, cfg, plan, teacher)
         for name, figures in (("eval_before.json", before), ("eval_after.json", after)):

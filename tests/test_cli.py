@@ -39,6 +39,25 @@ def test_patch_saves_a_stock_loadable_checkpoint(checkpoint, tmp_path, capsys):
     assert model(token_ids(200)).logits.shape == (1, 200, 128)
 
 
+@pytest.mark.parametrize("method,stock", [("yarn", True), ("dynamic", False)])
+def test_patch_writes_the_tokenizer_context_and_a_card(checkpoint, tmp_path, capsys, method, stock):
+    from transformers import AutoTokenizer
+
+    from tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.model_max_length = 64
+    tokenizer.save_pretrained(checkpoint)
+    out = tmp_path / "patched"
+    main(["patch", str(checkpoint), "--method", method, "--factor", "4", "--out", str(out)])
+    assert AutoTokenizer.from_pretrained(out).model_max_length == 256  # what tools truncate to
+    assert AutoTokenizer.from_pretrained(checkpoint).model_max_length == 64  # the input is left as it was
+    card = (out / "README.md").read_text()
+    assert f"with `{method}` positions" in card and "64 -> 256 tokens" in card
+    assert ("AutoModelForCausalLM.from_pretrained(folder)" in card) == stock
+    assert ("--hf-overrides" in card) == stock  # dynamic: no engine computes it as hf_posenc does
+
+
 def refusal(capsys, argv) -> str:
     """The one-line refusal (exit code 2) of `hf-posenc argv`."""
     capsys.readouterr()

@@ -16,7 +16,7 @@ import datasets
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc as hp
 from hf_posenc import data as hdata
@@ -368,6 +368,8 @@ def test_yarn_finetune_at_512_beats_unpatched_and_untrained(tmp_path, tiny_dir):
                           train={"steps": 25, "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "warmup_steps": 2,
                                  "scheduler": "constant_with_warmup", "save_every": 1000})
     finetuned = run_recipe(ft_cfg)
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ft" / "out")
+    assert saved_tokenizer.model_max_length == 512  # the patched context, which tools truncate to
 
     tok = tiny_tokenizer()
     text = hdata.assets.shakespeare_text("macbeth")
