@@ -283,17 +283,36 @@ def describe(model) -> dict:
 
 
 def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
-    res = {}
+    """Every measure of one variant, and the seconds each took ("seconds_by_measure")."""
+    res, seconds = {}, {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        value = fn()
+        seconds[name] = round(time.perf_counter() - start, 1)
+        return value
+
     if inputs["lengths"]:
-        res["lengths"] = hpe.perplexity_by_length(model, inputs["lengths"], args.perplexity_lengths)
+        res["lengths"] = timed("lengths", lambda: hpe.perplexity_by_length(model, inputs["lengths"],
+                                                                           args.perplexity_lengths))
     if inputs["curve"]:
-        res["curve"] = hpe.perplexity_curve(model, inputs["curve"], length=args.curve_length, bucket=args.curve_bucket)
+        res["curve"] = timed("curve", lambda: hpe.perplexity_curve(model, inputs["curve"], length=args.curve_length,
+                                                                   bucket=args.curve_bucket))
     for window in args.strided_windows:
-        res.setdefault("strided", {})[str(window)] = hpe.strided_perplexity(
-            model, inputs["strided"], window=window, stride=args.strided_stride or window // 2, bos=inputs["bos"])
+        res.setdefault("strided", {})[str(window)] = timed(f"strided {window}", lambda: hpe.strided_perplexity(
+            model, inputs["strided"], window=window, stride=args.strided_stride or window // 2, bos=inputs["bos"]))
     for task, trials in inputs["trials"].items():
-        res[task] = hpe.summarize(trials, hpe.score_trials(model, trials))
+        res[task] = timed(task, lambda: hpe.summarize(trials, hpe.score_trials(model, trials)))
+    res["seconds_by_measure"] = seconds
     return res
+
+
+def shown(label: str, variant: dict) -> str:
+    """A variant's name in tables and figures: its method and target ("yarn -> 16k")."""
+    target = (variant.get("params") or {}).get("max_position_embeddings")
+    if label == hpe.variants.NONE or "@" in label or not target:
+        return label
+    return f"{label} -> {target / 1024:g}k" if target >= 1024 else f"{label} -> {target}"
 
 
 def search_grid(model, args: EvalArguments, inputs: dict, spec: str, target: int) -> dict:
@@ -439,7 +458,7 @@ def summary(results: dict, context: int) -> str:
                   f"scored in one pass (token-weighted over the documents; corpus {results['config']['corpus']}):", "",
                   "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | how |",
                   "|---|" + "---|" * (len(first["lengths"]) + 1)]
-        lines += [f"| {label} | " + " | ".join(_fmt(p) for p in r["perplexity"]) + " | "
+        lines += [f"| {shown(label, variants[label])} | " + " | ".join(_fmt(p) for p in r["perplexity"]) + " | "
                   + ("one pass" if r["one_pass"] else "a pass per length") + " |" for label, r in lengths.items()]
         lines.append("")
     for label, grid in results.get("grid", {}).items():
@@ -454,19 +473,21 @@ def summary(results: dict, context: int) -> str:
         length = next(iter(curves.values()))["length"]
         lines += [f"Perplexity by position ({length} tokens, {next(iter(curves.values()))['documents']} document(s), "
                   f"corpus {results['config']['corpus']}):", "",
-                  "| variant | positions < " + str(context) + " | positions >= " + str(context) + " | last bucket | time (s) |",
+                  "| variant | positions < " + str(context) + " | positions >= " + str(context) + " | last bucket | "
+                  "this measure (s) |",
                   "|---|---|---|---|---|"]
         for label, curve in curves.items():
-            lines.append(f"| {label} | {_fmt(hpe.curve_perplexity(curve, 0, context))} | "
+            measured = variants[label].get("seconds_by_measure", {}).get("curve", "-")
+            lines.append(f"| {shown(label, variants[label])} | {_fmt(hpe.curve_perplexity(curve, 0, context))} | "
                          f"{_fmt(hpe.curve_perplexity(curve, context))} | {_fmt(curve['perplexity'][-1])} | "
-                         f"{variants[label]['seconds']} |")
+                         f"{measured} |")
         lines.append("")
     strided = {k: v["strided"] for k, v in variants.items() if "strided" in v}
     if strided:
         windows = list(next(iter(strided.values())))
         lines += ["Sliding-window perplexity (window = context the model sees):", "",
                   "| variant | " + " | ".join(f"window {w}" for w in windows) + " |", "|---|" + "---|" * len(windows)]
-        lines += [f"| {label} | " + " | ".join(_fmt(s[w]["perplexity"]) for w in windows) + " |"
+        lines += [f"| {shown(label, variants[label])} | " + " | ".join(_fmt(s[w]["perplexity"]) for w in windows) + " |"
                   for label, s in strided.items()]
         lines.append("")
     for task in hpe.TASKS:
@@ -477,8 +498,8 @@ def summary(results: dict, context: int) -> str:
             lines += [f"{task} accuracy at each length ({per_length} trials per length, depths {first['depths']}):", "",
                       "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | mean answer log-prob |",
                       "|---|" + "---|" * (len(first["lengths"]) + 1)]
-            lines += [f"| {label} | " + " | ".join(f"{a:.2f}" for a in r["by_length"]) + f" | {r['mean_logprob']:.2f} |"
-                      for label, r in runs.items()]
+            lines += [f"| {shown(label, variants[label])} | " + " | ".join(f"{a:.2f}" for a in r["by_length"])
+                      + f" | {r['mean_logprob']:.2f} |" for label, r in runs.items()]
             lines.append("")
     return "\n".join(lines)
 
@@ -487,16 +508,16 @@ def figures(results: dict, out: Path, context: int) -> None:
     from hf_posenc.eval import plots
 
     variants, model = results["variants"], results["config"]["model"]
-    lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
+    lengths = {shown(k, v): v["lengths"] for k, v in variants.items() if "lengths" in v}
     if lengths:
         plots.plot_perplexity_by_length(lengths, out / "perplexity_by_length.png", original_context=context,
                                         title=f"{Path(model).name}: perplexity against context length")
-    curves = {k: v["curve"] for k, v in variants.items() if "curve" in v}
+    curves = {shown(k, v): v["curve"] for k, v in variants.items() if "curve" in v}
     if curves:
         plots.plot_perplexity_curves(curves, out / "perplexity_curve.png", original_context=context,
                                      title=f"{Path(model).name}: perplexity by position")
     for task in hpe.TASKS:
-        runs = {k: v[task] for k, v in variants.items() if task in v}
+        runs = {shown(k, v): v[task] for k, v in variants.items() if task in v}
         if runs:
             plots.plot_retrieval_by_length(runs, out / f"{task}.png", original_context=context,
                                            title=f"{Path(model).name}: {task} accuracy")

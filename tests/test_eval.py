@@ -265,3 +265,27 @@ def test_plots_write_pngs(tmp_path):
              plots.plot_retrieval_depths({"none": grid, "yarn": grid}, tmp_path / "depths.png")]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_figures_mark_the_original_context_only_within_the_data(tmp_path):
+    """A 32k model read at 2k-4k: no line at 32k stretching the axis over empty space."""
+    from hf_posenc.eval import plots
+
+    curves = {"none": {"positions": [512, 1024, 2048], "perplexity": [30.0, 28.0, 27.0]}}
+    lengths = {"none": {"lengths": [2048, 4096], "perplexity": [25.0, 24.0]}}
+    for original, marked in ((32768, False), (1024, True)):
+        lines = []
+        original_line = plots._context_line
+
+        def spy(ax, context, xs):
+            original_line(ax, context, xs)
+            lines.append([line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"])
+
+        plots._context_line = spy
+        try:
+            plots.plot_perplexity_curves(curves, tmp_path / "c.png", original_context=original)
+            plots.plot_perplexity_by_length(lengths, tmp_path / "l.png", original_context=original)
+        finally:
+            plots._context_line = original_line
+        assert lines[0] == ([original] if marked else [])  # the curve spans 512-2048
+        assert lines[-1] == []  # the lengths span 2048-4096: neither context falls inside

@@ -65,7 +65,10 @@ def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_p
     for name in ("results.json", "summary.md", "perplexity_curve.png", "passkey.png", "needle_depths.png"):
         assert (tmp_path / name).stat().st_size > 0
     summary = (tmp_path / "summary.md").read_text()
-    assert "| yarn | " in summary and "positions >= 64" in summary
+    assert "| yarn -> 256 | " in summary and "| none | " in summary and "positions >= 64" in summary
+    # each measure's own time, not the variant's whole time
+    assert {"curve", "strided 64", "passkey", "needle"} <= set(yarn["seconds_by_measure"])
+    assert sum(yarn["seconds_by_measure"].values()) <= yarn["seconds"] + 0.2
 
     # a second run with the same configuration resumes: nothing is evaluated again
     monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated again"))

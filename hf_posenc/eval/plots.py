@@ -11,11 +11,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 
-def _context_line(ax, original_context: int | None) -> None:
-    if original_context:
+def _context_line(ax, original_context: int | None, xs) -> None:
+    """Mark the original context where it falls among the data; a line past them would stretch the axis
+    (a 32k model read at 2k-4k: every point squeezed into the left few percent). The label sits at the
+    bottom, clear of a legend in the upper corner."""
+    xs = [x for x in xs if x is not None]
+    if original_context and xs and min(xs) <= original_context <= max(xs):
         ax.axvline(original_context, color="0.5", linestyle=":", linewidth=1)
-        ax.annotate("original context", (original_context, 1), xycoords=("data", "axes fraction"),
-                    xytext=(3, -12), textcoords="offset points", fontsize=8, color="0.4")
+        ax.annotate("original context", (original_context, 0), xycoords=("data", "axes fraction"),
+                    xytext=(3, 4), textcoords="offset points", fontsize=8, color="0.4")
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
@@ -51,7 +55,7 @@ def plot_perplexity_curves(curves: dict[str, dict], path: str | Path, *, origina
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
         ax.grid(alpha=0.3, which="both")
-        _context_line(ax, original_context)
+        _context_line(ax, original_context, [x for c in curves.values() for x in c["positions"]])
     axes[-1].set_xlabel("position (tokens)")
     axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
@@ -75,7 +79,7 @@ def plot_perplexity_by_length(results: dict[str, dict], path: str | Path, *, ori
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(plain)
     ax.grid(alpha=0.3, which="both")
-    _context_line(ax, original_context)
+    _context_line(ax, original_context, lengths)
     ax.set(xlabel="context length n (tokens)", ylabel="perplexity of the first n tokens", title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
@@ -88,10 +92,10 @@ def plot_retrieval_by_length(results: dict[str, dict], path: str | Path, *, orig
     ax = fig.subplots()
     for label, res in results.items():
         ax.plot(res["lengths"], res["by_length"], marker="o", linewidth=1.2, label=label)
-    _context_line(ax, original_context)
+    _context_line(ax, original_context, [n for res in results.values() for n in res["lengths"]])
     ax.set(xlabel="context length (tokens)", ylabel="accuracy", title=title, ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
 
 
