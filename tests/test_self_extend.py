@@ -4,6 +4,8 @@ models of several RoPE families, as tests/test_dca.py does for Dual Chunk Attent
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_dca import CTX, FAMILIES, LseCalls, build, check_against_reference, ids, reference_attention
@@ -184,7 +186,7 @@ def test_evaluation_variants_pick_the_group_from_the_target():
     assert hpe.expand_grid("self_extend group_size=2|4") == ["self_extend group_size=2", "self_extend group_size=4"]
 
 
-def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_measuring(tmp_path):
+def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_measuring(tmp_path, capsys):
     from test_eval_recipe import TEXT, recipe
     from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
@@ -200,9 +202,11 @@ def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_me
     args = ["--model", str(tmp_path / "model"), "--dtype", "float32", "--corpus", str(tmp_path / "corpus"),
             "--max_position_embeddings", "256", "--perplexity_lengths", "16", "256", "--perplexity_documents", "1",
             "--tune_documents", "1", "--plots", "false"]
-    with pytest.raises(SystemExit, match="self_extend group_size=4.*at most 208 tokens"):
+    with pytest.raises(SystemExit) as refused:
         recipe.main([*args, "--output_dir", str(tmp_path / "refused"), "--variants", "none",
                      "--grid", "self_extend group_size=4|8"])
+    assert refused.value.code == 2 and not (tmp_path / "refused").exists()
+    assert re.search(r"^error: .*self_extend group_size=4.*at most 208 tokens", capsys.readouterr().err, re.M)
     results = recipe.main([*args, "--output_dir", str(tmp_path / "out"), "--variants", "none", "dca", "self_extend",
                            "--grid", "self_extend group_size=8|16"])
     ppl = {k: v["lengths"]["perplexity"] for k, v in results["variants"].items()}
