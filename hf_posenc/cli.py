@@ -194,6 +194,8 @@ def cmd_patch(args) -> None:
     params = _method_params(args)
     get_method(args.method).from_dict(params)  # method and parameters, before any loading
     ref = model_ref(args.model, args.gguf_file)
+    if args.out.endswith(".gguf"):
+        return _patch_to_gguf(args, ref, params)
     out = output_folder(args.out, "--out", _input_paths(ref, args.gguf_file), replaces=True)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
@@ -213,6 +215,31 @@ def cmd_patch(args) -> None:
         (Path(fresh) / "README.md").write_text(card.patch_card(model, str(args.model)))
     print(json.dumps(api.describe(model), indent=2, default=str))
     print(f"saved to {args.out}")
+
+
+def _patch_to_gguf(args, ref: str, params: dict) -> None:
+    """`--out X.gguf`: the input GGUF file again, the patch in its rope metadata (serving.write_gguf)."""
+    from . import serving
+
+    source = Path(ref) / args.gguf_file if args.gguf_file else Path(ref)
+    if source.suffix != ".gguf" or not source.is_file():
+        raise UsageError(f"--out {args.out} is a GGUF file, written from a GGUF input; {args.model} is not one "
+                         f"(save a folder with --out DIR, or start from the model's .gguf file)")
+    out = Path(args.out).expanduser()
+    if out.resolve() == source.resolve():
+        raise UsageError(f"--out {args.out} is the input file; name a new .gguf file")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
+    output_folder(str(out.parent), "--out's folder")
+    model_mechanism(str(source), None, [args.method])
+    if args.method not in serving.LLAMA_CPP_METHODS:
+        raise MethodNotApplicableError(f"method {args.method!r} cannot be written into GGUF metadata; methods that "
+                                       f"can: {', '.join(serving.LLAMA_CPP_METHODS)}")
+    model = loading.load_model(str(source))
+    api.patch(model, args.method, **params)
+    written = serving.write_gguf(model, source, out, overwrite=args.overwrite)
+    print(json.dumps(written, indent=2))
+    print(f"saved to {args.out} (llama.cpp, from the original file instead: {' '.join(serving.llama_cpp_args(model))})")
 
 
 def cmd_demo(args) -> None:
@@ -312,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float)
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="a method parameter (repeatable)")
     p.add_argument("--gguf-file")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the folder to save to; a .gguf name (from a .gguf input) writes a GGUF "
+                   "file with the patch in its rope metadata")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_patch)
 

@@ -185,3 +185,29 @@ def test_a_scaled_gguf_loads_patched(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, patched(ids).logits)
         assert not torch.allclose(loaded(ids).logits, original(ids).logits)
+
+
+@pytest.mark.real
+def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, capsys):
+    from hf_posenc import assets
+    from hf_posenc.cli import main
+
+    source = assets.smollm2_gguf()
+    main(["patch", str(source), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "x2.gguf")])
+    assert "--rope-scaling linear" in capsys.readouterr().out
+    rope = serving.read_gguf_rope(tmp_path / "x2.gguf")
+    assert (rope["rope.scaling.type"], rope["rope.scaling.factor"], rope["context_length"]) == ("linear", 2.0, 16384)
+    for argv, out, message in [
+        (["--method", "dynamic", "--factor", "2"], "d.gguf", "cannot be written into GGUF metadata"),
+        (["--method", "linear", "--factor", "2"], "x2.gguf", "exists; pass --overwrite"),
+        (["--method", "linear", "--factor", "2"], str(source), "is the input file"),
+    ]:
+        with pytest.raises(SystemExit) as refused:
+            main(["patch", str(source), *argv, "--out", str(tmp_path / out)])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "d.gguf").exists()
+    folder = tmp_path / "folder"
+    hp.patch(tiny_model(), "linear", factor=2).save_pretrained(folder)
+    with pytest.raises(SystemExit):
+        main(["patch", str(folder), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "y.gguf")])
+    assert "written from a GGUF input" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
