@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from . import api, loading
+from .errors import InvalidParameterError, ParameterTypeError
 from .eval import retrieval
 from .eval.variants import parse_variant
 
@@ -67,9 +68,9 @@ class HFPosencLM(HFLM):
             tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(ref)
             pretrained = api.from_pretrained(ref, **extra).eval()
         elif not isinstance(pretrained, torch.nn.Module):
-            raise TypeError(f"pretrained must be a model or a checkpoint path, got {type(pretrained).__name__}")
+            raise ParameterTypeError(f"pretrained must be a model or a checkpoint path, got {type(pretrained).__name__}")
         if tokenizer is None:
-            raise TypeError("HFPosencLM(model) needs the tokenizer: HFPosencLM(model, tokenizer)")
+            raise ParameterTypeError("HFPosencLM(model) needs the tokenizer: HFPosencLM(model, tokenizer)")
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = loading.load_tokenizer(str(tokenizer))
         if patch is not None:
@@ -86,7 +87,7 @@ def _dtype(dtype):
         return dtype
     value = getattr(torch, str(dtype), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype name (float32, bfloat16, float16) or auto, got {dtype!r}")
+        raise InvalidParameterError(f"dtype must be a torch dtype name (float32, bfloat16, float16) or auto, got {dtype!r}")
     return value
 
 
@@ -104,12 +105,12 @@ def write_tasks(folder: str | os.PathLike, tokenizer, *, lengths: Sequence[int],
     token or two."""
     unknown = [k for k in kinds if k not in retrieval.TASKS]
     if unknown or not kinds:
-        raise ValueError(f"kinds must name some of {list(retrieval.TASKS)}, got {list(kinds)!r}")
+        raise InvalidParameterError(f"kinds must name some of {list(retrieval.TASKS)}, got {list(kinds)!r}")
     if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
-        raise ValueError(f"lengths must be positive ints, got {list(lengths)!r}")
+        raise InvalidParameterError(f"lengths must be positive ints, got {list(lengths)!r}")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"the tasks folder {str(folder)!r} is a file")
+        raise InvalidParameterError(f"the tasks folder {str(folder)!r} is a file")
     rows = {}
     for kind in kinds:  # every trial is built (and may be refused) before anything is written
         for length in lengths:
@@ -151,14 +152,22 @@ def evaluate(lm: HFLM, folder: str | os.PathLike, tasks: Sequence[str] = (GROUP,
                                    **kwargs)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """lm_eval's command line with the `hf_posenc` model registered (this module's import did it)."""
+def main(argv: list[str] | None = None) -> int:
+    """lm_eval's command line with the `hf_posenc` model registered (this module's import did it); a
+    model hf_posenc refuses (a missing path, a bad patch) ends as one `error:` line and exit code 2."""
     from lm_eval.__main__ import cli_evaluate
+
+    from .errors import PosEncError
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (PosEncError, OSError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -114,3 +114,8 @@ def test_lm_eval_command_line_with_the_registered_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     [result] = list((tmp_path / "out").rglob("results*.json"))
     assert "hf_posenc_passkey_300" in json.loads(result.read_text())["results"]
+    missing = subprocess.run([sys.executable, "-m", "hf_posenc.harness", "--model", "hf_posenc", "--model_args",
+                              f"pretrained={tmp_path / 'nothing'}", "--tasks", harness.GROUP, "--include_path",
+                              str(tmp_path / "tasks")], capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].startswith("error: no model at ")
