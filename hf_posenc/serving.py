@@ -47,6 +47,9 @@ def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: 
                           "'dynamic' measures from max_position_embeddings, so it would scale differently",
                "dynamic_yarn": "no engine implements YaRN that follows the input length"}.get(
             method, f"{engine} has no '{method}' rope scaling" if method in STOCK_METHODS else
+            "its saved checkpoint is a plain learned position table, which an engine reads from the weights (serve "
+            "the saved folder; no config override rebuilds the table)" if record["mechanism"] == "learned"
+            and method in ("sinusoidal", "interpolate", "tile") else
             "it changes the attention computation itself, which engines do not load from a config")
         raise MethodNotApplicableError(
             f"method {method!r} cannot be exported to {engine}: {why}. Methods {engine} can run: {', '.join(allowed)}")
