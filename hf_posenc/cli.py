@@ -266,8 +266,6 @@ def _lengths(value: str | None) -> list[int] | None:
 
 
 def cmd_plot(args) -> None:
-    import torch
-
     from . import analysis
     from .registry import get_method
 

@@ -173,12 +173,12 @@ def test_sdpa_kernel_does_the_work_without_a_length_squared_tensor(monkeypatch):
     assert all(m is None for m in calls.masks)  # DCA's parts need no mask: whole ranges or the causal diagonal
 
 
-def test_cached_generation_equals_the_full_forward_with_left_padding():
-    model = build()
-    hp.patch(model, "dca", chunk_size=16, local_window=4)
+def check_cached_generation(model, row: int, pad: int) -> None:
+    """Greedy generation with a KV cache scores every step as a full forward of the same tokens does;
+    batch 2, `row` left-padded by `pad` tokens. Shared with tests/test_self_extend.py."""
     prompt = ids(40, batch=2)
     mask = torch.ones_like(prompt)
-    prompt[1, :7], mask[1, :7] = 0, 0  # the second row left-padded
+    prompt[row, :pad], mask[row, :pad] = 0, 0
     out = model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False, output_scores=True,
                          return_dict_in_generate=True, pad_token_id=0)
     full_mask = torch.cat([mask, torch.ones(2, 30, dtype=mask.dtype)], dim=1)
@@ -187,16 +187,23 @@ def test_cached_generation_equals_the_full_forward_with_left_padding():
     torch.testing.assert_close(torch.stack(out.scores, dim=1), full, atol=1e-4, rtol=1e-4)
 
 
-def test_a_left_padded_row_is_the_row_alone():
-    model = build()
-    hp.patch(model, "dca", chunk_size=16, local_window=4)
+def check_padded_row_alone(model, row: int, pad: int) -> None:
+    """A row left-padded by `pad` tokens in a batch of 2 gives the logits of the same row alone."""
     batch = ids(70, batch=2)
     mask = torch.ones_like(batch)
-    mask[1, :9] = 0
+    mask[row, :pad] = 0
     with torch.no_grad():
         both = model(batch, attention_mask=mask).logits
-        alone = model(batch[1:, 9:]).logits
-    torch.testing.assert_close(both[1, 9:], alone[0], atol=1e-5, rtol=1e-5)
+        alone = model(batch[row:row + 1, pad:]).logits
+    torch.testing.assert_close(both[row, pad:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_cached_generation_equals_the_full_forward_with_left_padding():
+    check_cached_generation(hp.patch(build(), "dca", chunk_size=16, local_window=4), row=1, pad=7)
+
+
+def test_a_left_padded_row_is_the_row_alone():
+    check_padded_row_alone(hp.patch(build(), "dca", chunk_size=16, local_window=4), row=1, pad=9)
 
 
 def test_forward_backward_is_finite():

@@ -8,7 +8,8 @@ import re
 
 import pytest
 import torch
-from test_dca import CTX, FAMILIES, LseCalls, build, check_against_reference, ids, reference_attention
+from test_dca import (CTX, FAMILIES, LseCalls, build, check_against_reference, check_cached_generation,
+                      check_padded_row_alone, ids, reference_attention)
 from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
@@ -86,29 +87,11 @@ def test_sdpa_kernel_with_block_sized_masks_only(monkeypatch):
 
 
 def test_cached_generation_equals_the_full_forward_with_left_padding():
-    model = build()
-    hp.patch(model, "self_extend", group_size=3, window=12)
-    prompt = ids(40, batch=2)
-    mask = torch.ones_like(prompt)
-    prompt[0, :5], mask[0, :5] = 0, 0
-    out = model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False, output_scores=True,
-                         return_dict_in_generate=True, pad_token_id=0)
-    full_mask = torch.cat([mask, torch.ones(2, 30, dtype=mask.dtype)], dim=1)
-    with torch.no_grad():
-        full = model(out.sequences, attention_mask=full_mask).logits[:, 39:-1]
-    torch.testing.assert_close(torch.stack(out.scores, dim=1), full, atol=1e-4, rtol=1e-4)
+    check_cached_generation(hp.patch(build(), "self_extend", group_size=3, window=12), row=0, pad=5)
 
 
 def test_a_left_padded_row_is_the_row_alone():
-    model = build()
-    hp.patch(model, "self_extend", group_size=2, window=16)
-    batch = ids(70, batch=2)
-    mask = torch.ones_like(batch)
-    mask[0, :11] = 0
-    with torch.no_grad():
-        both = model(batch, attention_mask=mask).logits
-        alone = model(batch[:1, 11:]).logits
-    torch.testing.assert_close(both[0, 11:], alone[0], atol=1e-5, rtol=1e-5)
+    check_padded_row_alone(hp.patch(build(), "self_extend", group_size=2, window=16), row=0, pad=11)
 
 
 def test_save_and_reload(tmp_path):

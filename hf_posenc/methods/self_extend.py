@@ -63,10 +63,11 @@ class SelfExtendConfig(AttentionMethodConfig):
         if group is None:
             if self.max_position_embeddings is None and self.factor is None:
                 raise InvalidParameterError(
-                    f"method 'self_extend' needs group_size= (an int >= 1) or a target context, "
-                    f"max_position_embeddings= / factor=, from which the smallest group is chosen")
+                    "method 'self_extend' needs group_size= (an int >= 1) or a target context, "
+                    "max_position_embeddings= / factor=, from which the smallest group is chosen")
             target = super().resolve(original).max_position_embeddings
-            group = 1
+            # longest_input(G) lies in [G (c - W), G (c - W) + W]: no smaller G reaches the target than this
+            group = max(1, -(-(target - window) // (original - window)))
             while longest_input(group, window, original) < target:
                 group += 1
         longest = longest_input(group, window, original)
