@@ -11,6 +11,8 @@ are untouched: the registered function only acts on modules that carry a child.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import NamedTuple
 
 import torch
@@ -205,10 +207,16 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
 
 def describe(model: nn.Module, record: dict) -> dict:
     """What `hp.describe` says of a model patched with an attention method."""
+    from .registry import get_method
+
     config = model.config.get_text_config()
     mechanism = {"alibi": "bias", "relative_bias": "bias"}.get(record["method"], "rope")
+    method = get_method(record["method"])
+    names = {f.name for f in dataclasses.fields(method)}
+    limit = method.from_dict({k: v for k, v in record["params"].items() if k in names}).length_limit(
+        record["original"]["max_position_embeddings"])
     return {"mechanism": mechanism, "attn_implementation": _compat.attention_implementation(config),
-            "length_limit": None}
+            "length_limit": limit}
 
 
 def trained_tensors(model: nn.Module) -> list[str]:

@@ -477,6 +477,10 @@ class AttentionMethodConfig(MethodConfig):
             return dataclasses.replace(self, factor=1.0, max_position_embeddings=int(original))
         return super().resolve(original)
 
+    def length_limit(self, original: int) -> int | None:
+        """The longest input the method (resolved) takes on a model of `original` context; None: any."""
+        return None
+
 
 @dataclass
 class AlibiConfig(AttentionMethodConfig):

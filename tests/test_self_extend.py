@@ -174,6 +174,7 @@ def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_me
     from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
     model = hp.patch(build(), "self_extend", group_size=2, window=16)
+    assert hp.describe(model)["length_limit"] == 112
     hp.check_length(model, 112)
     with pytest.raises(hp.SequenceTooLongError, match="at most 112 tokens"):
         hp.check_length(model, 113)

@@ -48,6 +48,9 @@ class SelfExtendConfig(AttentionMethodConfig):
     group_size: int | None = None
     window: int | None = None
 
+    def length_limit(self, original: int) -> int | None:
+        return longest_input(self.group_size, self.window, original) if self.group_size and self.window else None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("group_size", self.group_size, minimum=1, integer=True)
