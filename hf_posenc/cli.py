@@ -321,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="hf-posenc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    for name, text in RECIPES.items():  # listed in --help; main() hands their arguments to the recipe
+        sub.add_parser(name, help=text + "; --config FILE or a shipped config's name", add_help=False)
+
     p = sub.add_parser("methods", help="every method, the mechanisms it applies to, its parameters")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_methods)
@@ -382,8 +385,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RECIPES = {"finetune": "fine-tune a patched model (recipes/finetune.py; one process: for several, "
+                        "accelerate launch -m hf_posenc.recipes.finetune)",
+           "evaluate": "evaluate positional variants (recipes/evaluate.py)"}
+
+
+def run_recipe(name: str, argv: list[str]) -> None:
+    """`hf-posenc finetune|evaluate ...`: the recipe's own command line, the same code as recipes/*.py."""
+    if name == "finetune":
+        from .recipes import finetune
+
+        code = finetune.cli(argv)
+        if code:
+            raise SystemExit(code)
+    else:
+        from .recipes import evaluate
+
+        evaluate.main(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in RECIPES:  # their own parsers (--help lists their fields)
+        return run_recipe(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     with refusals():
         args.func(args)

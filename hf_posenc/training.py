@@ -285,12 +285,17 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 
 def read_yaml_config(value: str) -> dict:
-    """The --config file as a mapping; a missing file, a folder or a YAML error is one clear line."""
+    """The --config file (or a shipped config's name) as a mapping; a missing file, a folder or a YAML
+    error is one clear line."""
+    from .recipes import config_path, shipped_configs
+
     path = Path(value)
     if path.is_dir():
         raise ConfigError(f"--config {value!r} is a folder; give a YAML file (e.g. recipes/configs/*.yaml)")
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {value!r}")
+    path = config_path(value)
+    if path is None:
+        raise ConfigError(f"config file not found: {value!r} (nor a shipped config: "
+                          f"{', '.join(n for n in shipped_configs() if n.endswith('_finetune'))})")
     try:
         raw = yaml.safe_load(path.read_text())
     except UnicodeDecodeError as err:

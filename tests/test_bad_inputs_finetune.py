@@ -21,11 +21,12 @@ from hf_posenc import training as T
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "recipes" / "finetune.py"
+RECIPE = ROOT / "recipes" / "finetune.py"  # the clone's entry point (subprocesses)
+RECIPE_MODULE = ROOT / "hf_posenc" / "recipes" / "finetune.py"  # the recipe itself
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("finetune_recipe", RECIPE)
+    spec = importlib.util.spec_from_file_location("finetune_recipe", RECIPE_MODULE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

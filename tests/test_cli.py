@@ -97,3 +97,32 @@ def test_auto_dtype_follows_the_hardware(monkeypatch):
     assert loading.resolve_dtype("float32", "cpu") == (torch.float32, "asked for")
     with pytest.raises(InvalidParameterError, match="dtype must be one of auto"):
         loading.resolve_dtype("float8")
+
+
+def test_recipes_run_from_the_package_and_take_shipped_configs_by_name(capsys, tmp_path):
+    """`hf-posenc finetune|evaluate` and `python -m hf_posenc.recipes.*` run the recipes of recipes/*.py (one
+    code path) from an installed package; --config takes a shipped config's name."""
+    import subprocess
+    import sys
+
+    from hf_posenc import recipes, training
+
+    assert "smollm2_yarn_16k_finetune" in recipes.shipped_configs() and "eval_smollm2_cpu" in recipes.shipped_configs()
+    assert recipes.config_path("smollm2_yarn_16k_finetune") == recipes.CONFIGS / "smollm2_yarn_16k_finetune.yaml"
+    assert recipes.config_path("nonesuch") is None and recipes.config_path("../configs/x") is None
+    cfg = training.parse_config(["--config", "smollm2_yarn_16k_finetune", "--output_dir", str(tmp_path / "o")])
+    assert cfg.posenc["method"] == "yarn"
+    for name in ("finetune", "evaluate"):
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0 and "--config" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["finetune", "--config", "nonesuch"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(err) == 1 and "nor a shipped config: " in err[0]
+    with pytest.raises(SystemExit) as refused:
+        main(["evaluate", "--config", "nonesuch"])
+    assert refused.value.code == 2 and "eval_smollm2_cpu" in capsys.readouterr().err
+    module = subprocess.run([sys.executable, "-m", "hf_posenc.recipes.finetune", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert module.returncode == 0 and "Fields (defaults)" in module.stdout

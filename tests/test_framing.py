@@ -20,7 +20,7 @@ from hf_posenc import training as T
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("eval_recipe_framing", ROOT / "recipes" / "evaluate.py")
+spec = importlib.util.spec_from_file_location("eval_recipe_framing", ROOT / "hf_posenc" / "recipes" / "evaluate.py")
 recipe = sys.modules["eval_recipe_framing"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(recipe)
 

@@ -1,0 +1,245 @@
+"""Fine-tune a patched model at its new context, on one CPU, one GPU or many (accelerate's engines).
+
+    accelerate launch recipes/finetune.py --config recipes/configs/smollm2_yarn_16k_finetune.yaml
+    accelerate launch -m hf_posenc.recipes.finetune --config smollm2_yarn_16k_finetune   # installed package
+    hf-posenc finetune --config smollm2_yarn_16k_finetune     # one process, the same code
+    accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/finetune.py --config ... --train.lr 1e-4
+    python recipes/finetune.py --config ... --resume          # continue from the latest checkpoint
+    python recipes/finetune.py --help                         # every field and its default
+
+The canonical accelerate loop: config -> checks -> Accelerator -> data under main_process_first ->
+output folder -> model + patch -> prepare -> resume -> train under accumulate -> periodic save_state ->
+final save on the main process. The pieces live in hf_posenc/training.py. A refused config ends as one
+`error: ...` line and exit code 2, before anything is written.
+"""
+
+import copy
+import json
+import os
+import sys
+import time
+
+# Before torch loads OpenMP: on a shared CPU, threads spinning at each barrier (the default) burn
+# the time of the other processes; MiniLM healing took 6.5 s a step instead of 0.9 at load 5 on 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import hf_posenc as hp
+from hf_posenc import training as T
+from hf_posenc.card import fit_tokenizer
+from hf_posenc.losses import TrainingLoss, output_logits_mismatch
+
+
+def main(argv=None):
+    # 1. Config, and every check that can fail, before anything is loaded or written.
+    cfg = T.parse_config(argv)
+    plan = T.check_config(cfg)
+
+    # 2. The Accelerator (process group, device, mixed precision, trackers).
+    accelerator = Accelerator(
+        cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
+        mixed_precision=T.mixed_precision(cfg.model.dtype),
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=cfg.train.grad_accum,
+                                                                sync_with_dataloader=False),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        log_with=cfg.train.report_to, project_dir=cfg.output_dir,
+    )
+    set_seed(cfg.train.seed)
+
+    # 3. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader. Before
+    #    the output folder is written and the weights load: a corpus of nothing is refused here.
+    tokenizer = T.load_tokenizer(cfg)
+    with accelerator.main_process_first():
+        dataset = T.prepare_data(cfg.data, tokenizer, plan)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else T.boundary_ids(tokenizer, False)[0]
+    dataloader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=cfg.data.shuffle,
+                                             collate_fn=T.collate(pad_id))
+    if accelerator.is_main_process:
+        T.prepare_output_dir(cfg)
+        with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
+            json.dump(cfg.to_dict(), f, indent=2)
+    accelerator.wait_for_everyone()
+
+    # 4. Model, the unpatched teacher (distill), the patch, what trains.
+    model = T.load_model(cfg)
+    teacher = None
+    if cfg.train.objective == "distill":
+        teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
+        T.disable_dropout(model)
+    if cfg.posenc:
+        hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    T.select_trainable(model, cfg.train.trainable)
+    if cfg.train.lora:
+        model = T.apply_lora(model, cfg.train.lora, cfg.train.trainable)
+    n_train, n_total = T.select_trainable(model, "all")
+    accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
+                      f"trainable parameters: {n_train:,} of {n_total:,}")
+    # The objective inside the module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)
+    chunk = cfg.train.loss_chunk if plan.causal else 0
+    why = chunk and output_logits_mismatch(model)
+    if why:
+        accelerator.print(f"warning: train.loss_chunk off for this model ({why}): the full logits are used")
+        chunk = 0
+    objective = TrainingLoss(model, objective=cfg.train.objective, causal=plan.causal, chunk=chunk,
+                             temperature=cfg.train.temperature)
+
+    # 5. Evaluation before training (optional).
+    before = T.evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
+
+    # 6. Optimizer (YaRN's AdamW defaults in the example configs), scheduler, prepare.
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
+                                  betas=tuple(cfg.train.betas), eps=cfg.train.eps,
+                                  weight_decay=cfg.train.weight_decay,
+                                  fused=accelerator.device.type == "cpu")   # CPU: one kernel, not a loop over tensors
+    scheduler = get_scheduler(cfg.train.scheduler, optimizer, num_warmup_steps=cfg.train.warmup_steps,
+                              num_training_steps=cfg.train.steps)
+    objective, optimizer, dataloader = accelerator.prepare(objective, optimizer, dataloader)
+    accelerator.register_for_checkpointing(scheduler)   # stepped once per optimizer step, by hand below
+    if cfg.train.report_to:
+        accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+
+    # 7. Resume: the newest complete checkpoint whose files are whole, then skip the micro-batches it had
+    #    consumed. A broken one (a file truncated, a load that fails) is named and the one before it taken.
+    start_step = 0
+    if cfg.resume:
+        start_step = resume(accelerator, cfg.output_dir)
+    log = T.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
+
+    def micro_batches(consumed):
+        epoch, skip = divmod(consumed, len(dataloader))
+        while True:
+            dataloader.set_epoch(epoch)
+            yield from (accelerator.skip_first_batches(dataloader, skip) if skip else dataloader)
+            epoch, skip = epoch + 1, 0
+
+    batches = micro_batches(start_step * cfg.train.grad_accum)
+
+    # 8. Train: grad_accum micro-batches per optimizer step, under accelerator.accumulate.
+    objective.train()
+    bar = tqdm(total=cfg.train.steps, initial=start_step, disable=not accelerator.is_local_main_process,
+               desc="finetune")
+    for step in range(start_step + 1, cfg.train.steps + 1):
+        started, losses, tokens = time.perf_counter(), [], 0
+        for micro in range(cfg.train.grad_accum):
+            batch = next(batches)
+            torch.manual_seed(T.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
+            with accelerator.accumulate(objective):
+                loss = objective(batch["input_ids"], batch["attention_mask"], teacher=teacher)
+                accelerator.backward(loss)
+                losses.append(loss.detach())
+                if accelerator.sync_gradients:
+                    stop_if_diverged(accelerator, losses, step, cfg, bar)   # before a NaN reaches the weights
+                    if cfg.train.max_grad_norm:
+                        accelerator.clip_grad_norm_(objective.parameters(), cfg.train.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            tokens += int(batch["attention_mask"].sum())
+        scheduler.step()
+        step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+        tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
+        record = {"step": step, "loss": step_loss, "tokens": tokens, "lr": scheduler.get_last_lr()[0],
+                  "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": T.peak_memory_mb()}
+        if cfg.eval.every and step % cfg.eval.every == 0 and accelerator.is_main_process:
+            record.update(T.evaluate(model, tokenizer, cfg, plan, teacher))
+        log.write(record)
+        if cfg.train.report_to:
+            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}",
+                        mem=f"{record['peak_mem_mb']:.0f}MB")
+        bar.update()
+
+        # 9. Periodic checkpoint (the full state: model, optimizer, scheduler, RNGs, sampler).
+        if step % cfg.train.save_every == 0 or step == cfg.train.steps:
+            folder = T.checkpoint_dir(cfg.output_dir, step)
+            if accelerator.is_main_process and folder.exists():
+                T.begin_checkpoint(folder)
+            accelerator.save_state(str(folder))
+            accelerator.wait_for_everyone()   # every process' RNG file is written before the manifest
+            if accelerator.is_main_process:
+                T.mark_done(folder)
+                T.prune_checkpoints(cfg.output_dir, cfg.train.keep_checkpoints)
+        if cfg.train.stop_after_steps and step >= cfg.train.stop_after_steps and step < cfg.train.steps:
+            bar.close()
+            accelerator.print(f"stopped after step {step} (train.stop_after_steps); continue with --resume")
+            accelerator.end_training()
+            return None
+    bar.close()
+
+    # 10. Final model, saved the hf_posenc way (stock-loadable config), tokenizer, evaluation, model card.
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(objective).model
+    if cfg.train.lora:
+        final, state_dict = unwrapped.merge_and_unload(), None
+    else:   # the wrapper's state dict, its "model." prefix off
+        state_dict = accelerator.get_state_dict(objective)
+        final, state_dict = unwrapped, state_dict and {k.removeprefix("model."): v for k, v in state_dict.items()}
+    if accelerator.is_main_process:
+        final.save_pretrained(cfg.output_dir, state_dict=state_dict)
+        fit_tokenizer(tokenizer, final)   # model_max_length: the patched context, which tools truncate to
+        tokenizer.save_pretrained(cfg.output_dir)
+        after = T.evaluate(final, tokenizer, cfg, plan, teacher)
+        for name, figures in (("eval_before.json", before), ("eval_after.json", after)):
+            if figures:
+                open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
+        describe = hp.describe(final) if cfg.posenc else {}
+        tokens_seen = sum(r["tokens"] for r in T.read_log(cfg.output_dir))
+        T.write_model_card(cfg.output_dir, cfg, plan, describe, cfg.train.steps, tokens_seen, before, after)
+        accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
+    accelerator.end_training()
+    return final
+
+
+def resume(accelerator, output_dir) -> int:
+    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning)."""
+    for path in reversed(T.complete_checkpoints(output_dir)):
+        step = int(path.name.split("_")[1])
+        problem = T.checkpoint_problem(path)
+        if problem is None:
+            try:
+                accelerator.load_state(str(path))
+            except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {T.one_line(err)[:300]})"
+        if problem is None:
+            accelerator.print(f"resumed from {path} (step {step})")
+            return step
+        message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
+        accelerator.print(message)
+        print(message, file=sys.stderr)
+    accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
+    return 0
+
+
+def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
+    """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
+    bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
+    if accelerator.reduce(bad, reduction="sum").item():
+        bar.close()   # its line ends before the error's
+        saved = T.latest_checkpoint(cfg.output_dir)[0]
+        raise T.TrainingDiverged(
+            f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
+            f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
+            + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))
+
+
+# What a refusal from the checks can raise: one `error: ...` line and exit code 2, no traceback.
+REFUSALS = (hp.PosEncError, OSError)
+
+
+def cli(argv=None) -> int:
+    try:
+        main(argv)
+    except REFUSALS as err:
+        print(f"error: {T.one_line(err)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
