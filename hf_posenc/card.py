@@ -8,12 +8,12 @@ import json
 
 import torch
 
-from . import api
+from . import api, serving
 from .errors import PosEncError
 from .registry import read_record
 
 # methods whose saved config stock transformers builds as patched (the others need hp.from_pretrained)
-STOCK_METHODS = ("base", "ntk", "linear", "yarn", "llama3", "longrope", "sinusoidal", "interpolate", "tile")
+STOCK_METHODS = serving.STOCK_METHODS + serving.TABLE_METHODS
 
 
 def fit_tokenizer(tokenizer, model: torch.nn.Module) -> None:
@@ -43,10 +43,9 @@ def patch_card(model: torch.nn.Module, base: str) -> str:
         f"- **Load**: {load}.",
     ]
     try:
-        from .serving import llama_cpp_args, serving_overrides
-
-        lines.append(f"- **vLLM, from the original checkpoint**: `--hf-overrides '{json.dumps(serving_overrides(model))}'`")
-        lines.append(f"- **llama.cpp, from the original GGUF**: `{' '.join(llama_cpp_args(model))}`")
+        lines.append(f"- **vLLM, from the original checkpoint**: "
+                     f"`--hf-overrides '{json.dumps(serving.serving_overrides(model))}'`")
+        lines.append(f"- **llama.cpp, from the original GGUF**: `{' '.join(serving.llama_cpp_args(model))}`")
     except PosEncError:
         pass  # not expressible by that engine: hf_posenc.serving says why when asked
     return "\n".join(lines) + "\n"

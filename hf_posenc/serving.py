@@ -24,11 +24,15 @@ from pathlib import Path
 
 import torch
 
+from . import _compat
+from .config import LEARNED_METHOD_CONFIGS
 from .errors import MethodNotApplicableError, PosEncError
 from .registry import as_model, read_record
 
 # methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
 STOCK_METHODS = ("base", "ntk", "linear", "yarn", "llama3", "longrope")
+# learned-table methods: the saved checkpoint is a plain (stock) position table
+TABLE_METHODS = tuple(c.name for c in LEARNED_METHOD_CONFIGS)
 # ... and those llama.cpp's rope options express (llama3 / longrope need per-frequency factor tensors)
 LLAMA_CPP_METHODS = ("base", "ntk", "linear", "yarn")
 
@@ -49,7 +53,7 @@ def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: 
             method, f"{engine} has no '{method}' rope scaling" if method in STOCK_METHODS else
             "its saved checkpoint is a plain learned position table, which an engine reads from the weights (serve "
             "the saved folder; no config override rebuilds the table)" if record["mechanism"] == "learned"
-            and method in ("sinusoidal", "interpolate", "tile") else
+            and method in TABLE_METHODS else
             "it changes the attention computation itself, which engines do not load from a config")
         raise MethodNotApplicableError(
             f"method {method!r} cannot be exported to {engine}: {why}. Methods {engine} can run: {', '.join(allowed)}")
@@ -73,8 +77,10 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
         return {}
     text = model.config.get_text_config()
     params = copy.deepcopy(text.rope_parameters)
-    nested = all(isinstance(v, dict) for v in params.values())  # one dict per layer type (Gemma 3 ...)
-    for layer_type, p in (params.items() if nested else [(None, params)]):
+    layer_types = _compat.rope_layer_types(text)  # [None]: one RoPE; else one per attention type (Gemma 3 ...)
+    nested = layer_types != [None]
+    for layer_type in layer_types:
+        p = params[layer_type] if nested else params
         if p.get("rope_type") == "yarn" and p.get("attention_factor") is None:
             p["attention_factor"] = yarn_attention_factor(model, layer_type)
     out = {"max_position_embeddings": int(text.max_position_embeddings)}
@@ -121,11 +127,11 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
 
 
 def _single_rope_parameters(text, engine: str) -> dict:
-    params = text.rope_parameters
-    if all(isinstance(v, dict) for v in params.values()):
+    layer_types = _compat.rope_layer_types(text)
+    if layer_types != [None]:
         raise MethodNotApplicableError(
-            f"{engine} takes one RoPE for all layers; this model has one per attention type ({sorted(params)})")
-    return params
+            f"{engine} takes one RoPE for all layers; this model has one per attention type ({layer_types})")
+    return text.rope_parameters
 
 
 def _num(value: float) -> str:
