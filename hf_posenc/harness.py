@@ -83,12 +83,11 @@ class HFPosencLM(HFLM):
 
 
 def _dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+    """None (the checkpoint's), a torch dtype, or a name: "auto" as everywhere in hf_posenc (bfloat16 where
+    the hardware runs it natively, else float32), float32, bfloat16, float16."""
+    if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    value = getattr(torch, str(dtype), None)
-    if not isinstance(value, torch.dtype):
-        raise InvalidParameterError(f"dtype must be a torch dtype name (float32, bfloat16, float16) or auto, got {dtype!r}")
-    return value
+    return loading.resolve_dtype(str(dtype))[0]
 
 
 def task_name(kind: str, length: int) -> str:
