@@ -47,7 +47,8 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     cfg = _method_config(method, params)
     record = read_record(model.config) or {}
     # a model swapped to rotary positions (learned -> rope) takes a RoPE scaling method on top
-    stacked = record.get("method") == "rope" and UNDO_ATTR in model.__dict__ and isinstance(cfg, RopeMethodConfig)
+    stacked = (bool(record) and get_method(record["method"]).writes_rope_parameters and UNDO_ATTR in model.__dict__
+               and isinstance(cfg, RopeMethodConfig))
     if is_patched(model) and not stacked:
         raise AlreadyPatchedError(
             f"this model is already patched (method {record.get('method')!r}); to re-patch, call "

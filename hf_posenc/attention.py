@@ -12,19 +12,19 @@ are untouched: the registered function only acts on modules that carry a child.
 from __future__ import annotations
 
 import dataclasses
-
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from . import _compat
-from .config import AlibiConfig, AttentionMethodConfig, RelativeBiasConfig, RopeSwapConfig, XposConfig
 from .errors import CheckpointMismatchError, MethodNotApplicableError
 from .methods.bias import AlibiBias, RelativeBias, distances
-from .methods.rope import RotaryQK
-from .methods.xpos import XposScale
 from .plan import PatchPlan
+
+if TYPE_CHECKING:
+    from .config import AttentionMethodConfig
 
 CHILD = "hf_posenc_attention"  # the child each patched attention module carries
 PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the inner one
@@ -116,6 +116,21 @@ class PositionalAttention(nn.Module):
         return f"causal={self.causal}"
 
 
+@dataclass
+class AttentionSite:
+    """What the self-attention layers of one model share, for a method building each layer's child
+    (`AttentionMethodConfig.attention_child`)."""
+
+    config: Any  # the model's text config
+    inner: str  # the attention implementation the model ran ("sdpa", "eager", ...)
+    causal: bool
+    heads: int
+    reference: torch.Tensor  # a parameter of the model: the device and dtype new tables take
+    layout: BlockLayout  # the query blocks, built once a forward for every layer
+    rotary: nn.Module | None  # the rotary module q and k are rotated with (RoPE models, learned -> rope)
+    shared: dict = field(default_factory=dict)  # what a method builds once for every layer
+
+
 def positional_attention(inner: str):
     """The attention function registered as PREFIX + inner: the module's q/k transform, then the inner
     function, once per block of queries when there is a bias (`BlockLayout`)."""
@@ -151,7 +166,8 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
                    rotary: nn.Module | None = None) -> None:
     """Add to `plan` a PositionalAttention child on each self-attention module of `model`, and point the
     implementation of `new_config` (the model's text config copy) at the registered function.
-    `rotary`: for XPos, the rotary dimension comes from the model; for `rope`, the rotary module."""
+    `rotary`: the rotary module of the model (or the one a learned -> rope swap builds), for methods that
+    rotate q and k themselves."""
     config = model.config.get_text_config()
     if model.config.is_encoder_decoder:
         raise MethodNotApplicableError(
@@ -175,31 +191,11 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
             f"method {method.name!r} needs attention modules that call transformers' attention interface; this "
             f"{config.model_type} model has none"
         )
-    heads = config.num_attention_heads
-    reference = next(model.parameters())
     causal = modules[0][1].is_causal
-    layout = BlockLayout()  # the layers see the same mask and lengths: their blocks are built once a forward
-    # ALiBi is the same in every layer: one child for all of them, which builds the bias once a forward
-    alibi = PositionalAttention(causal=causal, bias=AlibiBias(heads, bidirectional=not causal), layout=layout)
-    # dca / self_extend: one computation shared by every layer (the positions are the same in each)
-    compute = None
-    if hasattr(method, "build"):
-        compute = method.build(rotary=rotary, config=config, inner=inner, causal=causal)
+    site = AttentionSite(config=config, inner=inner, causal=causal, heads=config.num_attention_heads,
+                         reference=next(model.parameters()), layout=BlockLayout(), rotary=rotary)
     for _, module in modules:
-        bias = qk = None
-        if isinstance(method, AlibiConfig):
-            plan.swaps.append((module, CHILD, alibi.to(reference.device)))
-            continue
-        if isinstance(method, RelativeBiasConfig):
-            bias = RelativeBias(heads, k=method.k, buckets=method.buckets, max_distance=method.max_distance,
-                                bidirectional=not module.is_causal, dtype=reference.dtype, device=reference.device)
-            layout.relative = layout.relative or bias  # every layer's table is read at the same rows
-        elif isinstance(method, XposConfig):
-            qk = XposScale(_compat.head_dim(config), _compat.rotary_dim(config, None), method.gamma, method.scale_base)
-        elif isinstance(method, RopeSwapConfig):
-            qk = RotaryQK(rotary)
-        child = PositionalAttention(causal=module.is_causal, bias=bias, qk=qk, layout=layout, compute=compute)
-        plan.swaps.append((module, CHILD, child.to(reference.device)))
+        plan.swaps.append((module, CHILD, method.attention_child(site, module).to(site.reference.device)))
     for kind in {inner, "eager"}:  # eager too: what tools that need attention weights switch to
         _compat.register_attention(PREFIX + kind, positional_attention(kind), like=kind)
     _compat.set_attention_implementation(new_config, PREFIX + inner)
@@ -210,8 +206,8 @@ def describe(model: nn.Module, record: dict) -> dict:
     from .registry import get_method
 
     config = model.config.get_text_config()
-    mechanism = {"alibi": "bias", "relative_bias": "bias"}.get(record["method"], "rope")
     method = get_method(record["method"])
+    mechanism = "bias" if method.adds_bias else "rope"
     names = {f.name for f in dataclasses.fields(method)}
     limit = method.from_dict({k: v for k, v in record["params"].items() if k in names}).length_limit(
         record["original"]["max_position_embeddings"])

@@ -167,12 +167,28 @@ def list_methods() -> list[dict]:
     ]
 
 
-for _cls in _config.ROPE_METHOD_CONFIGS + _config.LEARNED_METHOD_CONFIGS + _config.ATTENTION_METHOD_CONFIGS:
-    register_method(_cls)
+# -- the methods: one module each (hf_posenc/methods/<name>.py); registering one is a line here -----------
 
-# methods whose config and computation live in one module
+from .methods.alibi import AlibiConfig  # noqa: E402
+from .methods.base_frequency import BaseConfig  # noqa: E402
 from .methods.dca import DcaConfig  # noqa: E402
+from .methods.dynamic import DynamicConfig  # noqa: E402
+from .methods.dynamic_yarn import DynamicYarnConfig  # noqa: E402
+from .methods.interpolate import InterpolateConfig  # noqa: E402
+from .methods.linear import LinearConfig  # noqa: E402
+from .methods.llama3 import Llama3Config  # noqa: E402
+from .methods.longrope import LongRopeConfig  # noqa: E402
+from .methods.ntk import NTKConfig  # noqa: E402
+from .methods.relative_bias import RelativeBiasConfig  # noqa: E402
+from .methods.rope_swap import RopeSwapConfig  # noqa: E402
 from .methods.self_extend import SelfExtendConfig  # noqa: E402
+from .methods.sinusoidal import SinusoidalConfig  # noqa: E402
+from .methods.tile import TileConfig  # noqa: E402
+from .methods.xpos import XposConfig  # noqa: E402
+from .methods.yarn import YarnConfig  # noqa: E402
 
-register_method(DcaConfig)
-register_method(SelfExtendConfig)
+for _cls in (BaseConfig, NTKConfig, LinearConfig, DynamicConfig, YarnConfig, DynamicYarnConfig, Llama3Config,
+             LongRopeConfig,  # RoPE scaling
+             SinusoidalConfig, InterpolateConfig, TileConfig,  # learned tables
+             AlibiConfig, RelativeBiasConfig, XposConfig, RopeSwapConfig, DcaConfig, SelfExtendConfig):  # attention
+    register_method(_cls)

@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 from . import _compat
-from .config import LEARNED_METHOD_CONFIGS
+from .config import LearnedMethodConfig, RopeMethodConfig
 from .errors import MethodNotApplicableError, PosEncError
-from .registry import as_model, read_record
+from .registry import METHODS, as_model, read_record
 
 # methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
-STOCK_METHODS = ("base", "ntk", "linear", "yarn", "llama3", "longrope")
+STOCK_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
 # learned-table methods: the saved checkpoint is a plain (stock) position table
-TABLE_METHODS = tuple(c.name for c in LEARNED_METHOD_CONFIGS)
+TABLE_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, LearnedMethodConfig) and c.stock_checkpoint)
 # ... and those llama.cpp's rope options express (llama3 / longrope need per-frequency factor tensors)
 LLAMA_CPP_METHODS = ("base", "ntk", "linear", "yarn")
 

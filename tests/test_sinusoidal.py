@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_posenc.methods.learned import interpolate_rows, table_rows, tile_rows
+from hf_posenc.methods.interpolate import interpolate_rows
+from hf_posenc.methods.learned import table_rows
+from hf_posenc.methods.tile import tile_rows
 from hf_posenc.methods.sinusoidal import SinusoidalPositions, fit_affine, sinusoidal_table
 
 

@@ -59,23 +59,11 @@ def expand_grid(spec: str) -> list[str]:
 
 
 def variant_params(model: torch.nn.Module, method: str, params: dict, target: int) -> dict:
-    """The parameters a variant runs with at a target context of `target` tokens. Two methods get a
-    default that has no single standard value: `base` raises rope_theta by the NTK amount for the
-    factor (theta * s^(d/(d-2))), `longrope` (with no searched factors at hand) ramps its per-pair
-    factors from 1 (the fastest pair) to s (the slowest). `self_extend` takes the smallest group that reaches
-    the target, unless the variant gives group_size= (then that group's longest input is its context)."""
-    info = api.describe(model)
-    factor = target / info["max_position_embeddings"]
-    out = dict(params)
-    chosen = method == "self_extend" and "group_size" in params  # its group sets the longest input itself
-    if "max_position_embeddings" not in params and (method == "base" or "factor" not in params) and not chosen:
-        out["max_position_embeddings"] = target  # a variant's own factor= (a context factor) wins
-    if method == "base" and "theta" not in params and "factor" not in params:
-        out["factor"] = factor ** (info["rotary_dim"] / (info["rotary_dim"] - 2))
-    if method == "longrope" and "long_factor" not in params:
-        half = info["rotary_dim"] // 2
-        out["long_factor"] = [round(1 + (factor - 1) * i / (half - 1), 4) for i in range(half)]
-    return out
+    """The parameters a variant runs with at a target context of `target` tokens: the method's own defaults
+    for a target (`MethodConfig.variant_defaults`: the target context, unless the variant gave its own
+    max_position_embeddings= or factor=; `base` the NTK amount, `longrope` a ramp of per-pair factors,
+    `self_extend` the group the variant gives)."""
+    return get_method(method).variant_defaults(params, target, api.describe(model))
 
 
 @contextlib.contextmanager

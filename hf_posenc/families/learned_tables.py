@@ -24,14 +24,10 @@ import torch
 from torch import nn
 
 from .. import _compat, attention, loading
-from ..config import (
-    AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeSwapConfig, SinusoidalConfig, check_number,
-)
-from ..errors import CheckpointMismatchError, InvalidParameterError, SequenceTooLongError
-from ..methods.learned import (
-    CALL_STYLES, ORIGINAL_TABLE, LearnedPositions, NoPositions, interpolate_rows, tile_rows, too_long_message,
-)
-from ..methods.sinusoidal import AffineFit, SinusoidalPositions, fit_affine, rms, sinusoidal_table
+from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, check_number
+from ..errors import CheckpointMismatchError, SequenceTooLongError
+from ..methods.learned import CALL_STYLES, ORIGINAL_TABLE, NoPositions, too_long_message
+from ..methods.sinusoidal import SinusoidalPositions
 from ..plan import RECORD_ATTR, UNDO_ATTR, PatchPlan, Undo
 from ..registry import as_model, find_family, get_method, register_family
 
@@ -128,15 +124,11 @@ class LearnedTableFamily:
         offset = table_offset(tables[0].module, self.spec)
         positions = self.positions(model)
         method = method.resolve(positions)
-        if isinstance(method, SinusoidalConfig) and method.keep_learned >= positions:
-            raise InvalidParameterError(
-                f"keep_learned={method.keep_learned} keeps every position of this {positions}-position table; "
-                f"it must be < {positions}"
-            )
         record = self._record(method, model, tables={})
         new_tables = {}
         for table in tables:
-            new_tables[table.path], info = self._build(table.module, method, offset, positions)
+            new_tables[table.path], info = method.build_table(table.module, offset=offset, positions=positions,
+                                                              call=self.spec.call)
             record["tables"][table.path] = info
         return self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
 
@@ -153,18 +145,22 @@ class LearnedTableFamily:
         method = method_cls.from_dict({k: v for k, v in record["params"].items() if k in names})
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
-        saved = {}
-        if isinstance(method, SinusoidalConfig):  # the saved tables (checked below) and the fitted projections
-            parts = ("weight", "projection.weight", "projection.bias") if method.init == "fit" else ("weight",)
-            wanted = [f"{t.path}.{part}" for t in tables for part in parts]
-            saved = _compat.read_checkpoint_tensors(path, wanted)
-            missing = sorted(set(wanted) - set(saved))
-            if missing:
-                raise CheckpointMismatchError(
-                    f"{path}: the config records an hf_posenc sinusoidal patch (init={method.init!r}), but the "
-                    f"checkpoint lacks {missing}"
-                )
-        new_tables = {t.path: self._restore(t, method, record, offset, saved) for t in tables}
+        wanted = [f"{t.path}.{part}" for t in tables for part in method.checkpoint_parts()]
+        saved = _compat.read_checkpoint_tensors(path, wanted) if wanted else {}
+        missing = sorted(set(wanted) - set(saved))
+        if missing:
+            raise CheckpointMismatchError(
+                f"{path}: the config records an hf_posenc {method.name!r} patch ({record['params']}), but the "
+                f"checkpoint lacks {missing}"
+            )
+        new_tables = {}
+        for t in tables:
+            parts = {part: saved[f"{t.path}.{part}"] for part in method.checkpoint_parts()}
+            try:
+                new_tables[t.path] = method.restore_table(t.module, offset=offset, call=self.spec.call,
+                                                          info=record["tables"][t.path], saved=parts)
+            except CheckpointMismatchError as err:
+                raise CheckpointMismatchError(f"{path}: {t.path}: {err}") from None
         plan = self._plan(model, tables, new_tables, copy.deepcopy(record), tables[0].module.num_embeddings)
         plan.apply()
         return model
@@ -176,7 +172,7 @@ class LearnedTableFamily:
         delattr(config, RECORD_ATTR)
         text_config = config.get_text_config()
         text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
-        if record["method"] == "rope" and "rope_parameters" in vars(text_config):  # written by the swap
+        if get_method(record["method"]).writes_rope_parameters and "rope_parameters" in vars(text_config):
             delattr(text_config, "rope_parameters")
         return config, tuple(f"{path}.weight" for path in record["tables"])
 
@@ -253,87 +249,18 @@ class LearnedTableFamily:
 
     def _plan_attention(self, model: nn.Module, method: AttentionMethodConfig) -> TablePlan:
         """Positions move into attention: each table becomes a NoPositions, each self-attention module
-        gets the method's child; `rope` also writes rope_parameters into the config, so the model is a
-        RoPE model from then on (the rotary module is transformers' own, built from that config)."""
+        gets the method's child; a method that rotates (`rope`) also writes rope_parameters into the config,
+        so the model is a RoPE model from then on (the rotary module is transformers' own, built from it)."""
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
         method = method.resolve(self.positions(model))
-        if isinstance(method, RopeSwapConfig):
-            _check_rotary_dim(method, _compat.head_dim(model.config.get_text_config()))
         record = self._record(method, model, tables={t.path: {} for t in tables})
         new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
         plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
         new_config = plan.config_map[id(model.config.get_text_config())]
-        rotary = None
-        if isinstance(method, RopeSwapConfig):
-            new_config.rope_parameters = {"rope_type": "default", "rope_theta": method.theta,
-                                          "partial_rotary_factor": method.partial_rotary_factor}
-            rotary = _compat.build_rotary(_compat.GENERIC_ROTARY, new_config, next(model.parameters()).device)
+        rotary = method.learned_rotary(new_config, next(model.parameters()).device)
         attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan
-
-    def _build(self, old: nn.Module, method: LearnedMethodConfig, offset: int, positions: int):
-        """The new table module for one old table, and what the record keeps about it."""
-        weight = old.weight.detach()
-        learned = weight[offset: offset + positions]
-        if method.name in ("interpolate", "tile"):
-            grow = interpolate_rows if method.name == "interpolate" else tile_rows
-            new_weight = torch.cat([weight[:offset], grow(learned, method.max_position_embeddings)])
-            module = LearnedPositions(new_weight, offset=offset, call=self.spec.call, padding_idx=old.padding_idx,
-                                      method=method.name)
-            return module, {}
-        assert isinstance(method, SinusoidalConfig)
-        kept = offset + method.keep_learned
-        target = weight[kept: offset + positions]
-        features = sinusoidal_table(torch.arange(method.keep_learned, positions), weight.shape[1], method.base)
-        scale, fit, info = 1.0, None, {}
-        if method.init == "scaled":
-            scale = rms(target) / rms(features)
-            info = {"scale": scale}
-        elif method.init == "fit":
-            fit = fit_affine(features, target, method.fit_ridge)
-        module = SinusoidalPositions(weight.shape[1], rows=offset + method.max_position_embeddings, offset=offset,
-                                     call=self.spec.call, kept_rows=weight[:kept], base=method.base, scale=scale,
-                                     fit=fit, trainable=method.trainable)
-        if fit is not None:  # measured on the module itself: W and b are stored in the model's dtype
-            fitted = module.table(offset + positions)[kept:].double()
-            error = (fitted - target.double()).norm() / target.double().norm().clamp_min(1e-30)
-            info = {"fit_relative_error": float(error)}
-        return module, info
-
-    def _restore(self, table: Table, method: LearnedMethodConfig, record: dict, offset: int, saved: dict):
-        """The patched module again, from the table stock transformers loaded (and the saved projection)."""
-        stock, path = table.module, table.path
-        if method.name in ("interpolate", "tile"):
-            module = LearnedPositions(stock.weight.detach(), offset=offset, call=self.spec.call,
-                                      padding_idx=stock.padding_idx, method=method.name)
-            module.weight = stock.weight  # the loaded parameter itself
-            return module
-        assert isinstance(method, SinusoidalConfig)
-        fit = None
-        if method.init == "fit":
-            projection_weight, projection_bias = saved[f"{path}.projection.weight"], saved[f"{path}.projection.bias"]
-            fit = AffineFit(weight=projection_weight.double().T, bias=projection_bias.double(),
-                            relative_error=record["tables"][path].get("fit_relative_error", float("nan")))
-        weight = stock.weight.detach()
-        module = SinusoidalPositions(weight.shape[1], rows=weight.shape[0], offset=offset, call=self.spec.call,
-                                     kept_rows=weight[: offset + method.keep_learned], base=method.base,
-                                     scale=record["tables"][path].get("scale", 1.0), fit=fit,
-                                     trainable=method.trainable)
-        # what this module would save must be what the checkpoint holds, to the precision of the coarser of
-        # the dtype it was saved in and the dtype it is loaded in
-        saved_table = saved[f"{path}.weight"].double()
-        expected = module.table(weight.shape[0]).to(device="cpu", dtype=torch.float64)
-        eps = max(torch.finfo(saved[f"{path}.weight"].dtype).eps, torch.finfo(weight.dtype).eps)
-        tolerance = 2 * eps * max(1.0, float(expected.abs().max()))
-        if expected.shape != saved_table.shape or not torch.allclose(saved_table, expected, rtol=0, atol=tolerance):
-            deviation = float((saved_table - expected).abs().max())
-            raise CheckpointMismatchError(
-                f"the position table {path} in the checkpoint is not the sinusoidal table its config records "
-                f"(largest difference {deviation:.3g}): it was changed after hf_posenc saved it (trained as a "
-                f"learned table?). Load it with transformers' own from_pretrained to keep that table"
-            )
-        return module
 
     def _plan(self, model, tables: list[Table], new_tables: dict, record: dict, rows: int) -> TablePlan:
         new_root, config_map = _compat.copy_config_tree(model.config)
@@ -365,19 +292,6 @@ class LearnedTableFamily:
                         and buffer.name in module._buffers:
                     found.append((module, buffer.name, buffer.build))
         return found
-
-
-def _check_rotary_dim(method: RopeSwapConfig, head_dim: int) -> None:
-    """Rotary channels come in pairs: the share of each head that rotates must hold at least one pair, and
-    whole pairs (transformers' rotary module takes int(head_dim * partial_rotary_factor) channels)."""
-    dim = int(head_dim * method.partial_rotary_factor)
-    if dim < 2 or dim % 2:
-        raise InvalidParameterError(
-            f"partial_rotary_factor={method.partial_rotary_factor!r} gives int({head_dim} * "
-            f"{method.partial_rotary_factor!r}) = {dim} rotary channels per head of {head_dim}; rotary channels come "
-            f"in pairs, so it must give an even number >= 2: the smallest partial_rotary_factor is "
-            f"2/{head_dim} = {2 / head_dim:g}"
-        )
 
 
 def table_offset(module: nn.Module, spec: TableSpec) -> int:

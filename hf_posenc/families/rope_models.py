@@ -10,7 +10,7 @@ import functools
 import torch
 
 from .. import _compat, attention
-from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig, XposConfig
+from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
 from ..plan import RECORD_ATTR, PatchPlan
@@ -111,9 +111,8 @@ class RopeModels:
                 f"({layer_types}): transformers ignores it there; leave truncate=True"
             )
         dims = {lt: _compat.rotary_dim(config, lt) for lt in layer_types}
-        if method.name == "longrope":
-            for lt in layer_types:
-                method.check_lengths(dims[lt] // 2)
+        for lt in layer_types:
+            method.check_rotary(dims[lt])
 
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(config)]
@@ -151,10 +150,7 @@ class RopeModels:
                 f"method {method.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
                 f"has one per layer type ({layer_types})"
             )
-        if isinstance(method, XposConfig) and config.model_type in _compat.INTERLEAVED_ROTARY_MODEL_TYPES:
-            raise MethodNotApplicableError(
-                f"xpos scales rotary pairs in the rotate-half layout; {config.model_type} rotates interleaved pairs"
-            )
+        method.check_rope_model(config)
         method = method.resolve(config.max_position_embeddings)
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(config)]
@@ -227,8 +223,7 @@ class RopeModels:
     def _rebuild(self, old: torch.nn.Module, new_config, method: RopeMethodConfig, layer_types, natives, original):
         device = next(old.buffers()).device
         dtype = next(b for name, b in old.named_buffers() if name.endswith("inv_freq")).dtype
-        if not method.length_dependent or method.name == "longrope":
-            # longrope switches its two factor sets by input length inside transformers itself
+        if not method.follows_length:  # static, or length-dependent inside transformers' own module (longrope)
             try:
                 return _compat.build_rotary(type(old), new_config, device).to(dtype)
             except (ValueError, KeyError) as error:  # e.g. a rotary class that knows only "default"

@@ -29,19 +29,18 @@ from typing import ClassVar
 
 import torch
 
-from ..config import AttentionMethodConfig, check_number
+from ..config import check_number
 from ..errors import InvalidParameterError
-from .remapped import Part, RemappedAttention, check_model, split
+from .remapped import Part, RemappedAttention, RemappedConfig, split
 
 
 @dataclass
-class DcaConfig(AttentionMethodConfig):
+class DcaConfig(RemappedConfig):
     """Dual Chunk Attention: chunks of `chunk_size` tokens (default the original context minus the local
     window), positions re-used in every chunk; `local_window` (default original / 16) tokens before a chunk
     keep their true distance. Any input length; max_position_embeddings only sets the advertised context."""
 
     name: ClassVar[str] = "dca"
-    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
     summary: ClassVar[str] = "Dual Chunk Attention: intra / successive / inter-chunk positions < original, any length"
 
     chunk_size: int | None = None
@@ -70,10 +69,8 @@ class DcaConfig(AttentionMethodConfig):
                 f"chunk_size <= {original - window} or local_window <= {original - chunk}")
         return dataclasses.replace(resolved, chunk_size=int(chunk), local_window=int(window))
 
-    def build(self, *, rotary: torch.nn.Module, config, inner: str, causal: bool) -> DualChunkAttention:
-        """The attention computation every layer shares (after the model's checks)."""
-        check_model(self.name, config, inner, causal)
-        return DualChunkAttention(rotary, config.max_position_embeddings, self.chunk_size, self.local_window)
+    def computation(self, rotary: torch.nn.Module, original: int) -> DualChunkAttention:
+        return DualChunkAttention(rotary, original, self.chunk_size, self.local_window)
 
 
 class DualChunkAttention(RemappedAttention):

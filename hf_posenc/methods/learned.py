@@ -1,6 +1,6 @@
-"""Learned position tables: the math of a longer table (linear interpolation, tiling), how each
-family's model calls its table, and the bounded table module that refuses, with a clear error, an
-input longer than it.
+"""Learned position tables: how each family's model calls its table, the bounded table module that refuses,
+with a clear error, an input longer than it, and `GrownTableConfig`, what the methods that make a longer
+learned table (interpolate.py, tile.py, hierarchical.py) share: each only says how to compute the rows.
 
 A table has `offset` rows below position 0 (OPT and BART: 2; RoBERTa: padding_idx + 1, the row
 padding tokens read): row r holds position r - offset. Those rows are carried over unchanged.
@@ -8,9 +8,12 @@ padding tokens read): row r holds position r - offset. Those rows are carried ov
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from ..config import LearnedMethodConfig
 from ..errors import SequenceTooLongError
 
 # How a family's model calls its table (the same signature for every style):
@@ -18,24 +21,6 @@ from ..errors import SequenceTooLongError
 #   "mask":   table(attention_mask, past_key_values_length, position_ids=None) (OPT, BioGPT)
 #   "arange": table(input_ids, past_key_values_length, position_ids=None) (BART, mBART, PLBart)
 CALL_STYLES = ("ids", "mask", "arange")
-
-
-def interpolate_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
-    """`length` rows; row p reads `rows` at x = p * (n - 1) / (length - 1), linearly between the two
-    neighbours of x. Integer x (every row when length == n) copies a row exactly."""
-    n = rows.shape[0]
-    if n == 1:
-        return rows[torch.zeros(length, dtype=torch.long, device=rows.device)]
-    source = rows.double()
-    x = torch.arange(length, dtype=torch.float64, device=rows.device) * (n - 1) / (length - 1)
-    low = x.floor().long().clamp(max=n - 2)  # the last row is reached with frac == 1
-    frac = (x - low).unsqueeze(1)
-    return (source[low] * (1 - frac) + source[low + 1] * frac).to(rows.dtype)
-
-
-def tile_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
-    """`length` rows: row p is rows[p mod n] (Longformer's initialisation of a longer table)."""
-    return rows[torch.arange(length, device=rows.device) % rows.shape[0]].clone()
 
 
 def table_rows(call: str, offset: int, input: torch.Tensor, past_key_values_length: int = 0,
@@ -127,3 +112,27 @@ class NoPositions(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[1]}, call={self.call!r}"
+
+
+@dataclass
+class GrownTableConfig(LearnedMethodConfig):
+    """A longer learned table (trainable afterwards) whose rows a method computes from the old ones: the
+    table module is a `LearnedPositions`, saved as a plain table that stock transformers loads."""
+
+    def grow(self, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """`length` rows from the `rows` of positions 0 .. n - 1 of the old table."""
+        raise NotImplementedError
+
+    def build_table(self, old: nn.Embedding, *, offset: int, positions: int, call: str) -> tuple[nn.Module, dict]:
+        weight = old.weight.detach()
+        grown = self.grow(weight[offset: offset + positions], self.max_position_embeddings)
+        module = LearnedPositions(torch.cat([weight[:offset], grown]), offset=offset, call=call,
+                                  padding_idx=old.padding_idx, method=self.name)
+        return module, {}
+
+    def restore_table(self, stock: nn.Embedding, *, offset: int, call: str, info: dict,
+                      saved: dict[str, torch.Tensor]) -> nn.Module:
+        module = LearnedPositions(stock.weight.detach(), offset=offset, call=call, padding_idx=stock.padding_idx,
+                                  method=self.name)
+        module.weight = stock.weight  # the loaded parameter itself
+        return module

@@ -16,12 +16,15 @@ a left-padded row is attended exactly as the same row alone.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
 from .. import _compat
+from ..attention import AttentionSite, PositionalAttention
+from ..config import AttentionMethodConfig
 from ..errors import MethodNotApplicableError
 from .rope import apply_rotary
 
@@ -197,6 +200,24 @@ def merge(results: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return apply_rotary(x, cos[None, None], sin[None, None])  # positions shared by the batch and the heads
+
+
+@dataclass
+class RemappedConfig(AttentionMethodConfig):
+    """What dca and self_extend share as methods: one `RemappedAttention` computes attention for every
+    layer (the positions are the same in each), built once the model is checked."""
+
+    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+
+    def computation(self, rotary: nn.Module, original: int) -> RemappedAttention:
+        """The attention computation of the resolved method, with the model's rotary module."""
+        raise NotImplementedError
+
+    def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
+        if "compute" not in site.shared:
+            check_model(self.name, site.config, site.inner, site.causal)
+            site.shared["compute"] = self.computation(site.rotary, site.config.max_position_embeddings)
+        return PositionalAttention(causal=module.is_causal, layout=site.layout, compute=site.shared["compute"])
 
 
 def check_model(name: str, config, inner: str, causal: bool) -> None:

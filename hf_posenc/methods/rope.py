@@ -1,10 +1,11 @@
-"""RoPE: the math of each scaling method, then the module for the length-dependent ones.
+"""RoPE: what the scaling methods share, and the modules for the length-dependent ones and for rotations
+done inside attention.
 
-Rotary position embedding rotates each pair i of q/k channels by the angle m * theta_i at
-position m, with theta_i = base^(-2i/d) (d = rotary dimension). Every method here only changes
-the frequencies theta_i (and, for YaRN/LongRoPE, a scale on cos/sin). Where transformers already
-knows a method, this file only writes the `rope_parameters` that select it; transformers' own
-`ROPE_INIT_FUNCTIONS` do the arithmetic.
+Rotary position embedding (Su et al. 2021) rotates each pair i of q/k channels by the angle m * theta_i at
+position m, with theta_i = base^(-2i/d) (d = rotary dimension). Every scaling method (one module each:
+ntk.py, yarn.py, ...) only changes the frequencies theta_i (and, for YaRN/LongRoPE, a scale on cos/sin).
+Where transformers already knows a method, the method only writes the `rope_parameters` that select it;
+transformers' own `ROPE_INIT_FUNCTIONS` do the arithmetic.
 """
 
 from __future__ import annotations
@@ -44,68 +45,28 @@ def base_parameters(native: dict) -> dict:
     return {k: v for k, v in native.items() if k not in SCALING_KEYS} | {"rope_type": "default"}
 
 
-def _optional(method: RopeMethodConfig, *names: str) -> dict:
+def optional_fields(method: RopeMethodConfig, *names: str) -> dict:
+    """The fields among `names` that `method` sets (not None), for rope_parameters that omit unset keys."""
     return {n: getattr(method, n) for n in names if getattr(method, n) is not None}
 
 
 def stock_parameters(method: RopeMethodConfig, native: dict, original: int, dim: int) -> dict:
-    """The rope_parameters that make transformers build `method` (resolved), for a layer type whose
-    plain RoPE settings are `native`, pretrained at `original` tokens. Methods whose frequencies
-    follow the input length get a marker rope_type that stock transformers refuses."""
-    base = base_parameters(native)
-    theta, factor = base["rope_theta"], method.factor
-    match method.name:
-        case "base":
-            return base | {"rope_theta": method.resolve_theta(theta)}
-        case "ntk":
-            return base | {"rope_theta": ntk_theta(theta, factor, dim)}
-        case "linear":
-            return base | {"rope_type": "linear", "factor": factor}
-        case "yarn":
-            return base | {
-                "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-                "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
-            } | _optional(method, "attention_factor", "mscale", "mscale_all_dim")
-        case "llama3":
-            return base | {
-                "rope_type": "llama3", "factor": factor, "original_max_position_embeddings": original,
-                "low_freq_factor": method.low_freq_factor, "high_freq_factor": method.high_freq_factor,
-            }
-        case "longrope":
-            return base | {
-                "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": original,
-                "long_factor": list(method.long_factor),
-                "short_factor": list(method.short_factor or [1.0] * (dim // 2)),
-            } | _optional(method, "attention_factor")
-        case "dynamic" | "dynamic_yarn":
-            return base | {
-                "rope_type": CUSTOM_ROPE_TYPE_PREFIX + method.name, "factor": factor,
-                "original_max_position_embeddings": original,
-            }
-    raise ValueError(f"not a RoPE method: {method.name!r}")
+    """The rope_parameters of `method` (resolved) for a layer type whose RoPE settings are `native`,
+    pretrained at `original` tokens: the method's own, on the plain RoPE settings without any scaling."""
+    return method.rope_parameters(base_parameters(native), original, dim)
 
 
 def parameters_at_length(method: RopeMethodConfig, native: dict, original: int,
                          seq_len: int) -> tuple[dict, int] | None:
-    """For a length-dependent method, the static rope_parameters it amounts to for an input of
-    `seq_len` tokens (and the length to evaluate them at), or None inside the original context (where the model is left exactly as it was).
-    The scaling follows the length up to the target context and stays there past it, so factor 1
-    is the unpatched model and the target context gets exactly the static method at `factor`."""
+    """For a method that follows the input length, the static rope_parameters it amounts to for an input
+    of `seq_len` tokens (and the length to evaluate them at), or None inside the original context (where
+    the model is left exactly as it was). The scaling follows the length up to the target context and
+    stays there past it, so factor 1 is the unpatched model and the target context gets exactly the
+    static method at `factor`."""
     seq_len = min(seq_len, method.max_position_embeddings)
     if seq_len <= original:
         return None
-    base = base_parameters(native)
-    match method.name:
-        case "dynamic":
-            # transformers' "dynamic" formula, read against the original context (the scratch config
-            # that evaluates it keeps max_position_embeddings = original)
-            return base | {"rope_type": "dynamic", "factor": method.factor}, seq_len
-        case "dynamic_yarn":
-            return base | {
-                "rope_type": "yarn", "factor": seq_len / original, "original_max_position_embeddings": original,
-                "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
-            } | _optional(method, "mscale", "mscale_all_dim"), seq_len
-    raise ValueError(f"method {method.name!r} does not depend on the input length")
+    return method.parameters_at_length(base_parameters(native), original, seq_len), seq_len
 
 
 class LengthDependentRotary(nn.Module):

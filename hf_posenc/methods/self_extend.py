@@ -24,9 +24,9 @@ from typing import ClassVar
 
 import torch
 
-from ..config import AttentionMethodConfig, check_number
+from ..config import check_number
 from ..errors import InvalidParameterError, SequenceTooLongError
-from .remapped import Part, RemappedAttention, check_model, split
+from .remapped import Part, RemappedAttention, RemappedConfig, split
 
 
 def longest_input(group_size: int, window: int, original: int) -> int:
@@ -35,14 +35,13 @@ def longest_input(group_size: int, window: int, original: int) -> int:
 
 
 @dataclass
-class SelfExtendConfig(AttentionMethodConfig):
+class SelfExtendConfig(RemappedConfig):
     """Self-Extend: true positions within `window` tokens (default original / 4), grouped positions
     floor(i / group_size) beyond it. Give `group_size`, or a target context (max_position_embeddings= /
     factor=) and the smallest group that reaches it is used; the target may not pass the longest input the
     group supports, G * (original - window + floor(window / G))."""
 
     name: ClassVar[str] = "self_extend"
-    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
     summary: ClassVar[str] = "Self-Extend: neighbour positions within a window, grouped positions floor(i/G) beyond"
 
     group_size: int | None = None
@@ -85,9 +84,13 @@ class SelfExtendConfig(AttentionMethodConfig):
                 f"(G * (original - window + window // G)); raise group_size or lower the target")
         return dataclasses.replace(resolved, group_size=int(group), window=int(window))
 
-    def build(self, *, rotary: torch.nn.Module, config, inner: str, causal: bool) -> SelfExtendAttention:
-        check_model(self.name, config, inner, causal)
-        return SelfExtendAttention(rotary, config.max_position_embeddings, self.group_size, self.window)
+    def computation(self, rotary: torch.nn.Module, original: int) -> SelfExtendAttention:
+        return SelfExtendAttention(rotary, original, self.group_size, self.window)
+
+    @classmethod
+    def variant_defaults(cls, params: dict, target: int, info: dict) -> dict:
+        """A variant that gives group_size= runs that group: its longest input is then its context."""
+        return dict(params) if "group_size" in params else super().variant_defaults(params, target, info)
 
 
 class SelfExtendAttention(RemappedAttention):

@@ -11,11 +11,14 @@ k / base^(2i/d) in every pair: a fixed linear map of PE(pos) for each shift k.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import LearnedMethodConfig, check_bool, check_number
+from ..errors import CheckpointMismatchError, InvalidParameterError
 from .learned import table_rows
 
 DEFAULT_BASE = 10000.0
@@ -169,3 +172,96 @@ class SinusoidalPositions(nn.Module):
         init = "fit" if self.projection is not None else f"scale={self.scale:g}"
         return (f"dim={self.dim}, rows={self.rows}, offset={self.offset}, kept={self.kept_rows.shape[0]}, "
                 f"base={self.base:g}, {init}, call={self.call!r}")
+
+
+# -- the method -------------------------------------------------------------------------------------
+
+SINUSOIDAL_INITS = ("raw", "scaled", "fit")
+
+
+@dataclass
+class SinusoidalConfig(LearnedMethodConfig):
+    """The sinusoidal formula (Vaswani et al. 2017) PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) in place of the
+    learned table, at any length. `init`: "raw" (the formula as it is), "scaled" (times the ratio of the
+    learned table's RMS to the formula's), "fit" (PE(pos) @ W + b, W and b fitted by least squares to the
+    learned table). `fit_ridge` shrinks W (ridge lambda = fit_ridge * n / 2 for n fitted positions): an
+    exact fit uses huge weights on the near-polynomial low frequencies and explodes past the original
+    context. `trainable` (fit only) leaves W and b trainable. `keep_learned` keeps the first k positions'
+    learned rows (position 0 of BERT/GPT-2 tables is an outlier no sinusoid fits). `max_position_embeddings`
+    only sets the advertised context and the length of the table a saved checkpoint holds."""
+
+    name: ClassVar[str] = "sinusoidal"
+    summary: ClassVar[str] = "fixed sinusoidal positions in place of a learned table, any length; init raw/scaled/fit"
+
+    init: str = "fit"
+    base: float = 10000.0
+    trainable: bool = False
+    fit_ridge: float = 0.1
+    keep_learned: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.init, str) or self.init not in SINUSOIDAL_INITS:
+            raise InvalidParameterError(f"init must be one of {list(SINUSOIDAL_INITS)}, got {self.init!r}")
+        check_number("base", self.base, above=1, optional=False)
+        check_number("fit_ridge", self.fit_ridge, minimum=0, optional=False)
+        check_number("keep_learned", self.keep_learned, minimum=0, integer=True, optional=False)
+        check_bool("trainable", self.trainable)
+        if self.trainable and self.init != "fit":
+            raise InvalidParameterError(
+                f"trainable=True needs init='fit' (init={self.init!r} has no weights to train; the fitted W and b are)"
+            )
+
+    def build_table(self, old: nn.Embedding, *, offset: int, positions: int, call: str) -> tuple[nn.Module, dict]:
+        if self.keep_learned >= positions:
+            raise InvalidParameterError(
+                f"keep_learned={self.keep_learned} keeps every position of this {positions}-position table; "
+                f"it must be < {positions}"
+            )
+        weight = old.weight.detach()
+        kept = offset + self.keep_learned
+        target = weight[kept: offset + positions]
+        features = sinusoidal_table(torch.arange(self.keep_learned, positions), weight.shape[1], self.base)
+        scale, fit, info = 1.0, None, {}
+        if self.init == "scaled":
+            scale = rms(target) / rms(features)
+            info = {"scale": scale}
+        elif self.init == "fit":
+            fit = fit_affine(features, target, self.fit_ridge)
+        module = SinusoidalPositions(weight.shape[1], rows=offset + self.max_position_embeddings, offset=offset,
+                                     call=call, kept_rows=weight[:kept], base=self.base, scale=scale, fit=fit,
+                                     trainable=self.trainable)
+        if fit is not None:  # measured on the module itself: W and b are stored in the model's dtype
+            fitted = module.table(offset + positions)[kept:].double()
+            error = (fitted - target.double()).norm() / target.double().norm().clamp_min(1e-30)
+            info = {"fit_relative_error": float(error)}
+        return module, info
+
+    def checkpoint_parts(self) -> tuple[str, ...]:
+        # the saved table (checked against the formula below) and the fitted projection
+        return ("weight", "projection.weight", "projection.bias") if self.init == "fit" else ("weight",)
+
+    def restore_table(self, stock: nn.Embedding, *, offset: int, call: str, info: dict,
+                      saved: dict[str, torch.Tensor]) -> nn.Module:
+        fit = None
+        if self.init == "fit":
+            fit = AffineFit(weight=saved["projection.weight"].double().T, bias=saved["projection.bias"].double(),
+                            relative_error=info.get("fit_relative_error", float("nan")))
+        weight = stock.weight.detach()
+        module = SinusoidalPositions(weight.shape[1], rows=weight.shape[0], offset=offset, call=call,
+                                     kept_rows=weight[: offset + self.keep_learned], base=self.base,
+                                     scale=info.get("scale", 1.0), fit=fit, trainable=self.trainable)
+        # what this module would save must be what the checkpoint holds, to the precision of the coarser of
+        # the dtype it was saved in and the dtype it is loaded in
+        saved_table = saved["weight"].double()
+        expected = module.table(weight.shape[0]).to(device="cpu", dtype=torch.float64)
+        eps = max(torch.finfo(saved["weight"].dtype).eps, torch.finfo(weight.dtype).eps)
+        tolerance = 2 * eps * max(1.0, float(expected.abs().max()))
+        if expected.shape != saved_table.shape or not torch.allclose(saved_table, expected, rtol=0, atol=tolerance):
+            deviation = float((saved_table - expected).abs().max())
+            raise CheckpointMismatchError(
+                f"the position table in the checkpoint is not the sinusoidal table its config records (largest "
+                f"difference {deviation:.3g}): it was changed after hf_posenc saved it (trained as a learned "
+                f"table?). Load it with transformers' own from_pretrained to keep that table"
+            )
+        return module

@@ -13,8 +13,17 @@ zeta^(-L / scale_base), which keeps 32k-token inputs well inside float32 and bfl
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
+
+from .. import _compat
+from ..attention import AttentionSite, PositionalAttention
+from ..config import AttentionMethodConfig, check_number
+from ..errors import InvalidParameterError, MethodNotApplicableError
 
 
 def xpos_zeta(rotary_dim: int, gamma: float) -> torch.Tensor:
@@ -46,3 +55,50 @@ class XposScale(nn.Module):
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}, gamma={self.gamma}, scale_base={self.scale_base}"
 
+
+@dataclass
+class XposConfig(AttentionMethodConfig):
+    """XPos (Sun et al. 2022): RoPE kept, and rotary pair i of q and k scaled by zeta_i^(+-position /
+    scale_base), zeta_i = (2i/d + gamma) / (1 + gamma), so scores decay with distance."""
+
+    name: ClassVar[str] = "xpos"
+    mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+    summary: ClassVar[str] = "XPos: RoPE plus a per-dimension exponential decay with distance"
+    removes_positions: ClassVar[bool] = False
+
+    gamma: float = 0.4
+    scale_base: float = 512.0
+
+    # the largest exponent of the q / k scale at the advertised context: e^60 leaves q and k themselves
+    # ~e^28 of room before float32 / bfloat16 overflow (e^88), where scores would become inf and NaN
+    MAX_EXPONENT: ClassVar[float] = 60.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("gamma", self.gamma, above=0, optional=False)
+        check_number("scale_base", self.scale_base, above=0, optional=False)
+
+    def resolve(self, original: int) -> XposConfig:
+        resolved = super().resolve(original)
+        # positions count from the middle of the keys (methods/xpos.py): the scale reaches zeta_0^(-L / 2 scale_base)
+        rate = abs(math.log(self.gamma / (1 + self.gamma)))
+        exponent = rate * resolved.max_position_embeddings / (2 * self.scale_base)
+        if not exponent <= self.MAX_EXPONENT:
+            raise InvalidParameterError(
+                f"xpos with gamma={self.gamma!r} and scale_base={self.scale_base!r} scales q and k by up to e^"
+                f"{exponent:.3g} at {resolved.max_position_embeddings} tokens, past the float range (e^88): the scores "
+                f"would be inf or NaN. Use scale_base >= {rate * resolved.max_position_embeddings / (2 * self.MAX_EXPONENT):.4g} "
+                f"(or a larger gamma, or a shorter max_position_embeddings)"
+            )
+        return resolved
+
+    def check_rope_model(self, config) -> None:
+        if config.model_type in _compat.INTERLEAVED_ROTARY_MODEL_TYPES:
+            raise MethodNotApplicableError(
+                f"xpos scales rotary pairs in the rotate-half layout; {config.model_type} rotates interleaved pairs"
+            )
+
+    def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
+        scale = XposScale(_compat.head_dim(site.config), _compat.rotary_dim(site.config, None), self.gamma,
+                          self.scale_base)
+        return PositionalAttention(causal=module.is_causal, qk=scale, layout=site.layout)

@@ -1,0 +1,21 @@
+"""Position interpolation (Chen et al. 2023, "Extending Context Window of Large Language Models via
+Positional Interpolation"): position m rotates as m / s, so the target context maps onto the trained one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import RopeMethodConfig
+
+
+@dataclass
+class LinearConfig(RopeMethodConfig):
+    """Position interpolation (Chen et al. 2023): positions divided by the factor."""
+
+    name: ClassVar[str] = "linear"
+    summary: ClassVar[str] = "position interpolation (PI): positions / s"
+    stock_checkpoint: ClassVar[bool] = True
+
+    def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
+        return base | {"rope_type": "linear", "factor": self.factor}

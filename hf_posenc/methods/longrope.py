@@ -1,0 +1,70 @@
+"""LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens"): one
+rescale factor per rotary pair, found by search, a long set past the original context and a short set inside
+it; transformers' own rotary module switches between them by input length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import RopeMethodConfig, check_number
+from ..errors import InvalidParameterError, ParameterTypeError
+from .rope import optional_fields
+
+
+@dataclass
+class LongRopeConfig(RopeMethodConfig):
+    """LongRoPE (Ding et al. 2024): one rescale factor per frequency, `long_factor` past the original
+    context and `short_factor` (default all 1) inside it; one value per rotary pair (d/2 values)."""
+
+    name: ClassVar[str] = "longrope"
+    summary: ClassVar[str] = "LongRoPE: per-frequency factors, short and long sets"
+    stock_checkpoint: ClassVar[bool] = True
+    length_dependent: ClassVar[bool] = True  # switches between the two sets with the input length
+
+    long_factor: list[float] | None = None
+    short_factor: list[float] | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
+                raise ParameterTypeError(f"{name} must be a list of numbers, got {value!r}")
+            value = [float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) else v for v in value]
+            for i, v in enumerate(value):
+                check_number(f"{name}[{i}]", v, above=0, optional=False)
+            setattr(self, name, value)
+        check_number("attention_factor", self.attention_factor, above=0)
+
+    def check_rotary(self, dim: int) -> None:
+        half_dim = dim // 2
+        if self.long_factor is None:
+            raise InvalidParameterError(
+                f"method 'longrope' needs long_factor= (a list of {half_dim} numbers, one per rotary pair)"
+            )
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is not None and len(value) != half_dim:
+                raise InvalidParameterError(
+                    f"{name} has {len(value)} values; this model's rotary dimension needs exactly {half_dim} "
+                    f"(one per rotary pair, head_dim * partial_rotary_factor / 2)"
+                )
+
+    def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
+        return base | {
+            "rope_type": "longrope", "factor": self.factor, "original_max_position_embeddings": original,
+            "long_factor": list(self.long_factor), "short_factor": list(self.short_factor or [1.0] * (dim // 2)),
+        } | optional_fields(self, "attention_factor")
+
+    @classmethod
+    def variant_defaults(cls, params: dict, target: int, info: dict) -> dict:
+        """Without searched factors at hand: per-pair factors ramped from 1 (the fastest pair) to s (the slowest)."""
+        out = super().variant_defaults(params, target, info)
+        if "long_factor" not in params:
+            factor, half = target / info["max_position_embeddings"], info["rotary_dim"] // 2
+            out["long_factor"] = [round(1 + (factor - 1) * i / (half - 1), 4) for i in range(half)]
+        return out

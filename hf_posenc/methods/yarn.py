@@ -1,0 +1,54 @@
+"""YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"):
+NTK-by-parts interpolation (dimensions whose wavelength fits many times in the original context are kept,
+those longer than it are interpolated by s, a linear ramp between, set by beta_fast / beta_slow) and an
+attention temperature sqrt(1/t) = 0.1 ln s + 1 on cos and sin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import RopeMethodConfig, check_bool, check_number
+from ..errors import InvalidParameterError
+from .rope import optional_fields
+
+
+def check_betas(beta_fast: float, beta_slow: float) -> None:
+    check_number("beta_fast", beta_fast, above=0, optional=False)
+    check_number("beta_slow", beta_slow, above=0, optional=False)
+    if beta_fast <= beta_slow:
+        raise InvalidParameterError(
+            f"beta_fast must be > beta_slow (rotations that mark the extrapolated and the interpolated "
+            f"dimensions), got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
+        )
+
+
+@dataclass
+class YarnConfig(RopeMethodConfig):
+    """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention temperature
+    (attention_factor, default 0.1 ln s + 1, or from mscale / mscale_all_dim)."""
+
+    name: ClassVar[str] = "yarn"
+    summary: ClassVar[str] = "YaRN: per-dimension interpolation ramp + attention factor"
+    stock_checkpoint: ClassVar[bool] = True
+
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_betas(self.beta_fast, self.beta_slow)
+        check_number("attention_factor", self.attention_factor, above=0)
+        check_number("mscale", self.mscale, above=0)
+        check_number("mscale_all_dim", self.mscale_all_dim, above=0)
+        check_bool("truncate", self.truncate)
+
+    def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
+        return base | {
+            "rope_type": "yarn", "factor": self.factor, "original_max_position_embeddings": original,
+            "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "truncate": self.truncate,
+        } | optional_fields(self, "attention_factor", "mscale", "mscale_all_dim")
