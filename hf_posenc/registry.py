@@ -174,6 +174,7 @@ from .methods.base_frequency import BaseConfig  # noqa: E402
 from .methods.dca import DcaConfig  # noqa: E402
 from .methods.dynamic import DynamicConfig  # noqa: E402
 from .methods.dynamic_yarn import DynamicYarnConfig  # noqa: E402
+from .methods.hierarchical import HierarchicalConfig  # noqa: E402
 from .methods.interpolate import InterpolateConfig  # noqa: E402
 from .methods.linear import LinearConfig  # noqa: E402
 from .methods.llama3 import Llama3Config  # noqa: E402
@@ -189,6 +190,6 @@ from .methods.yarn import YarnConfig  # noqa: E402
 
 for _cls in (BaseConfig, NTKConfig, LinearConfig, DynamicConfig, YarnConfig, DynamicYarnConfig, Llama3Config,
              LongRopeConfig,  # RoPE scaling
-             SinusoidalConfig, InterpolateConfig, TileConfig,  # learned tables
+             SinusoidalConfig, InterpolateConfig, TileConfig, HierarchicalConfig,  # learned tables
              AlibiConfig, RelativeBiasConfig, XposConfig, RopeSwapConfig, DcaConfig, SelfExtendConfig):  # attention
     register_method(_cls)

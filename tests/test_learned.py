@@ -394,7 +394,7 @@ def test_bad_parameters_are_refused_and_leave_the_model_unchanged(params, error,
 
 def test_rope_methods_are_refused_on_learned_tables_and_the_reverse():
     gpt2 = tiny("gpt2")
-    with pytest.raises(hp.MethodNotApplicableError, match="methods that apply: alibi, interpolate, relative_bias, rope, sinusoidal, tile$"):
+    with pytest.raises(hp.MethodNotApplicableError, match="methods that apply: alibi, hierarchical, interpolate, relative_bias, rope, sinusoidal, tile$"):
         hp.patch(gpt2, "yarn", factor=2)
     assert not is_patched(gpt2) and type(gpt2.transformer.wpe) is torch.nn.Embedding
     llama = tiny_model("llama")
