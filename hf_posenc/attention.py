@@ -11,7 +11,6 @@ are untouched: the registered function only acts on modules that carry a child.
 
 from __future__ import annotations
 
-import dataclasses
 
 from typing import NamedTuple
 
@@ -25,6 +24,7 @@ from .methods.bias import AlibiBias, RelativeBias, distances
 from .methods.rope import RotaryQK
 from .methods.xpos import XposScale
 from .plan import PatchPlan
+from .record import PatchRecord
 
 CHILD = "hf_posenc_attention"  # the child each patched attention module carries
 PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the inner one
@@ -205,16 +205,11 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
     _compat.set_attention_implementation(new_config, PREFIX + inner)
 
 
-def describe(model: nn.Module, record: dict) -> dict:
+def describe(model: nn.Module, record: PatchRecord) -> dict:
     """What `hp.describe` says of a model patched with an attention method."""
-    from .registry import get_method
-
     config = model.config.get_text_config()
-    mechanism = {"alibi": "bias", "relative_bias": "bias"}.get(record["method"], "rope")
-    method = get_method(record["method"])
-    names = {f.name for f in dataclasses.fields(method)}
-    limit = method.from_dict({k: v for k, v in record["params"].items() if k in names}).length_limit(
-        record["original"]["max_position_embeddings"])
+    mechanism = {"alibi": "bias", "relative_bias": "bias"}.get(record.method, "rope")
+    limit = record.method_config().length_limit(record.original.max_position_embeddings)
     return {"mechanism": mechanism, "attn_implementation": _compat.attention_implementation(config),
             "length_limit": limit}
 

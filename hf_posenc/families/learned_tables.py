@@ -14,7 +14,6 @@ back, reading the fitted projection of init="fit" from the checkpoint.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,13 +26,14 @@ from .. import _compat, attention, loading
 from ..config import (
     AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeSwapConfig, SinusoidalConfig, check_number,
 )
-from ..errors import CheckpointMismatchError, InvalidParameterError, SequenceTooLongError
+from ..errors import CheckpointMismatchError, CheckpointRecordError, InvalidParameterError, SequenceTooLongError
 from ..methods.learned import (
     CALL_STYLES, ORIGINAL_TABLE, LearnedPositions, NoPositions, interpolate_rows, tile_rows, too_long_message,
 )
 from ..methods.sinusoidal import AffineFit, SinusoidalPositions, fit_affine, rms, sinusoidal_table
-from ..plan import RECORD_ATTR, UNDO_ATTR, PatchPlan, Undo
-from ..registry import as_model, find_family, get_method, register_family
+from ..plan import UNDO_ATTR, PatchPlan, Undo
+from ..record import Original, PatchRecord, TableRecord, detach, read_record
+from ..registry import as_model, find_family, register_family
 
 
 # -- buffers sized by the context ------------------------------------------------------------------
@@ -104,20 +104,21 @@ class LearnedTableFamily:
     def describe(self, model: nn.Module) -> dict:
         tables = self.tables(model)
         module, config = tables[0].module, model.config.get_text_config()
-        record = getattr(model.config, RECORD_ATTR, None) or {}
+        record = read_record(model.config)
         # DistilBERT's own fixed sinusoid, as long as no hf_posenc method has replaced it
-        own_sinusoid = self.spec.sinusoidal_flag and getattr(config, self.spec.sinusoidal_flag, False) and not record
+        own_sinusoid = (self.spec.sinusoidal_flag and getattr(config, self.spec.sinusoidal_flag, False)
+                        and record is None)
         info = {
             "mechanism": "sinusoidal" if own_sinusoid else "learned",
             "position_tables": [t.path for t in tables],
             "position_offset": table_offset(module, self.spec),
             "length_limit": self.length_limit(model),
         }
-        fits = list(record.get("tables", {}).values())
-        if any("fit_relative_error" in t for t in fits):
-            info["fit_relative_error"] = max(t["fit_relative_error"] for t in fits)
-        if any("scale" in t for t in fits):
-            info["scale"] = fits[0]["scale"]
+        fits = list((record.tables or {}).values()) if record is not None else []
+        if any(t.fit_relative_error is not None for t in fits):
+            info["fit_relative_error"] = max(t.fit_relative_error for t in fits if t.fit_relative_error is not None)
+        if any(t.scale is not None for t in fits):
+            info["scale"] = next(t.scale for t in fits if t.scale is not None)
         return info
 
     def plan(self, model: nn.Module, method: MethodConfig) -> TablePlan:
@@ -133,25 +134,29 @@ class LearnedTableFamily:
                 f"keep_learned={method.keep_learned} keeps every position of this {positions}-position table; "
                 f"it must be < {positions}"
             )
-        record = self._record(method, model, tables={})
-        new_tables = {}
+        new_tables, infos = {}, {}
         for table in tables:
-            new_tables[table.path], info = self._build(table.module, method, offset, positions)
-            record["tables"][table.path] = info
+            new_tables[table.path], infos[table.path] = self._build(table.module, method, offset, positions)
+        record = self._record(method, model, tables={path: TableRecord(**info) for path, info in infos.items()})
         return self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
 
-    def load_patched(self, path, config, record: dict, *, gguf_file: str | None = None, **kwargs) -> nn.Module:
+    def load_patched(self, path, config, record: PatchRecord, *, gguf_file: str | None = None,
+                     **kwargs) -> nn.Module:
         """Load a checkpoint saved from a patched model and put the patch back (for `hp.from_pretrained`).
         The weights hold the materialised table; the fitted projection of init="fit" is read next to it.
         `hp.unpatch` on the result gives the model stock transformers loads from the same checkpoint."""
         stock_config = copy.deepcopy(config)
-        delattr(stock_config, RECORD_ATTR)
+        detach(stock_config)
         with _compat.quiet_load_report((".projection.weight", ".projection.bias")):  # read below
             model = loading.load_model(path, gguf_file=gguf_file, config=stock_config, **kwargs)
-        method_cls = get_method(record["method"])
-        names = {f.name for f in dataclasses.fields(method_cls)}
-        method = method_cls.from_dict({k: v for k, v in record["params"].items() if k in names})
+        method = record.method_config()
         tables = self.tables(model)
+        if set(record.tables) != {t.path for t in tables}:
+            raise CheckpointRecordError(
+                f"{path}: its config's hf_posenc record names the position table(s) {sorted(record.tables)}, but "
+                f"this {self.name} model has {[t.path for t in tables]}; the record was edited after saving. Save "
+                f"the model again from the patched one"
+            )
         offset = table_offset(tables[0].module, self.spec)
         saved = {}
         if isinstance(method, SinusoidalConfig):  # the saved tables (checked below) and the fitted projections
@@ -165,22 +170,22 @@ class LearnedTableFamily:
                     f"checkpoint lacks {missing}"
                 )
         new_tables = {t.path: self._restore(t, method, record, offset, saved) for t in tables}
-        plan = self._plan(model, tables, new_tables, copy.deepcopy(record), tables[0].module.num_embeddings)
+        plan = self._plan(model, tables, new_tables, record, tables[0].module.num_embeddings)
         plan.apply()
         return model
 
-    def unpatched_config(self, config, record: dict) -> tuple:
+    def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """For a patch that moved positions into attention: the config of the model before it, and the
         tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
         config = copy.deepcopy(config)
-        delattr(config, RECORD_ATTR)
+        detach(config)
         text_config = config.get_text_config()
-        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
-        if record["method"] == "rope" and "rope_parameters" in vars(text_config):  # written by the swap
+        text_config.max_position_embeddings = record.original.max_position_embeddings
+        if record.method == "rope" and "rope_parameters" in vars(text_config):  # written by the swap
             delattr(text_config, "rope_parameters")
-        return config, tuple(f"{path}.weight" for path in record["tables"])
+        return config, tuple(f"{path}.weight" for path in record.tables)
 
-    def restore_original(self, model: nn.Module, path, record: dict) -> str | None:
+    def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:
         """After `hp.from_pretrained` loaded a checkpoint whose tables an attention patch removed (their
         rows random, the saved ones empty): put back each table as it was before the patch, which
         NoPositions saved beside it, so `hp.unpatch` gives the original model. Returns why unpatch must
@@ -189,7 +194,7 @@ class LearnedTableFamily:
         wanted = [f"{t.path}.{ORIGINAL_TABLE}" for t in tables]
         saved = _compat.read_checkpoint_tensors(path, wanted)
         if set(saved) != set(wanted):
-            return (f"{path} does not hold the position table(s) {[t.path for t in tables]} the {record['method']!r} "
+            return (f"{path} does not hold the position table(s) {[t.path for t in tables]} the {record.method!r} "
                     f"patch removed (it was saved by an older hf_posenc), so unpatching this model would leave a "
                     f"random table. It stays patched; for the model without the patch, load the original checkpoint "
                     f"(and save patched models again to keep their table)")
@@ -233,23 +238,20 @@ class LearnedTableFamily:
     def check_length(self, model: nn.Module, length: int) -> None:
         limit = self.length_limit(model)
         if limit is not None and length > limit:
-            record = getattr(model.config, RECORD_ATTR, None) or {}
-            raise SequenceTooLongError(too_long_message(length, limit, record.get("method")))
+            record = read_record(model.config)
+            raise SequenceTooLongError(too_long_message(length, limit, record.method if record else None))
 
     # building ------------------------------------------------------------------------------------
 
-    def _record(self, method: MethodConfig, model: nn.Module, tables: dict) -> dict:
+    def _record(self, method: MethodConfig, model: nn.Module, tables: dict[str, TableRecord]) -> PatchRecord:
         """What config.hf_posenc keeps of a patch: the method, its parameters, the original context, and
-        per table what `load_patched` needs (filled in by the caller)."""
-        return {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
-                         "positions": self.positions(model)},
-            "tables": tables,
-        }
+        per table what `load_patched` needs."""
+        return PatchRecord(
+            family=self.name, mechanism=self.mechanism, method=method.name, params=method.to_dict(),
+            original=Original(max_position_embeddings=model.config.get_text_config().max_position_embeddings,
+                              positions=self.positions(model)),
+            tables=tables,
+        )
 
     def _plan_attention(self, model: nn.Module, method: AttentionMethodConfig) -> TablePlan:
         """Positions move into attention: each table becomes a NoPositions, each self-attention module
@@ -260,7 +262,7 @@ class LearnedTableFamily:
         method = method.resolve(self.positions(model))
         if isinstance(method, RopeSwapConfig):
             _check_rotary_dim(method, _compat.head_dim(model.config.get_text_config()))
-        record = self._record(method, model, tables={t.path: {} for t in tables})
+        record = self._record(method, model, tables={t.path: TableRecord() for t in tables})
         new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
         plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
         new_config = plan.config_map[id(model.config.get_text_config())]
@@ -301,9 +303,10 @@ class LearnedTableFamily:
             info = {"fit_relative_error": float(error)}
         return module, info
 
-    def _restore(self, table: Table, method: LearnedMethodConfig, record: dict, offset: int, saved: dict):
+    def _restore(self, table: Table, method: LearnedMethodConfig, record: PatchRecord, offset: int, saved: dict):
         """The patched module again, from the table stock transformers loaded (and the saved projection)."""
         stock, path = table.module, table.path
+        info = record.tables[path]
         if method.name in ("interpolate", "tile"):
             module = LearnedPositions(stock.weight.detach(), offset=offset, call=self.spec.call,
                                       padding_idx=stock.padding_idx, method=method.name)
@@ -314,11 +317,12 @@ class LearnedTableFamily:
         if method.init == "fit":
             projection_weight, projection_bias = saved[f"{path}.projection.weight"], saved[f"{path}.projection.bias"]
             fit = AffineFit(weight=projection_weight.double().T, bias=projection_bias.double(),
-                            relative_error=record["tables"][path].get("fit_relative_error", float("nan")))
+                            relative_error=info.fit_relative_error if info.fit_relative_error is not None
+                            else float("nan"))
         weight = stock.weight.detach()
         module = SinusoidalPositions(weight.shape[1], rows=weight.shape[0], offset=offset, call=self.spec.call,
                                      kept_rows=weight[: offset + method.keep_learned], base=method.base,
-                                     scale=record["tables"][path].get("scale", 1.0), fit=fit,
+                                     scale=info.scale if info.scale is not None else 1.0, fit=fit,
                                      trainable=method.trainable)
         # what this module would save must be what the checkpoint holds, to the precision of the coarser of
         # the dtype it was saved in and the dtype it is loaded in
@@ -335,7 +339,7 @@ class LearnedTableFamily:
             )
         return module
 
-    def _plan(self, model, tables: list[Table], new_tables: dict, record: dict, rows: int) -> TablePlan:
+    def _plan(self, model, tables: list[Table], new_tables: dict, record: PatchRecord, rows: int) -> TablePlan:
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(model.config.get_text_config())]
         offset = table_offset(tables[0].module, self.spec)
@@ -350,7 +354,7 @@ class LearnedTableFamily:
             plan.buffers.append((owner, name, current if current.shape[-1] == rows else build(owner, rows, current)))
         if buffers:
             base = getattr(model, "base_model", model)
-            guard = LengthGuard(buffers, offset, first.limit, record["method"])
+            guard = LengthGuard(buffers, offset, first.limit, record.method)
             plan.guards.append((base.get_submodule(self.spec.guard_at), guard))
         return plan
 
