@@ -189,8 +189,8 @@ def _parse(raw, source: str, field: str, version: int) -> PatchRecord:
         refuse(f"has parameters method {method.name!r} refuses ({err})")
     original = _parse_original(raw["original"], family.mechanism, refuse)
     tables = raw.get("tables")
-    if family.mechanism == "learned" and not (isinstance(tables, dict)
-                                              and all(isinstance(t, dict) for t in tables.values())):
+    if (family.mechanism == "learned" or tables is not None) and not (
+            isinstance(tables, dict) and all(isinstance(t, dict) for t in tables.values())):
         refuse(f"has 'tables' {tables!r}, not a dict of the position tables it replaced")
     if tables is not None:
         tables = {path: _parse_table(path, info, refuse) for path, info in tables.items()}

@@ -71,12 +71,13 @@ def expected_fields(build, method: str, params: dict) -> dict:
     model = build()
     family = find_family(model)
     config = model.config.get_text_config()
-    cfg = get_method(method).from_dict(params).resolve(family.original_context(model))
     original = {"max_position_embeddings": config.max_position_embeddings}
-    if family.mechanism == "rope":
+    if family.mechanism == "rope":  # no native scaling here: the original context is max_position_embeddings
         original["rope_parameters"] = config.rope_parameters
+        context = config.max_position_embeddings
     else:
-        original["positions"] = family.positions(model)
+        context = original["positions"] = family.positions(model)
+    cfg = get_method(method).from_dict(params).resolve(context)
     tables = [t.path for t in family.tables(model)] if family.mechanism == "learned" else None
     return {"family": family.name, "mechanism": family.mechanism, "method": method, "config": cfg,
             "original": original, "tables": tables}
@@ -197,6 +198,7 @@ MALFORMED = [
     ("interpolate_gpt2", set_in("tables", "wpe", "scale", value="1"), "has table 'wpe' with scale '1', not a number"),
     ("interpolate_gpt2", set_in("tables", "wpe", "rows", value=3), "has table 'wpe' with the key 'rows'"),
     ("interpolate_gpt2", set_in("tables", value={"nosuch": {}}), "names the position table(s) ['nosuch']"),
+    ("yarn_llama", set_in("tables", value=[1]), "has 'tables' [1], not a dict of the position tables"),
     ("rope_yarn_gpt2", set_in("base", "format_version", value=1), "'hf_posenc.base' record has key(s) ['format_version']"),
 ]
 
