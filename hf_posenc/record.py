@@ -68,10 +68,10 @@ class PatchRecord:
     original: Original
     tables: dict[str, TableRecord] | None = None  # learned-table families, by table path
     base: PatchRecord | None = None  # the patch this one is stacked on (a RoPE method on a learned -> rope swap)
-    format_version: int = FORMAT_VERSION
+    format_version: int = FORMAT_VERSION  # the format it was read in; to_dict writes the current one
 
     def to_dict(self) -> dict:
-        """The JSON-ready dict written into the config (and so into config.json)."""
+        """The JSON-ready dict written into the config (and so into config.json), in the current format."""
         return {"format_version": FORMAT_VERSION, **self._body()}
 
     def _body(self) -> dict:
