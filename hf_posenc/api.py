@@ -21,8 +21,9 @@ from .errors import (
     ParameterTypeError,
 )
 from .methods.learned import ORIGINAL_TABLE
-from .plan import RECORD_ATTR, UNDO_ATTR, is_patched, undo
-from .registry import FAMILIES, as_model, find_family, get_method, methods_for, read_record
+from .plan import UNDO_ATTR, is_patched, undo
+from .record import PatchRecord, attach, read_record
+from .registry import as_model, find_family, get_method, methods_for
 
 
 def _method_config(method: str | MethodConfig, params: dict) -> MethodConfig:
@@ -45,13 +46,13 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     call leaves the model as it was."""
     given, model = model, as_model(model, "patch")
     cfg = _method_config(method, params)
-    record = read_record(model.config) or {}
+    record = read_record(model.config)
     # a model swapped to rotary positions (learned -> rope) takes a RoPE scaling method on top
-    stacked = (bool(record) and get_method(record["method"]).writes_rope_parameters and UNDO_ATTR in model.__dict__
+    stacked = (record is not None and record.method_class().writes_rope_parameters and UNDO_ATTR in model.__dict__
                and isinstance(cfg, RopeMethodConfig))
     if is_patched(model) and not stacked:
         raise AlreadyPatchedError(
-            f"this model is already patched (method {record.get('method')!r}); to re-patch, call "
+            f"this model is already patched (method {getattr(record, 'method', None)!r}); to re-patch, call "
             f"hp.unpatch(model) first, then hp.patch(model, {cfg.name!r}, ...)"
         )
     family = find_family(model)
@@ -63,9 +64,9 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
         )
     plan = family.plan(model, cfg)
     if stacked:
-        plan.record["base"] = record
+        plan.record = dataclasses.replace(plan.record, base=record)
     try:  # what save_pretrained will write: refused now rather than as a half-written config.json
-        json.dumps(plan.record)
+        json.dumps(plan.record.to_dict())
     except (TypeError, ValueError) as err:
         raise ParameterTypeError(f"the parameters of {cfg.name!r} cannot be saved in config.json ({err}): {cfg}") from None
     added = {id(p) for _, _, new in plan.swaps if new is not None for p in new.parameters() if p.requires_grad}
@@ -102,7 +103,7 @@ def describe(model: torch.nn.Module) -> dict:
     family = find_family(model)
     config = model.config.get_text_config()
     record = read_record(model.config)
-    moved = record and issubclass(get_method(record["method"]), AttentionMethodConfig)
+    moved = record is not None and issubclass(record.method_class(), AttentionMethodConfig)
     info = {
         "model_type": config.model_type,
         "family": family.name,
@@ -110,12 +111,12 @@ def describe(model: torch.nn.Module) -> dict:
         "method": None,
         "max_position_embeddings": config.max_position_embeddings,
     }
-    if record:
-        params = dict(record["params"])
+    if record is not None:
+        params = dict(record.params)
         info.update(
-            method=record["method"],
+            method=record.method,
             factor=params.pop("factor", None),
-            original_max_position_embeddings=record["original"]["max_position_embeddings"],
+            original_max_position_embeddings=record.original.max_position_embeddings,
             params={k: v for k, v in params.items() if k != "max_position_embeddings"},
         )
     return info
@@ -129,12 +130,13 @@ def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **
     config = transformers.AutoConfig.from_pretrained(name, **extra)
     source = os.path.join(name, "config.json") if os.path.isdir(name) else f"{name} (config.json)"
     model = _load(path, config, gguf_file=gguf_file, source=source, **kwargs)
-    if read_record(config, source):
-        _check_replay(model, config, source)
+    record = read_record(config, source)
+    if record is not None:
+        _check_replay(model, config, record, source)
     return model
 
 
-def _check_replay(model: torch.nn.Module, config, source: str) -> None:
+def _check_replay(model: torch.nn.Module, config, record: PatchRecord, source: str) -> None:
     """The record, replayed on the checkpoint, must give the config it sits in: a record edited apart from
     its config (`linear` in the record, `yarn` in rope_parameters) would load as one model here and as
     another in stock transformers."""
@@ -146,7 +148,7 @@ def _check_replay(model: torch.nn.Module, config, source: str) -> None:
         written, expected = plain(getattr(saved, name, None)), plain(getattr(replayed, name, None))
         if written != expected:
             raise CheckpointRecordError(
-                f"{source}: its hf_posenc record (method {config.hf_posenc['method']!r}) and its {name} disagree: "
+                f"{source}: its hf_posenc record (method {record.method!r}) and its {name} disagree: "
                 f"the config says {written}, the record gives {expected}. Stock transformers would load one model "
                 f"and hf_posenc another; the file was edited after saving. Save it again from the patched model, or "
                 f"delete the hf_posenc field to load it as stock transformers reads it"
@@ -157,15 +159,14 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
     record = read_record(config, source)
     if record is None:
         return loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
-    family = next(f for f in FAMILIES if f.name == record["family"])
-    method = get_method(record["method"])
-    if hasattr(family, "load_patched") and not issubclass(method, AttentionMethodConfig):
+    family = record.family_adapter()
+    if hasattr(family, "load_patched") and not issubclass(record.method_class(), AttentionMethodConfig):
         return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)  # saved tables restored
     # the model before the patch (itself patched when this one was stacked on another), then the patch again
     stock, removed = family.unpatched_config(config, record)
     refuse_unpatch = None
-    if "base" in record:
-        setattr(stock, RECORD_ATTR, record["base"])
+    if record.base is not None:
+        attach(stock, record.base)
         model = _load(path, stock, gguf_file=gguf_file, source=source, **kwargs)
     else:
         extra = {"ignore_mismatched_sizes": True} if removed else {}
@@ -173,8 +174,7 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
             model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
         if removed:  # the tables the patch removed, as they were before it
             refuse_unpatch = family.restore_original(model, path, record)
-    field_names = {f.name for f in dataclasses.fields(method)}
-    patch(model, method.from_dict({k: v for k, v in record["params"].items() if k in field_names}))
+    patch(model, record.method_config())
     attention.restore_tensors(model, path)
     model.__dict__[UNDO_ATTR].refuse = refuse_unpatch
     return model

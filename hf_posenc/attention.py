@@ -11,7 +11,6 @@ are untouched: the registered function only acts on modules that carry a child.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -22,6 +21,7 @@ from . import _compat
 from .errors import CheckpointMismatchError, MethodNotApplicableError
 from .methods.bias import AlibiBias, RelativeBias, distances
 from .plan import PatchPlan
+from .record import PatchRecord
 
 if TYPE_CHECKING:
     from .config import AttentionMethodConfig
@@ -201,16 +201,11 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
     _compat.set_attention_implementation(new_config, PREFIX + inner)
 
 
-def describe(model: nn.Module, record: dict) -> dict:
+def describe(model: nn.Module, record: PatchRecord) -> dict:
     """What `hp.describe` says of a model patched with an attention method."""
-    from .registry import get_method
-
     config = model.config.get_text_config()
-    method = get_method(record["method"])
-    mechanism = "bias" if method.adds_bias else "rope"
-    names = {f.name for f in dataclasses.fields(method)}
-    limit = method.from_dict({k: v for k, v in record["params"].items() if k in names}).length_limit(
-        record["original"]["max_position_embeddings"])
+    mechanism = "bias" if record.method_class().adds_bias else "rope"
+    limit = record.method_config().length_limit(record.original.max_position_embeddings)
     return {"mechanism": mechanism, "attn_implementation": _compat.attention_implementation(config),
             "length_limit": limit}
 

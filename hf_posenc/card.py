@@ -10,7 +10,7 @@ import torch
 
 from . import api, serving
 from .errors import PosEncError
-from .registry import read_record
+from .record import read_record
 
 # methods whose saved config stock transformers builds as patched (the others need hp.from_pretrained)
 STOCK_METHODS = serving.STOCK_METHODS + serving.TABLE_METHODS

@@ -13,9 +13,9 @@ import torch
 from transformers import PreTrainedConfig
 
 from .errors import NotPatchedError
+from .record import RECORD_ATTR, PatchRecord, attach
 
 UNDO_ATTR = "_hf_posenc_undo"
-RECORD_ATTR = "hf_posenc"  # the config field that records a patch (saved in config.json)
 
 
 def _first_tensor(module: torch.nn.Module) -> torch.Tensor | None:
@@ -56,7 +56,7 @@ class PatchPlan:
     model: torch.nn.Module
     new_config: PreTrainedConfig
     config_map: dict[int, PreTrainedConfig]  # id(old config or sub-config) -> its copy
-    record: dict
+    record: PatchRecord
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list)
 
     def apply(self) -> None:
@@ -70,7 +70,7 @@ class PatchPlan:
             if isinstance(config, PreTrainedConfig) and id(config) in self.config_map:
                 undo.config_refs.append((module, config))
                 module.config = self.config_map[id(config)]
-        setattr(self.new_config, RECORD_ATTR, self.record)
+        attach(self.new_config, self.record)
         model.__dict__[UNDO_ATTR] = undo
 
 

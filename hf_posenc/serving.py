@@ -27,7 +27,8 @@ import torch
 from . import _compat
 from .config import LearnedMethodConfig, RopeMethodConfig
 from .errors import MethodNotApplicableError, PosEncError
-from .registry import METHODS, as_model, read_record
+from .record import PatchRecord, read_record
+from .registry import METHODS, as_model
 
 # methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
 STOCK_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
@@ -41,18 +42,18 @@ class ExportError(PosEncError, ValueError):
     """A file to export from or to that cannot be used (not a GGUF file, the output is the input, ...)."""
 
 
-def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: str) -> dict | None:
+def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: str) -> PatchRecord | None:
     record = read_record(as_model(model, call).config)
     if record is None:
         return None
-    method = record["method"]
+    method = record.method
     if method not in allowed:
         why = {"dynamic": "its scaling follows the input length from the original context; engines' own "
                           "'dynamic' measures from max_position_embeddings, so it would scale differently",
                "dynamic_yarn": "no engine implements YaRN that follows the input length"}.get(
             method, f"{engine} has no '{method}' rope scaling" if method in STOCK_METHODS else
             "its saved checkpoint is a plain learned position table, which an engine reads from the weights (serve "
-            "the saved folder; no config override rebuilds the table)" if record["mechanism"] == "learned"
+            "the saved folder; no config override rebuilds the table)" if record.mechanism == "learned"
             and method in TABLE_METHODS else
             "it changes the attention computation itself, which engines do not load from a config")
         raise MethodNotApplicableError(
@@ -228,7 +229,7 @@ def _check_same_model(model, reader, arch: str, source: Path) -> None:
     field = reader.fields.get(f"{arch}.rope.freq_base")
     if record is None or field is None:
         return
-    original = record["original"]["rope_parameters"]
+    original = record.original.rope_parameters
     theta = (original.get("rope_theta") if "rope_theta" in original
              else next(iter(original.values()), {}).get("rope_theta"))
     if theta is not None and not math.isclose(float(field.contents()), float(theta), rel_tol=1e-5):

@@ -11,7 +11,8 @@ import torch
 from .. import api
 from ..config import MethodConfig
 from ..errors import AlreadyPatchedError
-from ..plan import RECORD_ATTR, is_patched
+from ..plan import is_patched
+from ..record import read_record
 from ..registry import find_family
 
 
@@ -24,12 +25,12 @@ def contexts(model: torch.nn.Module) -> tuple[int, int]:
     """(original context, current context) in positions: the context the checkpoint was trained at,
     and the one it advertises now (the target of a patch)."""
     family = find_family(model)
-    record = getattr(model.config, RECORD_ATTR, None)
+    record = read_record(model.config)
     if family.mechanism == "rope":
         current = model.config.get_text_config().max_position_embeddings
         return int(api.describe(model)["original_max_position_embeddings"]), int(current)
     current = family.positions(model)
-    return int(record["original"]["positions"] if record else current), int(current)
+    return int(record.original.positions if record else current), int(current)
 
 
 def target_params(params: dict, original: int) -> dict:
@@ -52,10 +53,10 @@ def patched(model: torch.nn.Module, method: str | MethodConfig | None, params: d
         yield
         return
     if is_patched(model):
-        record = getattr(model.config, RECORD_ATTR, None) or {}
+        record = read_record(model.config)
         raise AlreadyPatchedError(
             f"the {what} plot patches the model with {method_label(method)!r} itself, but this model is already "
-            f"patched (method {record.get('method')!r}); pass an unpatched model, or draw this one as it is "
+            f"patched (method {record.method if record else None!r}); pass an unpatched model, or draw this one as it is "
             f"(no method)"
         )
     if isinstance(method, MethodConfig):

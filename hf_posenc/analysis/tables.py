@@ -13,7 +13,7 @@ from ..errors import InvalidParameterError, MethodNotApplicableError, SequenceTo
 from ..families.learned_tables import table_offset
 from ..methods.learned import too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
-from ..plan import RECORD_ATTR
+from ..record import read_record
 from ..registry import find_family
 from . import _model
 from ._output import PlotResult, new_figure, write
@@ -51,8 +51,8 @@ def position_table(model: torch.nn.Module, positions: int | None = None) -> torc
         raise InvalidParameterError(f"positions must be >= 1, got {positions!r}")
     limit = family.length_limit(model)
     if limit is not None and n > limit:
-        record = getattr(model.config, RECORD_ATTR, None) or {}
-        raise SequenceTooLongError(too_long_message(n, limit, record.get("method")))
+        record = read_record(model.config)
+        raise SequenceTooLongError(too_long_message(n, limit, record.method if record else None))
     if isinstance(module, SinusoidalPositions):
         rows = module.table(offset + n)[offset:]
     else:
@@ -93,9 +93,9 @@ def _source_tables(source, what: str) -> tuple[torch.nn.Module | None, dict[str,
 def _model_label(model: torch.nn.Module | None) -> str:
     if model is None:
         return "given tables"
-    record = getattr(model.config, RECORD_ATTR, None)
+    record = read_record(model.config)
     kind = find_family(model).describe(model)["mechanism"]
-    suffix = f", patched: {record['method']}" if record else ""
+    suffix = f", patched: {record.method}" if record else ""
     return f"{model.config.model_type} ({kind}{suffix})"
 
 
@@ -158,9 +158,9 @@ def _variant_tables(model: torch.nn.Module, variants: Sequence[str], params: dic
     for variant in variants:
         method, extra, label = VARIANTS[variant]
         if variant == "model":
-            record = getattr(model.config, RECORD_ATTR, None)
+            record = read_record(model.config)
             kind = find_family(model).describe(model)["mechanism"]
-            label = f"the model's table ({record['method']})" if record else f"the model's {kind} table"
+            label = f"the model's table ({record.method})" if record else f"the model's {kind} table"
         with _model.patched(model, method, {**_model.target_params(params, original), **extra}, "similarity"):
             table = position_table(model)
         tables[variant] = (f"{label}, {len(table)} positions", table)

@@ -16,8 +16,7 @@ from tqdm.auto import tqdm
 from .. import _compat
 from ..config import check_number
 from ..errors import InvalidInputError
-from ..plan import RECORD_ATTR
-from ..registry import METHODS
+from ..record import read_record
 
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chosen from the input length
 
@@ -25,9 +24,9 @@ LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chos
 def is_length_dependent(model: torch.nn.Module) -> bool:
     """True when the positions of a token depend on the length of the whole input (dynamic scaling,
     LongRoPE's short/long switch): then one pass over L tokens is not what a prompt of p < L tokens sees."""
-    record = getattr(model.config, RECORD_ATTR, None)
-    if record and record["method"] in METHODS:
-        return METHODS[record["method"]].length_dependent
+    record = read_record(model.config)
+    if record is not None:
+        return record.method_class().length_dependent
     config = model.config.get_text_config()
     if not _compat.has_rope(config):
         return False

@@ -14,7 +14,6 @@ back, reading the fitted projection of init="fit" from the checkpoint.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,11 +24,12 @@ from torch import nn
 
 from .. import _compat, attention, loading
 from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, check_number
-from ..errors import CheckpointMismatchError, SequenceTooLongError
+from ..errors import CheckpointMismatchError, CheckpointRecordError, SequenceTooLongError
 from ..methods.learned import CALL_STYLES, ORIGINAL_TABLE, NoPositions, too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
-from ..plan import RECORD_ATTR, UNDO_ATTR, PatchPlan, Undo
-from ..registry import as_model, find_family, get_method, register_family
+from ..plan import UNDO_ATTR, PatchPlan, Undo
+from ..record import Original, PatchRecord, TableRecord, detach, read_record
+from ..registry import as_model, find_family, register_family
 
 
 # -- buffers sized by the context ------------------------------------------------------------------
@@ -100,20 +100,21 @@ class LearnedTableFamily:
     def describe(self, model: nn.Module) -> dict:
         tables = self.tables(model)
         module, config = tables[0].module, model.config.get_text_config()
-        record = getattr(model.config, RECORD_ATTR, None) or {}
+        record = read_record(model.config)
         # DistilBERT's own fixed sinusoid, as long as no hf_posenc method has replaced it
-        own_sinusoid = self.spec.sinusoidal_flag and getattr(config, self.spec.sinusoidal_flag, False) and not record
+        own_sinusoid = (self.spec.sinusoidal_flag and getattr(config, self.spec.sinusoidal_flag, False)
+                        and record is None)
         info = {
             "mechanism": "sinusoidal" if own_sinusoid else "learned",
             "position_tables": [t.path for t in tables],
             "position_offset": table_offset(module, self.spec),
             "length_limit": self.length_limit(model),
         }
-        fits = list(record.get("tables", {}).values())
-        if any("fit_relative_error" in t for t in fits):
-            info["fit_relative_error"] = max(t["fit_relative_error"] for t in fits)
-        if any("scale" in t for t in fits):
-            info["scale"] = fits[0]["scale"]
+        fits = list((record.tables or {}).values()) if record is not None else []
+        if any(t.fit_relative_error is not None for t in fits):
+            info["fit_relative_error"] = max(t.fit_relative_error for t in fits if t.fit_relative_error is not None)
+        if any(t.scale is not None for t in fits):
+            info["scale"] = next(t.scale for t in fits if t.scale is not None)
         return info
 
     def plan(self, model: nn.Module, method: MethodConfig) -> TablePlan:
@@ -124,33 +125,37 @@ class LearnedTableFamily:
         offset = table_offset(tables[0].module, self.spec)
         positions = self.positions(model)
         method = method.resolve(positions)
-        record = self._record(method, model, tables={})
-        new_tables = {}
+        new_tables, infos = {}, {}
         for table in tables:
-            new_tables[table.path], info = method.build_table(table.module, offset=offset, positions=positions,
-                                                              call=self.spec.call)
-            record["tables"][table.path] = info
+            new_tables[table.path], infos[table.path] = method.build_table(
+                table.module, offset=offset, positions=positions, call=self.spec.call)
+        record = self._record(method, model, tables={path: TableRecord(**info) for path, info in infos.items()})
         return self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
 
-    def load_patched(self, path, config, record: dict, *, gguf_file: str | None = None, **kwargs) -> nn.Module:
+    def load_patched(self, path, config, record: PatchRecord, *, gguf_file: str | None = None,
+                     **kwargs) -> nn.Module:
         """Load a checkpoint saved from a patched model and put the patch back (for `hp.from_pretrained`).
         The weights hold the materialised table; the fitted projection of init="fit" is read next to it.
         `hp.unpatch` on the result gives the model stock transformers loads from the same checkpoint."""
         stock_config = copy.deepcopy(config)
-        delattr(stock_config, RECORD_ATTR)
+        detach(stock_config)
         with _compat.quiet_load_report((".projection.weight", ".projection.bias")):  # read below
             model = loading.load_model(path, gguf_file=gguf_file, config=stock_config, **kwargs)
-        method_cls = get_method(record["method"])
-        names = {f.name for f in dataclasses.fields(method_cls)}
-        method = method_cls.from_dict({k: v for k, v in record["params"].items() if k in names})
+        method = record.method_config()
         tables = self.tables(model)
+        if set(record.tables) != {t.path for t in tables}:
+            raise CheckpointRecordError(
+                f"{path}: its config's hf_posenc record names the position table(s) {sorted(record.tables)}, but "
+                f"this {self.name} model has {[t.path for t in tables]}; the record was edited after saving. Save "
+                f"the model again from the patched one"
+            )
         offset = table_offset(tables[0].module, self.spec)
         wanted = [f"{t.path}.{part}" for t in tables for part in method.checkpoint_parts()]
         saved = _compat.read_checkpoint_tensors(path, wanted) if wanted else {}
         missing = sorted(set(wanted) - set(saved))
         if missing:
             raise CheckpointMismatchError(
-                f"{path}: the config records an hf_posenc {method.name!r} patch ({record['params']}), but the "
+                f"{path}: the config records an hf_posenc {method.name!r} patch ({record.params}), but the "
                 f"checkpoint lacks {missing}"
             )
         new_tables = {}
@@ -158,25 +163,25 @@ class LearnedTableFamily:
             parts = {part: saved[f"{t.path}.{part}"] for part in method.checkpoint_parts()}
             try:
                 new_tables[t.path] = method.restore_table(t.module, offset=offset, call=self.spec.call,
-                                                          info=record["tables"][t.path], saved=parts)
+                                                          info=record.tables[t.path].to_dict(), saved=parts)
             except CheckpointMismatchError as err:
                 raise CheckpointMismatchError(f"{path}: {t.path}: {err}") from None
-        plan = self._plan(model, tables, new_tables, copy.deepcopy(record), tables[0].module.num_embeddings)
+        plan = self._plan(model, tables, new_tables, record, tables[0].module.num_embeddings)
         plan.apply()
         return model
 
-    def unpatched_config(self, config, record: dict) -> tuple:
+    def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """For a patch that moved positions into attention: the config of the model before it, and the
         tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
         config = copy.deepcopy(config)
-        delattr(config, RECORD_ATTR)
+        detach(config)
         text_config = config.get_text_config()
-        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
-        if get_method(record["method"]).writes_rope_parameters and "rope_parameters" in vars(text_config):
+        text_config.max_position_embeddings = record.original.max_position_embeddings
+        if record.method_class().writes_rope_parameters and "rope_parameters" in vars(text_config):
             delattr(text_config, "rope_parameters")
-        return config, tuple(f"{path}.weight" for path in record["tables"])
+        return config, tuple(f"{path}.weight" for path in record.tables)
 
-    def restore_original(self, model: nn.Module, path, record: dict) -> str | None:
+    def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:
         """After `hp.from_pretrained` loaded a checkpoint whose tables an attention patch removed (their
         rows random, the saved ones empty): put back each table as it was before the patch, which
         NoPositions saved beside it, so `hp.unpatch` gives the original model. Returns why unpatch must
@@ -185,7 +190,7 @@ class LearnedTableFamily:
         wanted = [f"{t.path}.{ORIGINAL_TABLE}" for t in tables]
         saved = _compat.read_checkpoint_tensors(path, wanted)
         if set(saved) != set(wanted):
-            return (f"{path} does not hold the position table(s) {[t.path for t in tables]} the {record['method']!r} "
+            return (f"{path} does not hold the position table(s) {[t.path for t in tables]} the {record.method!r} "
                     f"patch removed (it was saved by an older hf_posenc), so unpatching this model would leave a "
                     f"random table. It stays patched; for the model without the patch, load the original checkpoint "
                     f"(and save patched models again to keep their table)")
@@ -229,23 +234,20 @@ class LearnedTableFamily:
     def check_length(self, model: nn.Module, length: int) -> None:
         limit = self.length_limit(model)
         if limit is not None and length > limit:
-            record = getattr(model.config, RECORD_ATTR, None) or {}
-            raise SequenceTooLongError(too_long_message(length, limit, record.get("method")))
+            record = read_record(model.config)
+            raise SequenceTooLongError(too_long_message(length, limit, record.method if record else None))
 
     # building ------------------------------------------------------------------------------------
 
-    def _record(self, method: MethodConfig, model: nn.Module, tables: dict) -> dict:
+    def _record(self, method: MethodConfig, model: nn.Module, tables: dict[str, TableRecord]) -> PatchRecord:
         """What config.hf_posenc keeps of a patch: the method, its parameters, the original context, and
-        per table what `load_patched` needs (filled in by the caller)."""
-        return {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": model.config.get_text_config().max_position_embeddings,
-                         "positions": self.positions(model)},
-            "tables": tables,
-        }
+        per table what `load_patched` needs."""
+        return PatchRecord(
+            family=self.name, mechanism=self.mechanism, method=method.name, params=method.to_dict(),
+            original=Original(max_position_embeddings=model.config.get_text_config().max_position_embeddings,
+                              positions=self.positions(model)),
+            tables=tables,
+        )
 
     def _plan_attention(self, model: nn.Module, method: AttentionMethodConfig) -> TablePlan:
         """Positions move into attention: each table becomes a NoPositions, each self-attention module
@@ -254,7 +256,7 @@ class LearnedTableFamily:
         tables = self.tables(model)
         offset = table_offset(tables[0].module, self.spec)
         method = method.resolve(self.positions(model))
-        record = self._record(method, model, tables={t.path: {} for t in tables})
+        record = self._record(method, model, tables={t.path: TableRecord() for t in tables})
         new_tables = {t.path: NoPositions(t.module, offset=offset, call=self.spec.call) for t in tables}
         plan = self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
         new_config = plan.config_map[id(model.config.get_text_config())]
@@ -262,7 +264,7 @@ class LearnedTableFamily:
         attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan
 
-    def _plan(self, model, tables: list[Table], new_tables: dict, record: dict, rows: int) -> TablePlan:
+    def _plan(self, model, tables: list[Table], new_tables: dict, record: PatchRecord, rows: int) -> TablePlan:
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(model.config.get_text_config())]
         offset = table_offset(tables[0].module, self.spec)
@@ -277,7 +279,7 @@ class LearnedTableFamily:
             plan.buffers.append((owner, name, current if current.shape[-1] == rows else build(owner, rows, current)))
         if buffers:
             base = getattr(model, "base_model", model)
-            guard = LengthGuard(buffers, offset, first.limit, record["method"])
+            guard = LengthGuard(buffers, offset, first.limit, record.method)
             plan.guards.append((base.get_submodule(self.spec.guard_at), guard))
         return plan
 

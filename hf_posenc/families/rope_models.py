@@ -13,7 +13,8 @@ from .. import _compat, attention
 from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
-from ..plan import RECORD_ATTR, PatchPlan
+from ..plan import PatchPlan
+from ..record import Original, PatchRecord, detach
 from ..registry import register_family
 
 # Causal-LM families of transformers 5.23 covered by tests/test_rope_families.py.
@@ -78,14 +79,14 @@ class RopeModels:
         if compute is not None:
             compute.check_length(length)
 
-    def unpatched_config(self, config, record: dict) -> tuple:
+    def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """The config of the model before the patch, from a loaded patched config (for
         `hp.from_pretrained`), and the saved tensors that do not fit that model (none here)."""
         config = copy.deepcopy(config)
-        delattr(config, RECORD_ATTR)
+        detach(config)
         text_config = config.get_text_config()
-        text_config.rope_parameters = copy.deepcopy(record["original"]["rope_parameters"])
-        text_config.max_position_embeddings = record["original"]["max_position_embeddings"]
+        text_config.rope_parameters = copy.deepcopy(record.original.rope_parameters)
+        text_config.max_position_embeddings = record.original.max_position_embeddings
         return config, ()
 
     def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
@@ -168,16 +169,13 @@ class RopeModels:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _record(self, method: MethodConfig, config) -> dict:
+    def _record(self, method: MethodConfig, config) -> PatchRecord:
         """What config.hf_posenc keeps of a patch: the method, its parameters, the settings it replaced."""
-        return {
-            "family": self.name,
-            "mechanism": self.mechanism,
-            "method": method.name,
-            "params": method.to_dict(),
-            "original": {"max_position_embeddings": config.max_position_embeddings,
-                         "rope_parameters": copy.deepcopy(config.rope_parameters)},
-        }
+        return PatchRecord(
+            family=self.name, mechanism=self.mechanism, method=method.name, params=method.to_dict(),
+            original=Original(max_position_embeddings=config.max_position_embeddings,
+                              rope_parameters=copy.deepcopy(config.rope_parameters)),
+        )
 
     def _private_rotary_modules(self, model: torch.nn.Module) -> list[str]:
         """Rotary modules built from a config that is not part of the model's config tree (GraniteSWA
@@ -237,8 +235,7 @@ class RopeModels:
         inner_config.max_position_embeddings = original
         for lt in layer_types:
             _compat.set_rope_parameters(inner_config, lt, rope.base_parameters(natives[lt]))
-        if hasattr(inner_config, RECORD_ATTR):
-            delattr(inner_config, RECORD_ATTR)
+        detach(inner_config)
         inner = _compat.build_rotary(type(old), inner_config, device).to(dtype)
         at = functools.partial(_parameters_at, method, natives, original)
         return rope.LengthDependentRotary(inner, layer_types, at)
