@@ -17,7 +17,7 @@ token counts), and `interpolate`, `tile`, `sinusoidal` (init=fit, keep_learned=1
 Asserted: `tile` and `hierarchical` keep the first 512 rows, so on inputs of at most 512 tokens
 (needles, truncated passages) their embeddings equal the unpatched model's exactly.
 
-    nice -n 10 python benchmarks/bench_learned_long.py --passages 48 --threads 2
+    nice -n 10 python benchmarks/bench_learned_long.py --passages 64 --threads 2   # ~15 min on 2 shared cores
     python benchmarks/bench_learned_long.py --passages 4 --sources hamlet kjv   # a quick start check
 """
 
@@ -137,7 +137,7 @@ def retrieval(queries: torch.Tensor, keys: torch.Tensor, needles) -> dict[str, t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--passages", type=int, default=48)
+    parser.add_argument("--passages", type=int, default=64)
     parser.add_argument("--sources", nargs="+", default=SOURCES, help="play names of hf_posenc.assets, or kjv")
     parser.add_argument("--needle", type=int, default=32, help="needle length in tokens")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.4, 0.2, 0.7])
