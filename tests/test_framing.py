@@ -148,10 +148,11 @@ def checkpoint(folder: Path, adds_bos: bool) -> Path:
                                                         (False, "auto", "none"), (False, "bos", "bos")])
 def test_eval_recipe_scores_as_the_tokenizer_frames_and_says_so(tmp_path, corpus_dir, adds_bos, framing, expected):
     model_dir = checkpoint(tmp_path / "model", adds_bos)
-    results = recipe.main(["--model", str(model_dir), "--dtype", "float32", "--corpus", str(corpus_dir),
-                           "--output_dir", str(tmp_path / "out"), "--variants", "none", "--framing", framing,
-                           "--max_position_embeddings", "128", "--perplexity_lengths", "32", "64",
-                           "--perplexity_documents", "1", "--strided_windows", "16", "--strided_tokens", "40"])
+    results = recipe.main(["--model.name", str(model_dir), "--model.dtype", "float32", "--data.corpus", str(corpus_dir),
+                           "--output_dir", str(tmp_path / "out"), "--eval.variants", "none", "--data.framing", framing,
+                           "--eval.max_position_embeddings", "128", "--eval.perplexity_lengths", "32", "64",
+                           "--eval.perplexity_documents", "1", "--eval.strided_windows", "16",
+                           "--eval.strided_tokens", "40"])
     assert results["framing"] == expected
     assert json.loads((tmp_path / "out" / "results.json").read_text())["framing"] == expected
     assert f"Framing: {expected} (" in (tmp_path / "out" / "summary.md").read_text()
