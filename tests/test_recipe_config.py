@@ -168,6 +168,12 @@ def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown flag --model.name: the config has no key 'model'; the keys are: "
                                           r"inner, out, go$"):
         parse(["--model.name", "x"])
+    with pytest.raises(ConfigError, match=r"^unknown flag --rate: .*; the keys are: inner, out, go "
+                                          r"\(did you mean --inner\.rate\?\)$"):   # a field named without its section
+        parse(["--rate", "3"])
+    (tmp_path / "c.yaml").write_text("rate: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['rate'\]; .* \(did you mean inner\.rate\?\)$"):
+        parse(["--config", tmp_path / "c.yaml"])
     with pytest.raises(ConfigError, match=r"--inner is a section; give one of its fields: --inner.n, --inner.rate"):
         parse(["--inner", "3"])
     with pytest.raises(ConfigError, match=r"unknown flag --inner.n.x: inner.n is an integer, not a mapping"):

@@ -63,8 +63,7 @@ def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, list[str]]]
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--") or arg == "--":
-            raise ConfigError(f"unexpected argument {arg!r}; use --config FILE and --section.field VALUE flags "
-                              f"(--help lists them)")
+            raise _unexpected(arg)
         key, eq, value = arg[2:].partition("=")
         end = i + 1
         while not eq and end < len(argv) and not argv[end].startswith("--"):
@@ -79,6 +78,13 @@ def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, list[str]]]
         else:
             flags.append((key, texts))
     return file, flags
+
+
+def _moved(schema: type, keys: list, dash: str) -> str:
+    """Top-level keys that are fields of a section: ' (did you mean --eval.variants?)'."""
+    found = [f"{dash}{name}.{key}" for key in keys for name, spec in schema_fields(schema).items()
+             if is_section(spec.type) and key in schema_fields(spec.type)]
+    return f" (did you mean {', '.join(found)}?)" if found else ""
 
 
 def _unexpected(text: str) -> ConfigError:
@@ -121,7 +127,8 @@ def _typed(schema: type, raw: dict, where: str, prefix: str) -> dict:
     unknown = sorted((k for k in raw if k not in fields), key=str)
     if unknown:
         section = f"section {prefix[:-1]}: " if prefix else ""
-        raise ConfigError(f"{where}{section}unknown key(s) {unknown}; the keys are: {', '.join(fields)}")
+        raise ConfigError(f"{where}{section}unknown key(s) {unknown}; the keys are: {', '.join(fields)}"
+                          + ("" if prefix else _moved(schema, unknown, "")))
     out = {}
     for key, value in raw.items():
         hint = fields[key].type
@@ -154,7 +161,7 @@ def set_flag(schema: type, values: dict, key: str, texts: list[str]) -> None:
         if part not in fields:
             within = f"section {'.'.join(parts[:i])}" if i else "the config"
             raise ConfigError(f"unknown flag --{key}: {within} has no key {part!r}; the keys are: "
-                              f"{', '.join(fields)}")
+                              f"{', '.join(fields)}" + ("" if i else _moved(schema, [part], "--")))
         spec = fields[part]
         if is_section(spec.type):
             if i == len(parts) - 1:
@@ -337,7 +344,7 @@ def help_text(schema: type, usage: str, about: str = "") -> str:
     lines += ["--config takes a YAML file or a shipped config's name (hf_posenc/recipes/configs/). Every field "
               "below is a key", "of its section there and a flag --section.field VALUE that overrides it "
               "(the flag wins). Values are", "YAML (null, true, 1e-4, [512, 1024]); a list field also takes its "
-              "items one by one (--section.field 512 1024).", "", "Fields (defaults), as a config file:"]
+              "items one by one (--section.field 512 1024).", "", "Fields (defaults), as in a config file:"]
 
     def listing(cls, indent: str):
         fields = schema_fields(cls)

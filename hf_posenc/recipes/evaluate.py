@@ -107,7 +107,7 @@ USAGE = "evaluate.py [--config FILE.yaml] [--section.field VALUE ...] [--overwri
 def parse_args(argv: list[str] | None = None) -> EvalConfig:
     """YAML (--config) first, then the command line over it (hf_posenc/recipes/config.py); every value
     checked (`check_args`)."""
-    args = recipe_config.parse(EvalConfig, argv, usage=USAGE, about=__doc__.split("\n\n")[0],
+    args = recipe_config.parse(EvalConfig, argv, usage=USAGE, about=(__doc__ or "").split("\n\n")[0],
                                shipped=lambda name: name.startswith("eval_"))
     check_args(args)
     return args

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import field
 from typing import Optional, Union
 
@@ -193,7 +194,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {"model": ModelArgs, "data": DataArgs, "train": TrainArgs, "eval": EvalArgs}
 USAGE = "finetune.py --config FILE.yaml [--section.field VALUE ...] [--resume] [--overwrite_output_dir]"
 ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; accelerate launch for several "
          "processes).")
@@ -202,8 +202,6 @@ ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; acc
 def parse_config(argv: list[str] | None = None) -> Config:
     """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
     `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/config.py)."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:   # not a 400-step SmolLM2 run by surprise
         raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
