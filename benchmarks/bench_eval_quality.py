@@ -7,7 +7,7 @@ one pass over the longest length gives every n at once (benchmarks/bench_eval_on
 checks that it is the same number); a length-dependent method (dynamic, dynamic_yarn) picks its
 frequencies from the input length, so each n is its own pass.
 
-recipes/evaluate.py measures the same with `perplexity_lengths`; this script adds the per-play tables,
+recipes/evaluate.py measures the same with `eval.perplexity_lengths`; this script adds the per-play tables,
 the distance from the unpatched model at its context, and a panel per play.
 
 Passkey: `hpe.make_trials("passkey", ...)`, one teacher-forced pass per trial (right when greedy decoding

@@ -29,7 +29,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, GPT2Con
 
 import hf_posenc as hp
 from hf_posenc import assets
-from hf_posenc.training import mean_pool
+from hf_posenc.eval.similarity import mean_pool
 
 TARGET_RATIO = 1.05
 SENTENCES = list(assets.PROBE_SENTENCES)

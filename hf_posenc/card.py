@@ -1,16 +1,22 @@
 """What a saved patched folder tells the tools that read it: the tokenizer's `model_max_length` (what
 pipelines, lm-eval and serving front ends truncate to) and a README that says what was patched and how to
-load it."""
+load it; and the model card of a fine-tuned folder (recipes/finetune.py)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import api, serving
 from .errors import PosEncError
 from .record import read_record
+
+if TYPE_CHECKING:
+    from .recipes.finetune_checks import Plan
+    from .recipes.finetune_config import Config
 
 # methods whose saved config stock transformers builds as patched (the others need hp.from_pretrained)
 STOCK_METHODS = serving.STOCK_METHODS + serving.TABLE_METHODS
@@ -49,3 +55,32 @@ def patch_card(model: torch.nn.Module, base: str) -> str:
     except PosEncError:
         pass  # not expressible by that engine: hf_posenc.serving says why when asked
     return "\n".join(lines) + "\n"
+
+
+def write_model_card(output_dir: str, cfg: Config, plan: Plan, describe: dict, steps: int, tokens: int,
+                     before: dict, after: dict) -> None:
+    base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
+    rows = "\n".join(f"| {k} | {before.get(k, '')} | {after.get(k, '')} |" for k in sorted({*before, *after}))
+    evaluation = (f"| metric | before | after |\n|---|---|---|\n{rows}\n" if rows else "not run\n")
+    card = f"""---
+base_model: {cfg.model.name}
+library_name: transformers
+tags: [hf_posenc, long-context]
+---
+# {Path(output_dir).name}
+
+Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
+
+- **Base model**: `{base}` (context {plan.original_context})
+- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {plan.target_context}
+- **Mechanism after patch**: `{json.dumps(describe, default=str)}`
+- **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {plan.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {plan.short_len}' if cfg.data.short_share else ''}
+- **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
+- **Steps**: {steps} optimizer steps, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
+
+## Evaluation (held-out `{cfg.eval.corpus or cfg.data.corpus}`)
+
+{evaluation}
+Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.from_pretrained(folder)`.
+"""
+    (Path(output_dir) / "README.md").write_text(card)

@@ -48,6 +48,11 @@ class CheckpointRecordError(CheckpointMismatchError):
     wrong type) or disagrees with the config it sits in."""
 
 
+class ConfigError(PosEncError, ValueError):
+    """A recipe config that cannot work (an unknown key, a value of the wrong type or out of range, a path
+    that is not there); raised before the model loads or anything is written."""
+
+
 class InvalidInputError(PosEncError, ValueError):
     """An input that is not a method parameter cannot be used: token ids, a corpus, a corpus file."""
 

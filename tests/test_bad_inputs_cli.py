@@ -41,16 +41,16 @@ def root(tmp_path_factory):
     (path / "full" / "notes.txt").write_text("somebody's notes")
     (path / "sub").mkdir()
     yamls = {
-        "tab": "model: x\n\tdtype: float32\n",
-        "scalar_variants": "variants: none\nperplexity_lengths: [64]\n",
-        "scalar_targets": "max_position_embeddings: 16384\nperplexity_lengths: [64]\n",
-        "wrong_type": "perplexity_lengths: [abc]\n",
-        "bool_count": "trials: true\npasskey_lengths: [128]\n",
+        "tab": "model:\n\tname: x\n",
+        "scalar_variants": "eval:\n  variants: none\n  perplexity_lengths: [64]\n",
+        "scalar_targets": "eval:\n  max_position_embeddings: 16384\n  perplexity_lengths: [64]\n",
+        "wrong_type": "eval:\n  perplexity_lengths: [abc]\n",
+        "bool_count": "eval:\n  trials: true\n  passkey_lengths: [128]\n",
         "not_mapping": "- variants\n- none\n",
-        "unknown_key": "curve_lenght: 4096\n",
-        "no_targets": "max_position_embeddings: []\nperplexity_lengths: [64]\n",
-        "no_variants": "variants: []\nperplexity_lengths: [64]\n",
-        "zero_length": "perplexity_lengths: [0]\n",
+        "unknown_key": "eval:\n  curve_lenght: 4096\n",
+        "no_targets": "eval:\n  max_position_embeddings: []\n  perplexity_lengths: [64]\n",
+        "no_variants": "eval:\n  variants: []\n  perplexity_lengths: [64]\n",
+        "zero_length": "eval:\n  perplexity_lengths: [0]\n",
     }
     for name, text in yamls.items():
         (path / f"{name}.yaml").write_text(text)
@@ -75,8 +75,8 @@ def refused(run, argv, capsys) -> tuple[int, list[str]]:
     return exit_.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-EVAL = ["--model", "{root}/llama", "--dtype", "float32", "--corpus", "{root}/corpus", "--output_dir", "{out}",
-        "--max_position_embeddings", "256"]
+EVAL = ["--model.name", "{root}/llama", "--model.dtype", "float32", "--data.corpus", "{root}/corpus",
+        "--output_dir", "{out}", "--eval.max_position_embeddings", "256"]
 PATCH = ["patch", "{root}/llama", "--method", "yarn"]
 DEMO = ["demo", "--model", "{root}/llama", "--corpus", "{root}/corpus/a.txt", "--dtype", "float32", "--out", "{out}"]
 PLOT = ["plot", "{root}/llama", "--out", "{out}"]
@@ -164,61 +164,61 @@ CLI_CASES = [
 ]
 
 EVAL_CASES = [
-    ("zero-length", [*EVAL, "--perplexity_lengths", "0"], r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
+    ("zero-length", [*EVAL, "--eval.perplexity_lengths", "0"], r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
     ("zero-length-yaml", ["--config", "{root}/zero_length.yaml", "--output_dir", "{out}"],
      r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
-    ("dtype-float8", [*EVAL, "--dtype", "float8", "--perplexity_lengths", "64"],
+    ("dtype-float8", [*EVAL, "--model.dtype", "float8", "--eval.perplexity_lengths", "64"],
      r"dtype must be one of auto, float32, bfloat16, float16, got 'float8'"),
-    ("framing-unknown", [*EVAL, "--framing", "always", "--perplexity_lengths", "64"],
+    ("framing-unknown", [*EVAL, "--data.framing", "always", "--eval.perplexity_lengths", "64"],
      r"framing must be one of auto, bos, none, got 'always'"),
-    ("curve-bucket-zero", [*EVAL, "--curve_length", "128", "--curve_bucket", "0"], r"curve_bucket must be >= 1, got 0"),
-    ("curve-length-negative", [*EVAL, "--curve_length", "-5"], r"curve_length must be 0 \(off\) or a token count >= 2"),
-    ("count-abc", [*EVAL, "--curve_bucket", "abc"], r"argument --curve_bucket/--curve-bucket: invalid int value: 'abc'"),
+    ("curve-bucket-zero", [*EVAL, "--eval.curve_length", "128", "--eval.curve_bucket", "0"], r"curve_bucket must be >= 1, got 0"),
+    ("curve-length-negative", [*EVAL, "--eval.curve_length", "-5"], r"curve_length must be 0 \(off\) or a token count >= 2"),
+    ("count-abc", [*EVAL, "--eval.curve_bucket", "abc"], r"--eval\.curve_bucket must be an integer, got 'abc'"),
     ("yaml-tab", ["--config", "{root}/tab.yaml"], r"tab.yaml is not valid YAML: .*line 2, column 1"),
     ("yaml-scalar-for-variants", ["--config", "{root}/scalar_variants.yaml"],
-     r"scalar_variants.yaml: variants must be a list of strings \(YAML \[a, b, ...\], even for one\), got 'none'"),
+     r"scalar_variants.yaml: eval\.variants must be a list of strings \(YAML \[a, b, ...\], even for one\), got 'none'"),
     ("yaml-scalar-for-targets", ["--config", "{root}/scalar_targets.yaml"],
      r"max_position_embeddings must be a list of integers .*got 16384"),
     ("yaml-wrong-item-type", ["--config", "{root}/wrong_type.yaml"], r"perplexity_lengths must be a list of integers .*\['abc'\]"),
     ("yaml-bool-for-count", ["--config", "{root}/bool_count.yaml"], r"trials must be an integer, got True"),
     ("yaml-not-a-mapping", ["--config", "{root}/not_mapping.yaml"], r"must be a mapping of keys .*got \['variants', 'none'\]"),
-    ("yaml-unknown-key", ["--config", "{root}/unknown_key.yaml"], r"unknown key\(s\) \['curve_lenght'\]; the keys are: .*curve_length"),
+    ("yaml-unknown-key", ["--config", "{root}/unknown_key.yaml"], r"section eval: unknown key\(s\) \['curve_lenght'\]; the keys are: .*curve_length"),
     ("yaml-missing", ["--config", "{root}/missing.yaml"], r"config file not found: .*missing.yaml"),
     ("no-targets", ["--config", "{root}/no_targets.yaml", "--output_dir", "{out}"], r"max_position_embeddings is empty"),
     ("no-variants", ["--config", "{root}/no_variants.yaml", "--output_dir", "{out}"], r"variants is empty: nothing to evaluate"),
-    ("nothing-to-measure", [*EVAL, "--variants", "none"], r"nothing to measure: set at least one of perplexity_lengths"),
-    ("variant-twice", [*EVAL, "--variants", "yarn", "yarn", "--perplexity_lengths", "64"],
+    ("nothing-to-measure", [*EVAL, "--eval.variants", "none"], r"nothing to measure: set at least one of eval\.perplexity_lengths"),
+    ("variant-twice", [*EVAL, "--eval.variants", "yarn", "yarn", "--eval.perplexity_lengths", "64"],
      r"variants lists a value twice: \['yarn', 'yarn'\]"),
-    ("unknown-variant", [*EVAL, "--variants", "yarnn", "--perplexity_lengths", "64"], r"unknown method 'yarnn'"),
-    ("unknown-variant-parameter", [*EVAL, "--variants", "yarn betafast=3", "--perplexity_lengths", "64"],
+    ("unknown-variant", [*EVAL, "--eval.variants", "yarnn", "--eval.perplexity_lengths", "64"], r"unknown method 'yarnn'"),
+    ("unknown-variant-parameter", [*EVAL, "--eval.variants", "yarn betafast=3", "--eval.perplexity_lengths", "64"],
      r"unknown parameter\(s\) \['betafast'\] for method 'yarn'"),
-    ("depth-past-one", [*EVAL, "--passkey_lengths", "128", "--depths", "2"], r"depths must be fractions in \[0, 1\], got \[2.0\]"),
-    ("zero-trials", [*EVAL, "--passkey_lengths", "128", "--trials", "0"], r"trials must be >= 1, got 0"),
-    ("zero-documents", [*EVAL, "--perplexity_lengths", "64", "--perplexity_documents", "0"],
+    ("depth-past-one", [*EVAL, "--eval.passkey_lengths", "128", "--eval.depths", "2"], r"depths must be fractions in \[0, 1\], got \[2.0\]"),
+    ("zero-trials", [*EVAL, "--eval.passkey_lengths", "128", "--eval.trials", "0"], r"trials must be >= 1, got 0"),
+    ("zero-documents", [*EVAL, "--eval.perplexity_lengths", "64", "--eval.perplexity_documents", "0"],
      r"perplexity_documents must be >= 1, got 0"),
-    ("stride-past-window", [*EVAL, "--strided_windows", "64", "--strided_stride", "100"],
+    ("stride-past-window", [*EVAL, "--eval.strided_windows", "64", "--eval.strided_stride", "100"],
      r"strided_stride must be 0 \(half the window\) or in 1..64"),
-    ("window-zero", [*EVAL, "--strided_windows", "0"], r"strided_windows must hold token counts >= 2, got \[0\]"),
-    ("grid-without-length", [*EVAL, "--grid", "yarn beta_fast=8|16"], r"grid needs tune_length"),
-    ("empty-corpus", [*EVAL, "--corpus", "", "--perplexity_lengths", "64"], r"corpus is empty"),
-    ("missing-model", [*EVAL[:1], "/missing/path", *EVAL[2:], "--perplexity_lengths", "64"],
+    ("window-zero", [*EVAL, "--eval.strided_windows", "0"], r"strided_windows must hold token counts >= 2, got \[0\]"),
+    ("grid-without-length", [*EVAL, "--eval.grid", "yarn beta_fast=8|16"], r"grid needs eval\.tune_length"),
+    ("empty-corpus", [*EVAL, "--data.corpus", "", "--eval.perplexity_lengths", "64"], r"corpus is empty"),
+    ("missing-model", [*EVAL[:1], "/missing/path", *EVAL[2:], "--eval.perplexity_lengths", "64"],
      r"model '/missing/path': no such file or folder"),
-    ("output-is-a-file", [*EVAL[:7], "{root}/afile", *EVAL[8:], "--perplexity_lengths", "64"], r"output_dir .*afile is a file"),
-    ("output-inside-the-model", [*EVAL[:7], "{root}/llama/eval", *EVAL[8:], "--perplexity_lengths", "64"],
+    ("output-is-a-file", [*EVAL[:7], "{root}/afile", *EVAL[8:], "--eval.perplexity_lengths", "64"], r"output_dir .*afile is a file"),
+    ("output-inside-the-model", [*EVAL[:7], "{root}/llama/eval", *EVAL[8:], "--eval.perplexity_lengths", "64"],
      r"output_dir .*llama/eval is or lies inside the input .*llama"),
-    ("output-is-the-corpus", [*EVAL[:7], "{root}/corpus", *EVAL[8:], "--perplexity_lengths", "64"],
+    ("output-is-the-corpus", [*EVAL[:7], "{root}/corpus", *EVAL[8:], "--eval.perplexity_lengths", "64"],
      r"output_dir .*corpus is or lies inside the input .*corpus"),
-    ("variant-not-applicable", [*EVAL, "--variants", "none", "interpolate", "--perplexity_lengths", "64"],
+    ("variant-not-applicable", [*EVAL, "--eval.variants", "none", "interpolate", "--eval.perplexity_lengths", "64"],
      r"method 'interpolate' applies to learned positions, but this llama model uses rope positions"),
-    ("corrupt-results", [*EVAL[:7], "{root}/results", *EVAL[8:], "--perplexity_lengths", "64"],
+    ("corrupt-results", [*EVAL[:7], "{root}/results", *EVAL[8:], "--eval.perplexity_lengths", "64"],
      r"results.json is not a results file of this recipe \(Expecting property name"),
     # after loading the model and tokenizer (still nothing written)
-    ("missing-corpus", [*EVAL, "--corpus", "/missing/*.txt", "--perplexity_lengths", "64"],
+    ("missing-corpus", [*EVAL, "--data.corpus", "/missing/*.txt", "--eval.perplexity_lengths", "64"],
      r"no corpus files match '/missing/\*.txt'"),
-    ("passkey-too-short", [*EVAL, "--passkey_lengths", "5"],
+    ("passkey-too-short", [*EVAL, "--eval.passkey_lengths", "5"],
      r"passkey_lengths \[5\]: length 5 is too short for the retrieval prompt"),
-    ("documents-too-short", [*EVAL, "--perplexity_lengths", "5000"], r"needs 2 documents of >= 5000 tokens, 0 have them"),
-    ("bad-attention", [*EVAL, "--attn_implementation", "bogus", "--perplexity_lengths", "64"], r"bogus"),
+    ("documents-too-short", [*EVAL, "--eval.perplexity_lengths", "5000"], r"needs 2 documents of >= 5000 tokens, 0 have them"),
+    ("bad-attention", [*EVAL, "--model.attn_implementation", "bogus", "--eval.perplexity_lengths", "64"], r"bogus"),
 ]
 AFTER_LOADING = {"missing-corpus", "passkey-too-short", "documents-too-short"}
 
@@ -272,7 +272,7 @@ SUBPROCESS_CASES = [
     ("plot-lengths-abc", ["hf-posenc", *PLOT, "--what", "attention", "--lengths", "abc"], r"--lengths must be"),
     ("evaluate-yaml-tab", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), "--config", "{root}/tab.yaml"],
      r"tab.yaml is not valid YAML"),
-    ("evaluate-zero-length", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), *EVAL, "--perplexity_lengths", "0"],
+    ("evaluate-zero-length", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), *EVAL, "--eval.perplexity_lengths", "0"],
      r"perplexity_lengths must hold token counts >= 2"),
 ]
 

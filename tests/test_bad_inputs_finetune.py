@@ -4,6 +4,7 @@ the corpora are snapshotted, names, sizes and mtimes, before and after). A few r
 subprocess: one `error: ...` line on stderr, exit code 2, no traceback."""
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_posenc import PosEncError
 from hf_posenc import data as hdata
-from hf_posenc import training as T
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import finetune_config as FC
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,13 +144,13 @@ CASES = [
     ("betas-1.5", {"train": {"betas": [0.9, 1.5]}}, [], r"train\.betas must be a list of two numbers in \[0, 1\)"),
     ("betas-scalar", {"train": {"betas": 0.9}}, [], r"train\.betas must be a list"),
     ("betas-strings", {"train": {"betas": ["a", "b"]}}, [], r"train\.betas must be a list"),
-    ("lr-abc", {"train": {"lr": "abc"}}, [], r"train\.lr must be of type float, got 'abc'"),
+    ("lr-abc", {"train": {"lr": "abc"}}, [], r"train\.lr must be a number, got 'abc'"),
     ("lr-zero", {"train": {"lr": 0}}, [], r"train\.lr must be a positive number, got 0"),
     ("lr-nan", {"train": {"lr": ".nan"}}, [], r"train\.lr must be a positive number"),
     ("steps-zero", {"train": {"steps": 0}}, [], r"train\.steps must be >= 1, got 0"),
-    ("steps-float", {"train": {"steps": 2.5}}, [], r"train\.steps must be of type int, got 2\.5"),
+    ("steps-float", {"train": {"steps": 2.5}}, [], r"train\.steps must be an integer, got 2\.5"),
     ("batch-negative", {"train": {"batch_size": -1}}, [], r"train\.batch_size must be >= 1"),
-    ("grad-accum-list", {"train": {"grad_accum": [2]}}, [], r"train\.grad_accum must be of type int"),
+    ("grad-accum-list", {"train": {"grad_accum": [2]}}, [], r"train\.grad_accum must be an integer, got \[2\]"),
     ("warmup-negative", {"train": {"warmup_steps": -1}}, [], r"train\.warmup_steps must be >= 0"),
     ("warmup-past-steps", {"train": {"warmup_steps": 20}}, [], r"train\.warmup_steps=20 is more than train\.steps=6"),
     ("eps-negative", {"train": {"eps": -1e-8}}, [], r"train\.eps must be >= 0"),
@@ -165,9 +167,9 @@ CASES = [
     ("trainable-group-missing", {"train": {"trainable": ["head", "wpe"]}}, [], r"entry 'wpe' matches no parameter"),
     ("scheduler-plateau", {"train": {"scheduler": "reduce_lr_on_plateau"}}, [], r"is not one of"),
     ("scheduler-needs-kwargs", {"train": {"scheduler": "cosine_with_min_lr"}}, [], r"needs arguments the recipe"),
-    ("report-to-list", {"train": {"report_to": [1]}}, [], r"train\.report_to must be of type str, got \[1\]"),
+    ("report-to-list", {"train": {"report_to": [1]}}, [], r"train\.report_to must be a string or null, got \[1\]"),
     ("report-to-unknown", {"train": {"report_to": "tensorbord"}}, [], r"train\.report_to='tensorbord' is not"),
-    ("name-list", {"model": {"name": ["a"]}}, [], r"model\.name must be of type str, got \['a'\]"),
+    ("name-list", {"model": {"name": ["a"]}}, [], r"model\.name must be a string, got \['a'\]"),
     ("lora-not-mapping", {"train": {"lora": [4]}}, [], r"train\.lora must be a mapping"),
     ("lora-unknown-key", {"train": {"lora": {"rank": 4}}}, [], r"unknown key\(s\) \['rank'\] in train\.lora"),
     ("lora-r-zero", {"train": {"lora": {"r": 0}}}, [], r"train\.lora\.r must be an int >= 1, got 0"),
@@ -181,7 +183,7 @@ CASES = [
     ("model-without-weights", {"model": {"name": "{w}/noweights"}}, [], r"holds a config but no weights"),
     ("model-without-tokenizer", {"model": {"name": "{w}/notok"}}, [], r"cannot load the tokenizer of '.*notok'"),
     ("gguf-missing", {"model": {"name": "{w}/nope.gguf"}}, [], r"GGUF file not found"),
-    ("bool-maybe", {"model": {"gradient_checkpointing": "maybe"}}, [], r"model\.gradient_checkpointing must be of type bool"),
+    ("bool-maybe", {"model": {"gradient_checkpointing": "maybe"}}, [], r"model\.gradient_checkpointing must be true or false, got 'maybe'"),
     ("seq-len-one", {"data": {"seq_len": 1}}, [], r"data\.seq_len must be >= 2"),
     ("seq-len-past-patch", {"data": {"seq_len": 512}}, [], r"data\.seq_len=512 is longer than the patched context"),
     ("short-share-one", {"data": {"short_share": 1.0}}, [], r"data\.short_share must be in \[0, 1\)"),
@@ -205,14 +207,14 @@ CASES = [
     ("posenc-no-method", {"posenc": {"factor": 2}}, [], r"posenc must be a mapping with a 'method'"),
     ("trainable-empty-list", {"train": {"trainable": []}}, [], r"train\.trainable must be 'all'"),
     ("posenc-factor-below-one", {"posenc": {"method": "yarn", "factor": 0.5}}, [], r"factor"),
-    ("output-dir-null", {"output_dir": None}, [], r"output_dir must be a folder path, got None"),
-    ("section-not-mapping", {"data": ["a"]}, [], r"'data' must be a mapping of fields"),
-    ("unknown-field", {"train": {"learning_rate": 1}}, [], r"unknown field\(s\) \['learning_rate'\] in 'train'"),
+    ("output-dir-null", {"output_dir": None}, [], r"output_dir must be a string, got None"),
+    ("section-not-mapping", {"data": ["a"]}, [], r"section data must be a mapping of its keys \(corpus, split, .*\), got \['a'\]"),
+    ("unknown-field", {"train": {"learning_rate": 1}}, [], r"section train: unknown key\(s\) \['learning_rate'\]; the keys are: objective, steps, .*, lr,"),
     ("unknown-section", {"optim": {"lr": 1}}, [], r"unknown key\(s\) \['optim'\]"),
     # command lines
     ("flag-needs-value", {}, ["--train.lr"], r"--train\.lr needs a value"),
     ("override-bad-yaml", {}, ["--train.betas", "[0.9"], r"--train\.betas '\[0\.9' is not a YAML value"),
-    ("override-unknown-section", {}, ["--optim.lr", "1"], r"unknown section 'optim'"),
+    ("override-unknown-section", {}, ["--optim.lr", "1"], r"unknown flag --optim\.lr: the config has no key 'optim'; the keys are: model, data, train, eval, posenc"),
     ("positional-argument", {}, ["extra"], r"unexpected argument 'extra'"),
 ]
 
@@ -254,27 +256,31 @@ def test_config_file_problems_name_the_file_and_line(work, capsys):
     tabbed.write_text("model:\n  name: x\ntrain:\n\tlr: 1e-3\n")
     listed = work / "list.yaml"
     listed.write_text("- model\n- train\n")
-    cases = [(["--config", tabbed], r"config file '.*tab\.yaml' is not valid YAML: line 4, column 1: .*tab"),
+    cases = [(["--config", tabbed], r"config file .*tab\.yaml is not valid YAML: line 4, column 1: .*tab"),
              (["--config", work / "missing.yaml"], r"config file not found: '.*missing\.yaml'"),
              (["--config", work / "corpus"], r"--config '.*corpus' is a folder"),
              ([], r"no config given: pass --config FILE\.yaml"),
-             (["--config", listed], r"config file '.*list\.yaml' must be a mapping of sections .* got a list")]
+             (["--config", listed], r"config file .*list\.yaml must be a mapping of keys .* got \['model', 'train'\]")]
     before = snapshot(work)
     for argv, message in cases:
-        with pytest.raises(T.ConfigError, match=message):
+        with pytest.raises(ConfigError, match=message):
             run_recipe(*argv)
     assert snapshot(work) == before
 
 
 def test_help_prints_every_field_with_its_default(capsys):
+    from hf_posenc.recipes.config import schema_fields, type_name
+
     with pytest.raises(SystemExit) as done:
-        T.parse_config(["--help"])
+        FC.parse_config(["--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    for section, cls in T.SECTIONS.items():
+    for section in ("model", "data", "train", "eval"):
         assert f"  {section}:" in text
-        for field in cls.__dataclass_fields__:
-            assert f"    {field}: " in text, field
+        for name, field in schema_fields(getattr(FC, f"{section.capitalize()}Args")).items():
+            shown = f"    {name}: {json.dumps(field.default)}"   # the default, the type, the doc
+            assert field.help and any(line.startswith(shown) and line.endswith(f"({type_name(field.type)}) {field.help}")
+                                      for line in text.splitlines()), name
     assert "lr: 2e-05" in text and "steps: 400" in text and "posenc: null" in text
 
 

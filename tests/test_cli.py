@@ -105,12 +105,13 @@ def test_recipes_run_from_the_package_and_take_shipped_configs_by_name(capsys, t
     import subprocess
     import sys
 
-    from hf_posenc import recipes, training
+    from hf_posenc import recipes
+    from hf_posenc.recipes.finetune_config import parse_config
 
     assert "smollm2_yarn_16k_finetune" in recipes.shipped_configs() and "eval_smollm2_cpu" in recipes.shipped_configs()
     assert recipes.config_path("smollm2_yarn_16k_finetune") == recipes.CONFIGS / "smollm2_yarn_16k_finetune.yaml"
     assert recipes.config_path("nonesuch") is None and recipes.config_path("../configs/x") is None
-    cfg = training.parse_config(["--config", "smollm2_yarn_16k_finetune", "--output_dir", str(tmp_path / "o")])
+    cfg = parse_config(["--config", "smollm2_yarn_16k_finetune", "--output_dir", str(tmp_path / "o")])
     assert cfg.posenc["method"] == "yarn"
     for name in ("finetune", "evaluate"):
         with pytest.raises(SystemExit) as done:

@@ -42,10 +42,11 @@ def corpus_dir(tmp_path_factory):
 
 def run(checkpoint, corpus_dir, out, *extra):
     return recipe.main([
-        "--model", str(checkpoint), "--dtype", "float32", "--corpus", str(corpus_dir), "--output_dir", str(out),
-        "--variants", "none", "yarn", "dynamic_yarn", "--max_position_embeddings", "256",
-        "--curve_length", "256", "--curve_bucket", "64", "--strided_windows", "64", "--strided_tokens", "300",
-        "--passkey_lengths", "350", "--needle_lengths", "450", "--depths", "0.5", *extra])
+        "--model.name", str(checkpoint), "--model.dtype", "float32", "--data.corpus", str(corpus_dir),
+        "--output_dir", str(out), "--eval.variants", "none", "yarn", "dynamic_yarn", "--eval.max_position_embeddings", "256",
+        "--eval.curve_length", "256", "--eval.curve_bucket", "64", "--eval.strided_windows", "64",
+        "--eval.strided_tokens", "300", "--eval.passkey_lengths", "350", "--eval.needle_lengths", "450",
+        "--eval.depths", "0.5", *extra])
 
 
 def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_path, monkeypatch):
@@ -77,27 +78,28 @@ def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_p
 
 def test_recipe_config_yaml_then_command_line(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("variants: [none, 'yarn beta_fast=16']\nmax_position_embeddings: [16384, 32768]\ncurve_length: 4096\n")
-    args = recipe.parse_args(["--config", str(config), "--curve_length", "2048"])
-    assert (args.variants, args.curve_length, args.model) == (["none", "yarn beta_fast=16"], 2048, "smollm2")
+    config.write_text("eval:\n  variants: [none, 'yarn beta_fast=16']\n  max_position_embeddings: [16384, 32768]\n"
+                      "  curve_length: 4096\n")
+    args = recipe.parse_args(["--config", str(config), "--eval.curve_length", "2048"])
+    assert (args.eval.variants, args.eval.curve_length, args.model.name) == (["none", "yarn beta_fast=16"], 2048, "smollm2")
     assert [label for label, _, _ in recipe.variant_plan(args)] == ["none", "yarn beta_fast=16 @16384",
                                                                      "yarn beta_fast=16 @32768"]
-    config.write_text("curve_lenght: 4096\n")
-    with pytest.raises(recipe.EvalConfigError, match=r"unknown key\(s\) \['curve_lenght'\]"):
+    config.write_text("eval:\n  curve_lenght: 4096\n")
+    with pytest.raises(recipe.ConfigError, match=r"section eval: unknown key\(s\) \['curve_lenght'\]"):
         recipe.parse_args(["--config", str(config)])
     with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'"):
-        recipe.parse_args(["--variants", "none", "yarnn"])
+        recipe.parse_args(["--eval.variants", "none", "yarnn"])
 
 
 def base_args(checkpoint, corpus_dir, out):
-    return ["--model", str(checkpoint), "--dtype", "float32", "--corpus", str(corpus_dir), "--output_dir", str(out),
-            "--max_position_embeddings", "256"]
+    return ["--model.name", str(checkpoint), "--model.dtype", "float32", "--data.corpus", str(corpus_dir),
+            "--output_dir", str(out), "--eval.max_position_embeddings", "256"]
 
 
 def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(checkpoint, corpus_dir, tmp_path):
-    results = recipe.main([*base_args(checkpoint, corpus_dir, tmp_path), "--variants", "none", "yarn",
-                           "--perplexity_lengths", "64", "128", "256", "--perplexity_documents", "1",
-                           "--grid", "yarn beta_fast=8|32 attention_factor=1|1.2", "--tune_documents", "1"])
+    results = recipe.main([*base_args(checkpoint, corpus_dir, tmp_path), "--eval.variants", "none", "yarn",
+                           "--eval.perplexity_lengths", "64", "128", "256", "--eval.perplexity_documents", "1",
+                           "--eval.grid", "yarn beta_fast=8|32 attention_factor=1|1.2", "--eval.tune_documents", "1"])
     model, tok = hp.load_model(checkpoint), tiny_tokenizer()
     texts = data.load_corpus(str(corpus_dir))["text"]
     tune, held_out = ([tok(t, add_special_tokens=False)["input_ids"]] for t in texts)  # the tuning document first
@@ -142,28 +144,28 @@ def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp
     tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB).save_pretrained(gpt2)
     tiny_tokenizer().save_pretrained(gpt2)
     out = tmp_path / "out"
-    args = [*base_args(gpt2, corpus_dir, out), "--variants", "none", "sinusoidal", "--perplexity_lengths", "128"]
+    args = [*base_args(gpt2, corpus_dir, out), "--eval.variants", "none", "sinusoidal", "--eval.perplexity_lengths", "128"]
     limit = hp.load_model(gpt2).config.n_positions
     assert re.search(rf"variant 'none' cannot take the 128 tokens .*{limit}", refusal(capsys, args))
     assert not out.exists()
     # a corpus too short: the documents that are
     assert re.search(r"needs 3 documents of >= 5000 tokens, 0 have them; too short \(tokens\): #0 \(\d+\), #1",
-                     refusal(capsys, [*base_args(checkpoint, corpus_dir, out), "--perplexity_lengths", "5000",
-                                      "--perplexity_documents", "3"]))
+                     refusal(capsys, [*base_args(checkpoint, corpus_dir, out), "--eval.perplexity_lengths", "5000",
+                                      "--eval.perplexity_documents", "3"]))
     # unknown keys and methods: the valid ones listed
     config = tmp_path / "c.yaml"
-    config.write_text("perplexity_length: [64]\n")
-    assert re.search(r"unknown key\(s\) \['perplexity_length'\]; the keys are: model, .*perplexity_lengths",
+    config.write_text("eval:\n  perplexity_length: [64]\n")
+    assert re.search(r"unknown key\(s\) \['perplexity_length'\]; the keys are: variants, .*perplexity_lengths",
                      refusal(capsys, ["--config", str(config)]))
-    assert "unknown method 'yarnn'; known methods: alibi" in refusal(capsys, ["--grid", "yarnn beta_fast=1|2"])
-    assert "key=value or key=value|value" in refusal(capsys, ["--grid", "yarn beta_fast=16|", "--tune_length", "64"])
+    assert "unknown method 'yarnn'; known methods: alibi" in refusal(capsys, ["--eval.grid", "yarnn beta_fast=1|2"])
+    assert "key=value or key=value|value" in refusal(capsys, ["--eval.grid", "yarn beta_fast=16|", "--eval.tune_length", "64"])
 
 
 def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, corpus_dir, tmp_path, monkeypatch, capsys):
-    (tmp_path / "results.json").write_text(json.dumps({"config": {"model": "other"}, "variants": {"x": {}}}))
+    (tmp_path / "results.json").write_text(json.dumps({"config": {"model": {"name": "other"}}, "variants": {"x": {}}}))
     before = (tmp_path / "results.json").read_text()
     monkeypatch.setattr(recipe.hp, "load_model", lambda *a, **k: pytest.fail("loaded"))
-    args = [*base_args(checkpoint, corpus_dir, tmp_path), "--variants", "none", "--perplexity_lengths", "64"]
+    args = [*base_args(checkpoint, corpus_dir, tmp_path), "--eval.variants", "none", "--eval.perplexity_lengths", "64"]
     assert "already holds another configuration: pass --overwrite" in refusal(capsys, args)
     assert (tmp_path / "results.json").read_text() == before
     monkeypatch.undo()
@@ -175,7 +177,7 @@ def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, co
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eval*.yaml")), ids=lambda p: p.name)
 def test_shipped_eval_configs_parse(path):
     args = recipe.parse_args(["--config", str(path)])
-    assert args.variants and recipe.variant_plan(args)
+    assert args.eval.variants and recipe.variant_plan(args)
 
 
 def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpoint):

@@ -19,8 +19,12 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc as hp
+from hf_posenc import checkpoints as ckpt
 from hf_posenc import data as hdata
-from hf_posenc import training as T
+from hf_posenc import train_data
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import finetune_checks as checks
+from hf_posenc.recipes import finetune_config as FC
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,14 +118,14 @@ def test_pack_exact_keeps_every_token_once_with_eos_boundaries():
 def test_kill_and_resume_ends_identical_and_reloads_in_stock_transformers(tmp_path, tiny_dir, text_file):
     full_cfg = write_config(tmp_path / "full" / "c.yaml", tiny_dir, data={"corpus": str(text_file)})
     full = run_recipe(full_cfg)
-    full_log = T.read_log(tmp_path / "full" / "out")
+    full_log = ckpt.read_log(tmp_path / "full" / "out")
 
     cut_cfg = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, data={"corpus": str(text_file)})
     assert run_recipe(cut_cfg, "--train.stop_after_steps", "3") is None       # "killed" after step 3
-    assert len(T.read_log(tmp_path / "cut" / "out")) == 3                      # step 3 is past the checkpoint
-    assert T.latest_checkpoint(tmp_path / "cut" / "out")[1] == 2
+    assert len(ckpt.read_log(tmp_path / "cut" / "out")) == 3                      # step 3 is past the checkpoint
+    assert ckpt.latest_checkpoint(tmp_path / "cut" / "out")[1] == 2
     resumed = run_recipe(cut_cfg, "--resume")
-    resumed_log = T.read_log(tmp_path / "cut" / "out")
+    resumed_log = ckpt.read_log(tmp_path / "cut" / "out")
 
     assert [r["step"] for r in resumed_log] == list(range(1, 7))
     assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in full_log], rel=1e-6, abs=0)
@@ -171,23 +175,23 @@ def test_kill_and_resume_with_dropout_is_bit_exact(tmp_path, gpt2_dir, text_file
     full = run_recipe(write_config(tmp_path / "full" / "c.yaml", gpt2_dir, **sections))
     cut_cfg = write_config(tmp_path / "cut" / "c.yaml", gpt2_dir, **sections)
     assert run_recipe(cut_cfg, "--train.stop_after_steps", "7") is None
-    assert T.latest_checkpoint(tmp_path / "cut" / "out")[1] == 5
+    assert ckpt.latest_checkpoint(tmp_path / "cut" / "out")[1] == 5
     resumed = run_recipe(cut_cfg, "--resume")
 
-    full_log, resumed_log = T.read_log(tmp_path / "full" / "out"), T.read_log(tmp_path / "cut" / "out")
+    full_log, resumed_log = ckpt.read_log(tmp_path / "full" / "out"), ckpt.read_log(tmp_path / "cut" / "out")
     assert [r["step"] for r in resumed_log] == list(range(1, 11))
     assert [(r["loss"], r["lr"]) for r in resumed_log] == [(r["loss"], r["lr"]) for r in full_log]
     a, b = state(full), state(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     # dropout is on and drawn: the same run under another seed's draws (same data order) ends elsewhere
     other = write_config(tmp_path / "other" / "c.yaml", gpt2_dir, **sections)
-    with mock.patch.object(T, "step_seed", lambda seed, step, micro: step_seed(seed + 1, step, micro)):
+    with mock.patch.object(ckpt, "step_seed", lambda seed, step, micro: step_seed(seed + 1, step, micro)):
         reseeded = run_recipe(other)
-    assert T.read_log(tmp_path / "other" / "out")[0]["loss"] != full_log[0]["loss"]
+    assert ckpt.read_log(tmp_path / "other" / "out")[0]["loss"] != full_log[0]["loss"]
     assert not torch.equal(state(reseeded)["transformer.h.0.attn.c_attn.weight"], a["transformer.h.0.attn.c_attn.weight"])
 
 
-step_seed = T.step_seed
+step_seed = ckpt.step_seed
 
 
 @pytest.mark.parametrize("damage", ["truncate model.safetensors", "truncate optimizer.bin",
@@ -198,9 +202,9 @@ def test_broken_last_checkpoint_is_named_and_the_one_before_is_used(tmp_path, ti
     cut_cfg = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, **sections)
     run_recipe(cut_cfg, "--train.stop_after_steps", "5")          # checkpoints at steps 2 and 4, killed after 5
     out = tmp_path / "cut" / "out"
-    assert [p.name for p in T.complete_checkpoints(out)] == ["step_0000002", "step_0000004"]
+    assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step_0000002", "step_0000004"]
     action, name = damage.split()
-    broken = T.checkpoint_dir(out, 4) / name
+    broken = ckpt.checkpoint_dir(out, 4) / name
     data = broken.read_bytes()
     broken.write_bytes(data[: len(data) // 2] if action == "truncate" else b"\xff" * 16 + data[16:])
     capsys.readouterr()
@@ -213,12 +217,12 @@ def test_broken_last_checkpoint_is_named_and_the_one_before_is_used(tmp_path, ti
         assert f"{broken} has {len(data) // 2} bytes, {len(data)} when it was saved" in warning[0]
     else:
         assert f"{broken.parent} cannot be loaded" in warning[0]
-    assert f"resumed from {T.checkpoint_dir(out, 2)} (step 2)" in said.out
+    assert f"resumed from {ckpt.checkpoint_dir(out, 2)} (step 2)" in said.out
     # the replay from step 2 ends where the uninterrupted run did, and the step-4 checkpoint is whole again
-    assert [r["loss"] for r in T.read_log(out)] == [r["loss"] for r in T.read_log(tmp_path / "full" / "out")]
+    assert [r["loss"] for r in ckpt.read_log(out)] == [r["loss"] for r in ckpt.read_log(tmp_path / "full" / "out")]
     a, b = state(full), state(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert T.checkpoint_problem(T.checkpoint_dir(out, 4)) is None
+    assert ckpt.checkpoint_problem(ckpt.checkpoint_dir(out, 4)) is None
 
 
 def test_nan_loss_stops_the_run_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny_dir, text_file, capsys):
@@ -238,14 +242,14 @@ def test_nan_loss_stops_the_run_with_the_step_and_keeps_the_last_good_checkpoint
     step = int(re.search(r"the loss became NaN or inf at step (\d+);", errors[0]).group(1))
     assert "train.lr (1e+30)" in errors[0] and "model.dtype" in errors[0] and "data" in errors[0]
     out = tmp_path / "out"
-    kept = T.complete_checkpoints(out)
+    kept = ckpt.complete_checkpoints(out)
     assert step >= 2 and [int(p.name.split("_")[1]) for p in kept] == [step - 2, step - 1][-min(2, step - 1):]
     assert f"the last good checkpoint is {kept[-1]}" in errors[0]
     from safetensors.torch import load_file
 
     assert all(torch.isfinite(t).all() for t in load_file(kept[-1] / "model.safetensors").values())
-    assert [r["step"] for r in T.read_log(out)] == list(range(1, step))      # the NaN step is not logged
-    assert all(math.isfinite(r["loss"]) for r in T.read_log(out))
+    assert [r["step"] for r in ckpt.read_log(out)] == list(range(1, step))      # the NaN step is not logged
+    assert all(math.isfinite(r["loss"]) for r in ckpt.read_log(out))
     assert not (out / "config.json").exists() and not (out / "README.md").exists()   # no "fine-tuned" model
 
 
@@ -253,16 +257,16 @@ def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
     """A corpus of 64 tokens + EOS packs into one block of 64 and one of a lone EOS, which predicts
     nothing (a batch of it has a NaN loss): it is dropped. Zero document tokens is refused."""
     tok = tiny_tokenizer()
-    plan = T.Plan(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
+    plan = checks.Plan(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("x" * 64)
-    args = T.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
-    packed = T.prepare_data(args, tok, plan)
+    args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
+    packed = train_data.prepare_data(args, tok, plan)
     assert packed["length"] == [64]
     assert hdata.pack_exact(hdata.tokenize(hdata.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
     empty = datasets.Dataset.from_dict({"input_ids": [[EOS]], "length": [1]})
-    with pytest.raises(T.ConfigError, match="gives zero training tokens"):
-        T.trainable_blocks(empty, "c", document_tokens=0)
+    with pytest.raises(ConfigError, match="gives zero training tokens"):
+        train_data.trainable_blocks(empty, "c", document_tokens=0)
 
 
 def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, text_file):
@@ -270,7 +274,7 @@ def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, t
                        train={"steps": 8, "lr": 1e-2, "save_every": 8, "lora": {"r": 4, "alpha": 8}})
     merged = run_recipe(cfg)
     out = tmp_path / "out"
-    log = T.read_log(out)
+    log = ckpt.read_log(out)
     assert log[0]["loss"] - log[-1]["loss"] > 0.05
     # the adapters trained and are merged into the base weights; nothing of peft is left
     base, weights = state(tiny_model_like(tiny_dir)), state(merged)
@@ -310,7 +314,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "MULTI_CPU" in proc.stdout and "2 processes" in proc.stdout
-    log1, log2 = T.read_log(tmp_path / "one" / "out"), T.read_log(tmp_path / "two" / "out")
+    log1, log2 = ckpt.read_log(tmp_path / "one" / "out"), ckpt.read_log(tmp_path / "two" / "out")
     assert [r["tokens"] for r in log2] == [r["tokens"] for r in log1] == [4 * 64] * 4
     assert [r["loss"] for r in log2] == pytest.approx([r["loss"] for r in log1], rel=2e-5)
     assert log1[0]["loss"] - log1[-1]["loss"] > 0.05        # it trained: the curves are not flat
@@ -328,7 +332,7 @@ BAD = [
     ({"train": {"lora": {"r": 4}}}, ["no_peft"], "train.lora needs the peft package"),
     ({"output_dir": "EXISTING"}, [], "exists and is not empty; pass --resume"),
     ({"train": {"objective": "rl"}}, [], "train.objective must be 'lm' or 'distill'"),
-    ({"train": {"steps": "many"}}, [], "train.steps must be of type int"),
+    ({"train": {"steps": "many"}}, [], "train.steps must be an integer"),
 ]
 
 
@@ -345,7 +349,7 @@ def test_refused_configs_say_why_and_create_nothing(tmp_path, tiny_dir, monkeypa
     sections = {**sections, "data": {"corpus": "shakespeare:hamlet", **sections.get("data", {})}}
     cfg = write_config(tmp_path / "cfg" / "c.yaml", tiny_dir, **sections)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    with pytest.raises(T.ConfigError, match=message.replace("(", r"\(").replace("*", r"\*").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("*", r"\*").replace(".", r"\.")):
         run_recipe(cfg)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before   # nothing written
     if sections.get("output_dir"):

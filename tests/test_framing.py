@@ -16,7 +16,11 @@ import yaml
 
 from hf_posenc import data
 from hf_posenc import eval as hpe
-from hf_posenc import training as T
+from hf_posenc import train_data
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import finetune
+from hf_posenc.recipes import finetune_checks as checks
+from hf_posenc.recipes import finetune_config as FC
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,10 +148,11 @@ def checkpoint(folder: Path, adds_bos: bool) -> Path:
                                                         (False, "auto", "none"), (False, "bos", "bos")])
 def test_eval_recipe_scores_as_the_tokenizer_frames_and_says_so(tmp_path, corpus_dir, adds_bos, framing, expected):
     model_dir = checkpoint(tmp_path / "model", adds_bos)
-    results = recipe.main(["--model", str(model_dir), "--dtype", "float32", "--corpus", str(corpus_dir),
-                           "--output_dir", str(tmp_path / "out"), "--variants", "none", "--framing", framing,
-                           "--max_position_embeddings", "128", "--perplexity_lengths", "32", "64",
-                           "--perplexity_documents", "1", "--strided_windows", "16", "--strided_tokens", "40"])
+    results = recipe.main(["--model.name", str(model_dir), "--model.dtype", "float32", "--data.corpus", str(corpus_dir),
+                           "--output_dir", str(tmp_path / "out"), "--eval.variants", "none", "--data.framing", framing,
+                           "--eval.max_position_embeddings", "128", "--eval.perplexity_lengths", "32", "64",
+                           "--eval.perplexity_documents", "1", "--eval.strided_windows", "16",
+                           "--eval.strided_tokens", "40"])
     assert results["framing"] == expected
     assert json.loads((tmp_path / "out" / "results.json").read_text())["framing"] == expected
     assert f"Framing: {expected} (" in (tmp_path / "out" / "summary.md").read_text()
@@ -163,26 +168,26 @@ def test_eval_recipe_scores_as_the_tokenizer_frames_and_says_so(tmp_path, corpus
 @pytest.mark.parametrize("adds_bos,bos,starts", [(True, "auto", [BOS]), (False, "auto", []), (True, False, []),
                                                  (False, True, [BOS])])
 def test_finetune_data_follows_the_tokenizer_by_default(tmp_path, corpus_dir, adds_bos, bos, starts):
-    plan = T.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
-    args = T.DataArgs(corpus=str(corpus_dir), bos=bos, cache_dir=str(tmp_path / "cache"))
-    packed = T.prepare_data(args, byte_tokenizer(adds_bos), plan)
+    plan = checks.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
+    args = FC.DataArgs(corpus=str(corpus_dir), bos=bos, cache_dir=str(tmp_path / "cache"))
+    packed = train_data.prepare_data(args, byte_tokenizer(adds_bos), plan)
     stream = [t for block in packed["input_ids"] for t in block]
     assert stream == starts + plain_ids(TEXT) + [EOS]  # every token once, the BOS first when there is one
 
 
 def test_finetune_bos_setting_is_checked_and_the_shipped_configs_follow_the_tokenizer():
-    with pytest.raises(T.ConfigError, match="data.bos must be auto, true or false, got 'maybe'"):
-        T.DataArgs(bos="maybe")
-    assert T.DataArgs().bos == "auto"
+    with pytest.raises(ConfigError, match="data.bos must be auto, true or false, got 'maybe'"):
+        FC.DataArgs(bos="maybe")
+    assert FC.DataArgs().bos == "auto"
     for path in sorted((ROOT / "recipes" / "configs").glob("*finetune.yaml")):
         assert "bos" not in (yaml.safe_load(path.read_text()).get("data") or {}), path.name
 
 
 def test_finetune_evaluation_scores_documents_after_the_bos(corpus_dir):
     model = tiny_model(vocab_size=TINY_TEXT_VOCAB)
-    cfg = T.Config(model=T.ModelArgs(), data=T.DataArgs(corpus=str(corpus_dir)), train=T.TrainArgs(),
-                   eval=T.EvalArgs(lengths=[32], documents=1))
-    plan = T.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
+    cfg = FC.Config(model=FC.ModelArgs(), data=FC.DataArgs(corpus=str(corpus_dir)), train=FC.TrainArgs(),
+                   eval=FC.EvalArgs(lengths=[32], documents=1))
+    plan = checks.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
     reference = prefix_nll(model, [BOS, *plain_ids(TEXT)[:31]])
-    assert T.evaluate(model, byte_tokenizer(True), cfg, plan)["perplexity@32"] == pytest.approx(
+    assert finetune.evaluate(model, byte_tokenizer(True), cfg, plan)["perplexity@32"] == pytest.approx(
         math.exp(sum(reference) / 31), rel=1e-5)

@@ -13,9 +13,9 @@ import torch
 
 import hf_posenc as hp
 from hf_posenc import assets
+from hf_posenc.eval.similarity import mean_pool
 from hf_posenc.families.learned_tables import check_length
 from hf_posenc.methods.sinusoidal import SinusoidalPositions
-from hf_posenc.training import mean_pool
 
 pytestmark = pytest.mark.real
 

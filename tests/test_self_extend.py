@@ -183,16 +183,16 @@ def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_me
     (tmp_path / "corpus").mkdir()
     for name, text in (("a.txt", TEXT), ("b.txt", TEXT[::-1])):
         (tmp_path / "corpus" / name).write_text(text)
-    args = ["--model", str(tmp_path / "model"), "--dtype", "float32", "--corpus", str(tmp_path / "corpus"),
-            "--max_position_embeddings", "256", "--perplexity_lengths", "16", "256", "--perplexity_documents", "1",
-            "--tune_documents", "1", "--plots", "false"]
+    args = ["--model.name", str(tmp_path / "model"), "--model.dtype", "float32", "--data.corpus", str(tmp_path / "corpus"),
+            "--eval.max_position_embeddings", "256", "--eval.perplexity_lengths", "16", "256",
+            "--eval.perplexity_documents", "1", "--eval.tune_documents", "1", "--plots", "false"]
     with pytest.raises(SystemExit) as refused:
-        recipe.main([*args, "--output_dir", str(tmp_path / "refused"), "--variants", "none",
-                     "--grid", "self_extend group_size=4|8"])
+        recipe.main([*args, "--output_dir", str(tmp_path / "refused"), "--eval.variants", "none",
+                     "--eval.grid", "self_extend group_size=4|8"])
     assert refused.value.code == 2 and not (tmp_path / "refused").exists()
     assert re.search(r"^error: .*self_extend group_size=4.*at most 208 tokens", capsys.readouterr().err, re.M)
-    results = recipe.main([*args, "--output_dir", str(tmp_path / "out"), "--variants", "none", "dca", "self_extend",
-                           "--grid", "self_extend group_size=8|16"])
+    results = recipe.main([*args, "--output_dir", str(tmp_path / "out"), "--eval.variants", "none", "dca",
+                           "self_extend", "--eval.grid", "self_extend group_size=8|16"])
     ppl = {k: v["lengths"]["perplexity"] for k, v in results["variants"].items()}
     for method in ("dca", "self_extend"):  # 16 tokens: inside a chunk and the window, the model as it was
         assert ppl[method][0] == pytest.approx(ppl["none"][0], rel=1e-5) and ppl[method][1] != ppl["none"][1]

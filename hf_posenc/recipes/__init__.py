@@ -5,6 +5,9 @@ same from an installed package as from a clone:
     accelerate launch -m hf_posenc.recipes.finetune --config smollm2_yarn_16k_finetune
     accelerate launch recipes/finetune.py --config recipes/configs/smollm2_yarn_16k_finetune.yaml   # a clone
     hf-posenc evaluate --config eval_smollm2_cpu                 # or python -m hf_posenc.recipes.evaluate
+
+Both read their config through one system (config.py): a YAML file of sections, `--section.field` flags
+over it, `--help` listing every field.
 """
 
 from __future__ import annotations

@@ -4,63 +4,73 @@ documents and checked on others. Writes results.json (after every variant: a rer
 and figures to output_dir.
 
     python recipes/evaluate.py --config recipes/configs/eval_smollm2.yaml
-    python recipes/evaluate.py --config recipes/configs/eval_smollm2.yaml --variants none yarn --curve_length 4096
+    python recipes/evaluate.py --config eval_smollm2 --eval.variants none yarn --eval.curve_length 4096
+    python recipes/evaluate.py --help                     # every field, its default and what it does
 
-Every field of EvalArguments is a YAML key and a command-line flag (the flag wins). Variants are
-"none" (the model as loaded) or a method with parameters ("yarn", "yarn beta_fast=16"); each runs at
-every target in max_position_embeddings (several targets make a sweep). Documents and prompts start as
+The config has sections model, data and eval (and output_dir, resume, overwrite, plots): every field is
+a key of its section in the YAML file and a flag --section.field (the flag wins), read by the recipes'
+one config system (hf_posenc/recipes/config.py). Variants are "none" (the model as loaded) or a method
+with parameters ("yarn", "yarn beta_fast=16"); each runs at every target in eval.max_position_embeddings
+(several targets make a sweep). Documents and prompts start as
 the tokenizer starts an input (framing: BOS first for Llama, Gemma, Mistral), recorded in results.json.
 A configuration that cannot run is refused before anything is written (most of it before the model
 loads): one line `error: ...` on stderr, exit code 2."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
 import platform
 import sys
 import time
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
-import yaml
 from tqdm.auto import tqdm
-from transformers import HfArgumentParser
 
 import hf_posenc as hp
 from hf_posenc import cli, data, loading
 from hf_posenc import eval as hpe
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import config as recipe_config
 
 
 @dataclass
-class EvalArguments:
-    model: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
+class ModelArgs:
+    name: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
     dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where the hardware runs it natively, "
                                                          "else float32), float32, bfloat16 or float16"})
+    attn_implementation: str = field(default="sdpa", metadata={
+        "help": "transformers' attention implementation: sdpa, eager, flash_attention_2, ..."})
+
+
+@dataclass
+class DataArgs:
+    corpus: str = field(default="shakespeare", metadata={"help": "a load_corpus spec (see hf_posenc/data.py)"})
+    split: str = field(default="train", metadata={"help": "the split of a hub dataset"})
+    text_column: str = field(default="text", metadata={"help": "the column that holds the text"})
     framing: str = field(default="auto", metadata={
         "help": "what starts each document and prompt: auto (as the tokenizer starts an input: BOS for Llama, "
                 "Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
-    attn_implementation: str = "sdpa"
+
+
+@dataclass
+class EvalArgs:
     variants: list[str] = field(default_factory=lambda: ["none", "yarn"],
                                 metadata={"help": "'none' or a method with parameters: 'yarn beta_fast=16'"})
     max_position_embeddings: list[int] = field(default_factory=lambda: [16384],
                                                metadata={"help": "target context(s) of the patched variants"})
-    corpus: str = field(default="shakespeare", metadata={"help": "a load_corpus spec (see hf_posenc/data.py)"})
-    corpus_split: str = "train"
-    text_column: str = "text"
-    perplexity_lengths: list[int] = field(default_factory=list, metadata={
-        "help": "per-document perplexity of each document truncated to each length (the papers' measure)"})
-    perplexity_documents: int = field(default=2, metadata={"help": "documents scored at perplexity_lengths"})
     grid: list[str] = field(default_factory=list, metadata={
         "help": "parameter grids, 'yarn beta_fast=16|32 attention_factor=1|1.1': every point is scored on the "
                 "tuning documents, the best one evaluated as a variant on the held-out ones"})
     tune_documents: int = field(default=1, metadata={"help": "documents the grid is scored on (held out from the rest)"})
     tune_length: int = field(default=0, metadata={"help": "tokens the grid is scored at (0: the longest perplexity length)"})
+    perplexity_lengths: list[int] = field(default_factory=list, metadata={
+        "help": "per-document perplexity of each document truncated to each length (the papers' measure)"})
+    perplexity_documents: int = field(default=2, metadata={"help": "documents scored at perplexity_lengths"})
     curve_length: int = field(default=0, metadata={"help": "tokens of the perplexity-by-position curve (0: skip)"})
     curve_documents: int = field(default=1, metadata={"help": "documents averaged in the curve"})
     curve_bucket: int = field(default=512, metadata={"help": "positions per point of the curve"})
@@ -73,192 +83,146 @@ class EvalArguments:
     depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9],
                                 metadata={"help": "where the passkey / needle is hidden (fraction of the haystack)"})
     trials: int = field(default=1, metadata={"help": "retrieval trials per (length, depth)"})
-    seed: int = 0
-    output_dir: str = "runs/eval"
+    seed: int = field(default=0, metadata={"help": "seed of the retrieval trials (keys, needles)"})
+
+
+@dataclass
+class EvalConfig:
+    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the model and how it loads"})
+    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the text scored, and how inputs start"})
+    eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "the variants, and what is measured"})
+    output_dir: str = field(default="runs/eval", metadata={"help": "results.json, summary.md and the figures"})
     resume: bool = field(default=True, metadata={"help": "skip the variants results.json already holds"})
     overwrite: bool = field(default=False, metadata={"help": "replace a results.json of another configuration"})
-    plots: bool = True
+    plots: bool = field(default=True, metadata={"help": "draw the figures"})
 
 
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid")
+USAGE = "evaluate.py [--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"
 
 
-class EvalConfigError(ValueError):
-    """A configuration the recipe cannot run; raised before the model loads or anything is written."""
-
-
-class ArgumentParser(HfArgumentParser):
-    def error(self, message: str):  # argparse's own refusals: one line, exit code 2, like every other one
-        cli.refuse(f"{message} (see --help)")
-
-
-def parse_args(argv: list[str] | None = None) -> EvalArguments:
-    """YAML (--config) first, then the command line over it; every value checked (`check_args`)."""
-    parser = ArgumentParser(EvalArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="a YAML file whose keys are the flags below")
-    config = ArgumentParser((), add_help=False)
-    config.add_argument("--config")
-    path = config.parse_known_args(argv)[0].config
-    if path:
-        parser.set_defaults(**read_config(path))
-    args = parser.parse_args_into_dataclasses(argv)[0]
+def parse_args(argv: list[str] | None = None) -> EvalConfig:
+    """YAML (--config) first, then the command line over it (hf_posenc/recipes/config.py); every value
+    checked (`check_args`)."""
+    args = recipe_config.parse(EvalConfig, argv, usage=USAGE, about=(__doc__ or "").split("\n\n")[0],
+                               shipped=lambda name: name.startswith("eval_"))
     check_args(args)
     return args
 
 
-def read_config(path: str) -> dict:
-    """The YAML file's (or the shipped config's of that name) keys, each checked against the type of its field."""
-    from hf_posenc.recipes import config_path, shipped_configs
-
-    found = config_path(path)
-    if found is None:
-        raise EvalConfigError(f"config file not found: {path} (nor a shipped config: "
-                              f"{', '.join(n for n in shipped_configs() if n.startswith('eval_'))})")
-    path = str(found)
-    try:
-        values = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as err:
-        raise EvalConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    values = {} if values is None else values
-    if not isinstance(values, dict):
-        raise EvalConfigError(f"{path} must be a mapping of keys (model: ..., variants: [...]), got {values!r}")
-    fields = {f.name for f in dataclasses.fields(EvalArguments)}
-    unknown = sorted(set(values) - fields, key=str)
-    if unknown:
-        raise EvalConfigError(f"{path}: unknown key(s) {unknown}; the keys are: "
-                              f"{', '.join(f.name for f in dataclasses.fields(EvalArguments))}")
-    hints = typing.get_type_hints(EvalArguments)
-    for key, value in values.items():
-        if not _is_a(value, hints[key]):
-            raise EvalConfigError(f"{path}: {key} must be {_type_name(hints[key])}, got {value!r}")
-    return values
-
-
-def _is_a(value, hint) -> bool:
-    if typing.get_origin(hint) is list:
-        return isinstance(value, list) and all(_is_a(v, typing.get_args(hint)[0]) for v in value)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-def _type_name(hint) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    if typing.get_origin(hint) is list:
-        item = typing.get_args(hint)[0]
-        return f"a list of {names[item].split(' ', 1)[1]}s (YAML [a, b, ...], even for one)"
-    return names[hint]
-
-
-def check_args(args: EvalArguments) -> None:
+def check_args(args: EvalConfig) -> None:
     """Every value in range, before anything is loaded or written."""
     def need(ok: bool, message: str) -> None:
         if not ok:
-            raise EvalConfigError(message)
+            raise ConfigError(message)
 
-    need(args.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
-    need(args.framing in FRAMINGS, f"framing must be one of {', '.join(FRAMINGS)}, got {args.framing!r}")
-    for name in ("model", "attn_implementation", "corpus", "corpus_split", "text_column", "output_dir"):
-        need(bool(getattr(args, name).strip()), f"{name} is empty")
-    need(bool(args.variants), "variants is empty: nothing to evaluate; give at least one, e.g. [none, yarn]")
-    need(bool(args.max_position_embeddings),
-         "max_position_embeddings is empty: give the target context(s) of the patched variants, e.g. [16384]")
-    for spec in args.variants:
+    model, text, ev = args.model, args.data, args.eval
+    need(model.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {model.dtype!r}")
+    need(text.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {text.framing!r}")
+    for name, value in (("model.name", model.name), ("model.attn_implementation", model.attn_implementation),
+                        ("data.corpus", text.corpus), ("data.split", text.split),
+                        ("data.text_column", text.text_column), ("output_dir", args.output_dir)):
+        need(bool(value.strip()), f"{name} is empty")
+    need(bool(ev.variants), "eval.variants is empty: nothing to evaluate; give at least one, e.g. [none, yarn]")
+    need(bool(ev.max_position_embeddings),
+         "eval.max_position_embeddings is empty: give the target context(s) of the patched variants, e.g. [16384]")
+    for spec in ev.variants:
         hpe.parse_variant(spec)  # an unknown method stops here, before any loading
-    for spec in args.grid:
+    for spec in ev.grid:
         hpe.expand_grid(spec)
     for name in ("variants", "max_position_embeddings", "grid"):
-        values = getattr(args, name)
-        need(len(set(values)) == len(values), f"{name} lists a value twice: {values}")
+        values = getattr(ev, name)
+        need(len(set(values)) == len(values), f"eval.{name} lists a value twice: {values}")
     for name, least in (("max_position_embeddings", 2), ("perplexity_lengths", 2), ("strided_windows", 2),
                         ("passkey_lengths", 1), ("needle_lengths", 1)):
-        values = getattr(args, name)
-        need(all(v >= least for v in values), f"{name} must hold token counts >= {least}, got {values}")
+        values = getattr(ev, name)
+        need(all(v >= least for v in values), f"eval.{name} must hold token counts >= {least}, got {values}")
     for name in ("perplexity_documents", "tune_documents", "curve_documents", "curve_bucket", "trials"):
-        need(getattr(args, name) >= 1, f"{name} must be >= 1, got {getattr(args, name)}")
+        need(getattr(ev, name) >= 1, f"eval.{name} must be >= 1, got {getattr(ev, name)}")
     for name in ("tune_length", "curve_length"):
-        value = getattr(args, name)
-        need(value == 0 or value >= 2, f"{name} must be 0 (off) or a token count >= 2, got {value}")
-    need(args.strided_tokens >= 2, f"strided_tokens must be >= 2, got {args.strided_tokens}")
-    need(0 <= args.strided_stride <= min(args.strided_windows, default=args.strided_stride),
-         f"strided_stride must be 0 (half the window) or in 1..{min(args.strided_windows, default=0)} (the "
-         f"smallest of strided_windows), got {args.strided_stride}")
-    need(all(0 <= d <= 1 for d in args.depths), f"depths must be fractions in [0, 1], got {args.depths}")
-    need(bool(args.depths) or not (args.passkey_lengths or args.needle_lengths),
-         "depths is empty; passkey_lengths / needle_lengths need at least one depth")
-    need(any(getattr(args, name) for name in MEASURES),
-         f"nothing to measure: set at least one of {', '.join(MEASURES)}")
-    need(not args.grid or bool(args.tune_length or args.perplexity_lengths),
-         "grid needs tune_length (or perplexity_lengths, whose longest is the default)")
+        value = getattr(ev, name)
+        need(value == 0 or value >= 2, f"eval.{name} must be 0 (off) or a token count >= 2, got {value}")
+    need(ev.strided_tokens >= 2, f"eval.strided_tokens must be >= 2, got {ev.strided_tokens}")
+    need(0 <= ev.strided_stride <= min(ev.strided_windows, default=ev.strided_stride),
+         f"eval.strided_stride must be 0 (half the window) or in 1..{min(ev.strided_windows, default=0)} (the "
+         f"smallest of eval.strided_windows), got {ev.strided_stride}")
+    need(all(0 <= d <= 1 for d in ev.depths), f"eval.depths must be fractions in [0, 1], got {ev.depths}")
+    need(bool(ev.depths) or not (ev.passkey_lengths or ev.needle_lengths),
+         "eval.depths is empty; eval.passkey_lengths / eval.needle_lengths need at least one depth")
+    need(any(getattr(ev, name) for name in MEASURES),
+         f"nothing to measure: set at least one of {', '.join(f'eval.{name}' for name in MEASURES)}")
+    need(not ev.grid or bool(ev.tune_length or ev.perplexity_lengths),
+         "eval.grid needs eval.tune_length (or eval.perplexity_lengths, whose longest is the default)")
 
 
-def check_model_and_paths(args: EvalArguments) -> str:
+def check_model_and_paths(args: EvalConfig) -> str:
     """The model reference (checked like the CLI's) and, from its config alone, that every variant's method
     applies to it; output_dir neither a file nor an input. Returns the reference."""
-    ref = cli.model_ref(args.model)
-    inputs = [p for p in (Path(ref), Path(args.corpus)) if p.is_dir()]
+    ref = cli.model_ref(args.model.name)
+    inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.is_dir()]
     cli.output_folder(args.output_dir, "output_dir", inputs)
-    methods = {spec.split()[0] for spec in [*args.variants, *args.grid]} - {hpe.variants.NONE}
+    methods = {spec.split()[0] for spec in [*args.eval.variants, *args.eval.grid]} - {hpe.variants.NONE}
     cli.model_mechanism(ref, methods=sorted(methods))
     return ref
 
 
-def max_length(args: EvalArguments) -> int:
+def max_length(args: EvalConfig) -> int:
     """The longest input any measure asks of the model."""
-    return max([args.curve_length, args.tune_length, *args.perplexity_lengths, *args.strided_windows,
-                *args.passkey_lengths, *args.needle_lengths])
+    ev = args.eval
+    return max([ev.curve_length, ev.tune_length, *ev.perplexity_lengths, *ev.strided_windows, *ev.passkey_lengths,
+                *ev.needle_lengths])
 
 
-def variant_plan(args: EvalArguments) -> list[tuple[str, str, int]]:
+def variant_plan(args: EvalConfig) -> list[tuple[str, str, int]]:
     """(label, spec, target) for each evaluation: "none" once, the others at each target."""
-    sweep = len(args.max_position_embeddings) > 1
+    targets = args.eval.max_position_embeddings
+    sweep = len(targets) > 1
     return [(spec if spec == hpe.variants.NONE or not sweep else f"{spec} @{target}", spec, target)
-            for spec in args.variants
-            for target in (args.max_position_embeddings[:1] if spec == hpe.variants.NONE else args.max_position_embeddings)]
+            for spec in args.eval.variants
+            for target in (targets[:1] if spec == hpe.variants.NONE else targets)]
 
 
-def prepare_data(args: EvalArguments, tokenizer) -> dict:
+def prepare_data(args: EvalConfig, tokenizer) -> dict:
     """Token ids for each measure, the haystack text, the retrieval trials. With a grid, the first
     tune_documents long enough are the tuning split, and the other perplexity measures read only the
     documents after them (held out). Each document and prompt starts as `framing` says (by default as the
     tokenizer starts an input); the sliding window puts that BOS before every window instead."""
-    corpus = data.load_corpus(args.corpus, split=args.corpus_split, text_column=args.text_column)
-    bos = FRAMINGS[args.framing]
+    corpus = data.load_corpus(args.data.corpus, split=args.data.split, text_column=args.data.text_column)
+    bos = FRAMINGS[args.data.framing]
     prefix = data.bos_prefix(tokenizer, bos)
     tokenized = data.tokenize(corpus, tokenizer, bos=bos)
     names = corpus["title"] if "title" in corpus.column_names else [f"#{i}" for i in range(len(corpus))]
     docs = list(zip(names, tokenized["input_ids"]))
     out = {"tune": [], "lengths": [], "curve": [], "strided": [], "trials": {},
            "framing": "bos" if prefix else "none", "bos": prefix[0] if prefix else None}
-    if args.grid:
-        length = args.tune_length or max(args.perplexity_lengths)
-        out["tune"], docs = take(docs, length, args.tune_documents, "tune_documents", args.corpus)
-    if args.perplexity_lengths:
-        out["lengths"], _ = take(docs, max(args.perplexity_lengths), args.perplexity_documents,
-                                 "perplexity_documents", args.corpus)
-    if args.curve_length:
-        out["curve"], _ = take(docs, args.curve_length, args.curve_documents, "curve_documents", args.corpus)
-    if args.strided_windows:
+    ev, spec = args.eval, args.data.corpus
+    if ev.grid:
+        length = ev.tune_length or max(ev.perplexity_lengths)
+        out["tune"], docs = take(docs, length, ev.tune_documents, "eval.tune_documents", spec)
+    if ev.perplexity_lengths:
+        out["lengths"], _ = take(docs, max(ev.perplexity_lengths), ev.perplexity_documents,
+                                 "eval.perplexity_documents", spec)
+    if ev.curve_length:
+        out["curve"], _ = take(docs, ev.curve_length, ev.curve_documents, "eval.curve_documents", spec)
+    if ev.strided_windows:
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         stream = [t for _, ids in docs for t in ids[len(prefix):] + eos]
-        out["strided"] = stream[:args.strided_tokens]
-        stride, window = args.strided_stride, min(args.strided_windows)
+        out["strided"] = stream[:ev.strided_tokens]
+        stride, window = ev.strided_stride, min(ev.strided_windows)
         if prefix and stride >= window:
-            raise EvalConfigError(f"strided_stride={stride}: with the BOS before every window, a window of {window} "
-                                  f"holds {window - 1} tokens of text; use a stride of at most {window - 1}")
-    for task, lengths in (("passkey", args.passkey_lengths), ("needle", args.needle_lengths)):
+            raise ConfigError(f"eval.strided_stride={stride}: with the BOS before every window, a window of "
+                              f"{window} holds {window - 1} tokens of text; use a stride of at most {window - 1}")
+    for task, lengths in (("passkey", ev.passkey_lengths), ("needle", ev.needle_lengths)):
         if lengths:  # the needle hides in the corpus text: enough of it for the longest prompt
             haystack = "\n".join(corpus["text"])[:16 * max(lengths)] if task == "needle" else None
             try:
-                out["trials"][task] = hpe.make_trials(task, tokenizer, lengths=lengths, depths=args.depths,
-                                                      trials=args.trials, haystack=haystack, seed=args.seed, bos=bos)
+                out["trials"][task] = hpe.make_trials(task, tokenizer, lengths=lengths, depths=ev.depths,
+                                                      trials=ev.trials, haystack=haystack, seed=ev.seed, bos=bos)
             except ValueError as err:
-                raise EvalConfigError(f"{task}_lengths {lengths}: {err}") from None
+                raise ConfigError(f"eval.{task}_lengths {lengths}: {err}") from None
     return out
 
 
@@ -273,9 +237,9 @@ def take(docs: list, length: int, count: int, field_name: str, corpus: str) -> t
     if len(chosen) < count:
         short = [f"{name} ({len(ids)})" for name, ids in docs if len(ids) < length]
         listed = ", ".join(short[:10]) + (f" and {len(short) - 10} more" if len(short) > 10 else "")
-        raise EvalConfigError(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} "
-                              f"tokens, {len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use "
-                              f"a shorter length, fewer documents, or a corpus with longer ones")
+        raise ConfigError(f"corpus {corpus!r}: {field_name}={count} needs {count} documents of >= {length} "
+                          f"tokens, {len(chosen)} have them; too short (tokens): {listed or 'no documents'}. Use "
+                          f"a shorter length, fewer documents, or a corpus with longer ones")
     return chosen, docs[last + 1:]
 
 
@@ -287,7 +251,7 @@ def describe(model) -> dict:
         return {"model_type": model.config.model_type, "note": str(err)}
 
 
-def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
+def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
     """Every measure of one variant, and the seconds each took ("seconds_by_measure")."""
     res, seconds = {}, {}
 
@@ -297,15 +261,16 @@ def evaluate_variant(model, args: EvalArguments, inputs: dict) -> dict:
         seconds[name] = round(time.perf_counter() - start, 1)
         return value
 
+    ev = args.eval
     if inputs["lengths"]:
         res["lengths"] = timed("lengths", lambda: hpe.perplexity_by_length(model, inputs["lengths"],
-                                                                           args.perplexity_lengths))
+                                                                           ev.perplexity_lengths))
     if inputs["curve"]:
-        res["curve"] = timed("curve", lambda: hpe.perplexity_curve(model, inputs["curve"], length=args.curve_length,
-                                                                   bucket=args.curve_bucket))
-    for window in args.strided_windows:
+        res["curve"] = timed("curve", lambda: hpe.perplexity_curve(model, inputs["curve"], length=ev.curve_length,
+                                                                   bucket=ev.curve_bucket))
+    for window in ev.strided_windows:
         res.setdefault("strided", {})[str(window)] = timed(f"strided {window}", lambda: hpe.strided_perplexity(
-            model, inputs["strided"], window=window, stride=args.strided_stride or window // 2, bos=inputs["bos"]))
+            model, inputs["strided"], window=window, stride=ev.strided_stride or window // 2, bos=inputs["bos"]))
     for task, trials in inputs["trials"].items():
         res[task] = timed(task, lambda: hpe.summarize(trials, hpe.score_trials(model, trials)))
     res["seconds_by_measure"] = seconds
@@ -320,10 +285,10 @@ def shown(label: str, variant: dict) -> str:
     return f"{label} -> {target / 1024:g}k" if target >= 1024 else f"{label} -> {target}"
 
 
-def search_grid(model, args: EvalArguments, inputs: dict, spec: str, target: int) -> dict:
+def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -> dict:
     """Every point of one grid scored on the tuning documents (perplexity at tune_length); the best
     named as the hp.patch call that makes it."""
-    length = args.tune_length or max(args.perplexity_lengths)
+    length = args.eval.tune_length or max(args.eval.perplexity_lengths)
     points = []
     for point in tqdm(hpe.expand_grid(spec), desc=f"grid {spec} @{target}", unit="point"):
         with hpe.patched(model, point, target) as params:
@@ -336,7 +301,7 @@ def search_grid(model, args: EvalArguments, inputs: dict, spec: str, target: int
             "best": best["variant"], "patch": f"hp.patch(model, {call})"}
 
 
-def check_lengths(model, args: EvalArguments, plan: list[tuple[str, str, int]]) -> None:
+def check_lengths(model, args: EvalConfig, plan: list[tuple[str, str, int]]) -> None:
     """Every variant takes the longest input asked of it (a learned table may not): refused before any
     measure runs."""
     longest = max_length(args)
@@ -345,11 +310,11 @@ def check_lengths(model, args: EvalArguments, plan: list[tuple[str, str, int]]) 
             try:
                 hp.check_length(model, longest)
             except hp.SequenceTooLongError as err:
-                raise EvalConfigError(f"variant {label!r} cannot take the {longest} tokens this configuration "
-                                      f"asks for: {err}") from None
+                raise ConfigError(f"variant {label!r} cannot take the {longest} tokens this configuration "
+                                  f"asks for: {err}") from None
 
 
-def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
+def previous_results(path: Path, config: dict, args: EvalConfig) -> dict:
     """What results.json holds of this configuration (to resume from); a file of another configuration
     is only replaced with --overwrite (checked before anything is loaded)."""
     if not path.exists():
@@ -359,15 +324,15 @@ def previous_results(path: Path, config: dict, args: EvalArguments) -> dict:
     except ValueError as err:
         saved = err
     if not isinstance(saved, dict):
-        raise EvalConfigError(f"{path} is not a results file of this recipe ({saved}); remove it or choose "
-                              f"another --output_dir")
+        raise ConfigError(f"{path} is not a results file of this recipe ({saved}); remove it or choose "
+                          f"another --output_dir")
     same = lambda c: {k: v for k, v in c.items() if k not in OUTPUT_ONLY}  # noqa: E731
     if args.resume and same(saved.get("config", {})) == same(config):
         return saved
     if not args.overwrite:
         why = "another configuration" if same(saved.get("config", {})) != same(config) else "results (resume is off)"
-        raise EvalConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another "
-                              f"--output_dir")
+        raise ConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another "
+                          f"--output_dir")
     print(f"{path}: replaced (--overwrite)", file=sys.stderr)
     return {}
 
@@ -378,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
         return run(parse_args(argv))
 
 
-def run(args: EvalArguments) -> dict:
+def run(args: EvalConfig) -> dict:
     ref = check_model_and_paths(args)
     out = Path(args.output_dir)
     results_path = out / "results.json"
@@ -386,14 +351,15 @@ def run(args: EvalArguments) -> dict:
     saved = previous_results(results_path, config, args)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype, why = loading.resolve_dtype(args.dtype, device)
+    dtype, why = loading.resolve_dtype(args.model.dtype, device)
     print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
-    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.attn_implementation)
+    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation)
     model = model.to(device).eval()
     tokenizer = hp.load_tokenizer(ref)
     context = model.config.get_text_config().max_position_embeddings
     inputs = prepare_data(args, tokenizer)
-    grids = [(f"{spec} @{target}", spec, target) for spec in args.grid for target in args.max_position_embeddings]
+    targets = args.eval.max_position_embeddings
+    grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
     check_lengths(model, args, variant_plan(args) + [(label, point, target) for label, spec, target in grids
                                                        for point in hpe.expand_grid(spec)])
 
@@ -415,7 +381,7 @@ def run(args: EvalArguments) -> dict:
             results["grid"][label] = search_grid(model, args, inputs, spec, target)
             save()
         best = results["grid"][label]["best"]
-        plan.append((f"{best} (grid best)" + (f" @{target}" if len(args.max_position_embeddings) > 1 else ""),
+        plan.append((f"{best} (grid best)" + (f" @{target}" if len(targets) > 1 else ""),
                      best, target))
 
     # 2. every variant, every measure
@@ -451,16 +417,16 @@ def _fmt(x: float) -> str:
 def summary(results: dict, context: int) -> str:
     """Markdown tables: perplexity inside and past the original context, sliding window, retrieval."""
     variants, machine = results["variants"], results["machine"]
-    lines = [f"# {results['config']['model']}: positional variants", "",
+    lines = [f"# {results['config']['model']['name']}: positional variants", "",
              f"{machine['date']}, {machine['device']} ({machine['platform']}), torch {machine['torch']}, "
-             f"transformers {machine['transformers']}, {results.get('dtype', {}).get('used', results['config']['dtype'])}; "
+             f"transformers {machine['transformers']}, {results.get('dtype', {}).get('used', results['config']['model']['dtype'])}; "
              f"original context {context}.", "",
              f"Framing: {FRAMING_NOTE[results.get('framing', 'none')]}", ""]
     lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
     if lengths:
         first = next(iter(lengths.values()))
         lines += [f"Perplexity against context length: each of {first['documents']} document(s) truncated to n tokens, "
-                  f"scored in one pass (token-weighted over the documents; corpus {results['config']['corpus']}):", "",
+                  f"scored in one pass (token-weighted over the documents; corpus {results['config']['data']['corpus']}):", "",
                   "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | how |",
                   "|---|" + "---|" * (len(first["lengths"]) + 1)]
         lines += [f"| {shown(label, variants[label])} | " + " | ".join(_fmt(p) for p in r["perplexity"]) + " | "
@@ -477,7 +443,7 @@ def summary(results: dict, context: int) -> str:
     if curves:
         length = next(iter(curves.values()))["length"]
         lines += [f"Perplexity by position ({length} tokens, {next(iter(curves.values()))['documents']} document(s), "
-                  f"corpus {results['config']['corpus']}):", "",
+                  f"corpus {results['config']['data']['corpus']}):", "",
                   "| variant | positions < " + str(context) + " | positions >= " + str(context) + " | last bucket | "
                   "this measure (s) |",
                   "|---|---|---|---|---|"]
@@ -512,7 +478,7 @@ def summary(results: dict, context: int) -> str:
 def figures(results: dict, out: Path, context: int) -> None:
     from hf_posenc.eval import plots
 
-    variants, model = results["variants"], results["config"]["model"]
+    variants, model = results["variants"], results["config"]["model"]["name"]
     lengths = {shown(k, v): v["lengths"] for k, v in variants.items() if "lengths" in v}
     if lengths:
         plots.plot_perplexity_by_length(lengths, out / "perplexity_by_length.png", original_context=context,

@@ -9,8 +9,11 @@
 
 The canonical accelerate loop: config -> checks -> Accelerator -> data under main_process_first ->
 output folder -> model + patch -> prepare -> resume -> train under accumulate -> periodic save_state ->
-final save on the main process. The pieces live in hf_posenc/training.py. A refused config ends as one
-`error: ...` line and exit code 2, before anything is written.
+final save on the main process. The pieces live beside it: its config (finetune_config.py, read by the
+recipes' one config system, config.py), the checks before anything loads (finetune_checks.py), the model
+and what trains (finetune_model.py); and in hf_posenc: the data (train_data.py), the checkpoints and the
+loss log (checkpoints.py), the model card (card.py). A refused config ends as one `error: ...` line and
+exit code 2, before anything is written.
 """
 
 import copy
@@ -30,20 +33,34 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 import hf_posenc as hp
-from hf_posenc import training as T
-from hf_posenc.card import fit_tokenizer
+from hf_posenc import checkpoints as ckpt
+from hf_posenc import data as hdata
+from hf_posenc import train_data
+from hf_posenc.card import fit_tokenizer, write_model_card
+from hf_posenc.eval.similarity import embedding_cosine, held_out_passages
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch
+from hf_posenc.recipes.config import one_line
+from hf_posenc.recipes.finetune_checks import Plan, check_config, prepare_output_dir
+from hf_posenc.recipes.finetune_config import Config, parse_config
+from hf_posenc.recipes.finetune_model import (
+    apply_lora,
+    disable_dropout,
+    load_model,
+    load_tokenizer,
+    mixed_precision,
+    select_trainable,
+)
 
 
 def main(argv=None):
     # 1. Config, and every check that can fail, before anything is loaded or written.
-    cfg = T.parse_config(argv)
-    plan = T.check_config(cfg)
+    cfg = parse_config(argv)
+    plan = check_config(cfg)
 
     # 2. The Accelerator (process group, device, mixed precision, trackers).
     accelerator = Accelerator(
         cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
-        mixed_precision=T.mixed_precision(cfg.model.dtype),
+        mixed_precision=mixed_precision(cfg.model.dtype),
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=cfg.train.grad_accum,
                                                                 sync_with_dataloader=False),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
@@ -53,32 +70,33 @@ def main(argv=None):
 
     # 3. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader. Before
     #    the output folder is written and the weights load: a corpus of nothing is refused here.
-    tokenizer = T.load_tokenizer(cfg)
+    tokenizer = load_tokenizer(cfg)
     with accelerator.main_process_first():
-        dataset = T.prepare_data(cfg.data, tokenizer, plan)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else T.boundary_ids(tokenizer, False)[0]
+        dataset = train_data.prepare_data(cfg.data, tokenizer, plan)
+    pad_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+              else train_data.boundary_ids(tokenizer, False)[0])
     dataloader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=cfg.data.shuffle,
-                                             collate_fn=T.collate(pad_id))
+                                             collate_fn=train_data.collate(pad_id))
     if accelerator.is_main_process:
-        T.prepare_output_dir(cfg)
+        prepare_output_dir(cfg)
         with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
             json.dump(cfg.to_dict(), f, indent=2)
     accelerator.wait_for_everyone()
 
     # 4. Model, the unpatched teacher (distill), the patch, what trains.
-    model = T.load_model(cfg)
+    model = load_model(cfg)
     teacher = None
     if cfg.train.objective == "distill":
         teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
-        T.disable_dropout(model)
+        disable_dropout(model)
     if cfg.posenc:
         hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    T.select_trainable(model, cfg.train.trainable)
+    select_trainable(model, cfg.train.trainable)
     if cfg.train.lora:
-        model = T.apply_lora(model, cfg.train.lora, cfg.train.trainable)
-    n_train, n_total = T.select_trainable(model, "all")
+        model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
+    n_train, n_total = select_trainable(model, "all")
     accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
                       f"trainable parameters: {n_train:,} of {n_total:,}")
     # The objective inside the module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)
@@ -91,7 +109,7 @@ def main(argv=None):
                              temperature=cfg.train.temperature)
 
     # 5. Evaluation before training (optional).
-    before = T.evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
+    before = evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
 
     # 6. Optimizer (YaRN's AdamW defaults in the example configs), scheduler, prepare.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
@@ -110,7 +128,7 @@ def main(argv=None):
     start_step = 0
     if cfg.resume:
         start_step = resume(accelerator, cfg.output_dir)
-    log = T.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
+    log = ckpt.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
 
     def micro_batches(consumed):
         epoch, skip = divmod(consumed, len(dataloader))
@@ -129,7 +147,7 @@ def main(argv=None):
         started, losses, tokens = time.perf_counter(), [], 0
         for micro in range(cfg.train.grad_accum):
             batch = next(batches)
-            torch.manual_seed(T.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
+            torch.manual_seed(ckpt.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
             with accelerator.accumulate(objective):
                 loss = objective(batch["input_ids"], batch["attention_mask"], teacher=teacher)
                 accelerator.backward(loss)
@@ -145,9 +163,9 @@ def main(argv=None):
         step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
         tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
         record = {"step": step, "loss": step_loss, "tokens": tokens, "lr": scheduler.get_last_lr()[0],
-                  "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": T.peak_memory_mb()}
+                  "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": ckpt.peak_memory_mb()}
         if cfg.eval.every and step % cfg.eval.every == 0 and accelerator.is_main_process:
-            record.update(T.evaluate(model, tokenizer, cfg, plan, teacher))
+            record.update(evaluate(model, tokenizer, cfg, plan, teacher))
         log.write(record)
         if cfg.train.report_to:
             accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
@@ -157,14 +175,14 @@ def main(argv=None):
 
         # 9. Periodic checkpoint (the full state: model, optimizer, scheduler, RNGs, sampler).
         if step % cfg.train.save_every == 0 or step == cfg.train.steps:
-            folder = T.checkpoint_dir(cfg.output_dir, step)
+            folder = ckpt.checkpoint_dir(cfg.output_dir, step)
             if accelerator.is_main_process and folder.exists():
-                T.begin_checkpoint(folder)
+                ckpt.begin_checkpoint(folder)
             accelerator.save_state(str(folder))
             accelerator.wait_for_everyone()   # every process' RNG file is written before the manifest
             if accelerator.is_main_process:
-                T.mark_done(folder)
-                T.prune_checkpoints(cfg.output_dir, cfg.train.keep_checkpoints)
+                ckpt.mark_done(folder)
+                ckpt.prune_checkpoints(cfg.output_dir, cfg.train.keep_checkpoints)
         if cfg.train.stop_after_steps and step >= cfg.train.stop_after_steps and step < cfg.train.steps:
             bar.close()
             accelerator.print(f"stopped after step {step} (train.stop_after_steps); continue with --resume")
@@ -184,28 +202,62 @@ def main(argv=None):
         final.save_pretrained(cfg.output_dir, state_dict=state_dict)
         fit_tokenizer(tokenizer, final)   # model_max_length: the patched context, which tools truncate to
         tokenizer.save_pretrained(cfg.output_dir)
-        after = T.evaluate(final, tokenizer, cfg, plan, teacher)
+        after = evaluate(final, tokenizer, cfg, plan, teacher)
         for name, figures in (("eval_before.json", before), ("eval_after.json", after)):
             if figures:
                 open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
         describe = hp.describe(final) if cfg.posenc else {}
-        tokens_seen = sum(r["tokens"] for r in T.read_log(cfg.output_dir))
-        T.write_model_card(cfg.output_dir, cfg, plan, describe, cfg.train.steps, tokens_seen, before, after)
+        tokens_seen = sum(r["tokens"] for r in ckpt.read_log(cfg.output_dir))
+        write_model_card(cfg.output_dir, cfg, plan, describe, cfg.train.steps, tokens_seen, before, after)
         accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
     accelerator.end_training()
     return final
 
 
+@torch.no_grad()
+def evaluate(model, tokenizer, cfg: Config, plan: Plan, teacher=None) -> dict:
+    """Causal LMs: perplexity of the held-out documents at each of eval.lengths (`hf_posenc.eval`).
+    Encoders: mean cosine of mean-pooled embeddings to the unpatched model on held-out passages
+    (cosine@length) and on the short probe sentences of hf_posenc.assets (cosine_probe)."""
+    if not cfg.eval.lengths:
+        return {}
+    was_training = model.training
+    model.eval()
+    docs = train_data.load_documents(cfg.data, cfg.eval.corpus)
+    results = {}
+    try:
+        if plan.causal:
+            from hf_posenc import eval as hpe
+
+            ids = hdata.tokenize(docs, tokenizer)["input_ids"]
+            for length in cfg.eval.lengths:
+                chosen = [d[:length] for d in ids if len(d) >= length][:cfg.eval.documents]
+                if chosen:
+                    results[f"perplexity@{length}"] = hpe.document_perplexity(
+                        model, chosen, max_length=length, progress=False)["perplexity"]
+        elif teacher is not None:
+            from hf_posenc.assets import PROBE_SENTENCES
+
+            passages = held_out_passages(docs["text"], cfg.eval.documents * 8)
+            for length in cfg.eval.lengths:
+                results[f"cosine@{length}"] = embedding_cosine(model, teacher, tokenizer, passages, length)
+            results["cosine_probe"] = embedding_cosine(model, teacher, tokenizer, list(PROBE_SENTENCES),
+                                                       max(cfg.eval.lengths))
+    finally:
+        model.train(was_training)
+    return results
+
+
 def resume(accelerator, output_dir) -> int:
     """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning)."""
-    for path in reversed(T.complete_checkpoints(output_dir)):
+    for path in reversed(ckpt.complete_checkpoints(output_dir)):
         step = int(path.name.split("_")[1])
-        problem = T.checkpoint_problem(path)
+        problem = ckpt.checkpoint_problem(path)
         if problem is None:
             try:
                 accelerator.load_state(str(path))
             except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
-                problem = f"{path} cannot be loaded ({type(err).__name__}: {T.one_line(err)[:300]})"
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {one_line(err)[:300]})"
         if problem is None:
             accelerator.print(f"resumed from {path} (step {step})")
             return step
@@ -216,13 +268,17 @@ def resume(accelerator, output_dir) -> int:
     return 0
 
 
+class TrainingDiverged(hp.PosEncError, ValueError):
+    """The loss became NaN or inf: the run stops, its last checkpoint is kept."""
+
+
 def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
     """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
     bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
     if accelerator.reduce(bad, reduction="sum").item():
         bar.close()   # its line ends before the error's
-        saved = T.latest_checkpoint(cfg.output_dir)[0]
-        raise T.TrainingDiverged(
+        saved = ckpt.latest_checkpoint(cfg.output_dir)[0]
+        raise TrainingDiverged(
             f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
             f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
             + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))
@@ -236,7 +292,7 @@ def cli(argv=None) -> int:
     try:
         main(argv)
     except REFUSALS as err:
-        print(f"error: {T.one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,0 +1,241 @@
+"""The fine-tune recipe's checks before anything loads or is written: the paths (an output never is, holds
+or lies inside an input), the corpora, the scheduler and, on the model's skeleton (meta device, no
+weights), the attention implementation, the patch, the trainable parameters and the evaluation lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .. import data as hdata
+from .. import loading
+from ..errors import ConfigError, PosEncError
+from ..train_data import load_documents
+from .config import one_line
+from .finetune_config import Config, DataArgs, ModelArgs, TrainArgs
+from .finetune_model import GROUPS, _model_ref, choose_attention, select_trainable
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the checks found out, from the config file of the checkpoint only."""
+    original_context: int
+    target_context: int
+    seq_len: int
+    short_len: Optional[int]
+    causal: bool
+
+
+def check_config(cfg: Config) -> Plan:
+    """Everything that can be refused before the model is loaded and before anything is written: the
+    fields, the paths (an output never is, holds or lies inside an input), the corpora, and, on the
+    model's skeleton (meta device, no weights), the attention implementation, the patch, the trainable
+    parameters and the evaluation lengths."""
+    if cfg.train.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError("train.lora needs the peft package, which is not installed: pip install peft "
+                          "(or remove train.lora to train the model's own weights)")
+    check_schedule(cfg.train)
+    ref = _model_ref(cfg.model)
+    check_output_dir(cfg, ref)
+    for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
+        if spec:
+            check_corpus(field, spec, cfg.data)
+    try:
+        model = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"cannot read the model config of {ref!r}: {one_line(err)}") from None
+    folder = Path(ref)
+    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
+    if folder.is_dir() and not cfg.model.gguf_file and not weights:
+        raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
+    config = model.config
+    archs = getattr(config, "architectures", None) or []
+    causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if cfg.train.objective == "lm" and not causal:
+        raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
+                          f"use train.objective=distill for encoders")
+    original = int(config.get_text_config().max_position_embeddings)
+    check_attention(cfg.model, model)
+    target, model, exact = check_posenc(cfg, ref, model, original) if cfg.posenc else (original, model, True)
+    seq_len = cfg.data.seq_len or target
+    if seq_len > target:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the patched context ({target} positions"
+                          f"{'' if cfg.posenc else ', no posenc patch'}); raise posenc.max_position_embeddings "
+                          f"or lower data.seq_len")
+    if cfg.train.objective == "distill" and seq_len > original:
+        raise ConfigError(f"train.objective=distill matches the unpatched model at its original context, so "
+                          f"data.seq_len={seq_len} must be <= {original}")
+    short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
+    if short_len is not None and not 2 <= short_len < seq_len:
+        raise ConfigError(f"data.short_len={short_len} must be in 2..{seq_len - 1} (below data.seq_len)")
+    check_trainable(cfg.train, model, ref)
+    if exact:
+        from ..families.learned_tables import check_length
+
+        for length in cfg.eval.lengths:
+            try:
+                check_length(model, length)
+            except PosEncError as err:
+                raise ConfigError(f"eval.lengths: {err}") from None
+    return Plan(original, target, seq_len, short_len, causal)
+
+
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count
+
+
+def check_schedule(train: TrainArgs) -> None:
+    """The scheduler is one transformers builds from (warmup, steps) alone, and the warmup fits the run."""
+    from transformers import get_scheduler
+    from transformers.trainer_utils import SchedulerType
+
+    names = [s.value for s in SchedulerType if s.value not in METRIC_SCHEDULERS]
+    if train.scheduler not in names:
+        raise ConfigError(f"train.scheduler={train.scheduler!r} is not one of {', '.join(names)}")
+    if train.warmup_steps > train.steps and train.scheduler != "constant":
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps} is more than train.steps={train.steps}: the "
+                          f"learning rate would never reach train.lr; lower train.warmup_steps")
+    probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=train.lr)
+    try:
+        get_scheduler(train.scheduler, probe, num_warmup_steps=train.warmup_steps, num_training_steps=train.steps)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"train.scheduler={train.scheduler!r} needs arguments the recipe does not pass "
+                          f"({one_line(err)}); choose one of linear, cosine, constant_with_warmup, ...") from None
+
+
+def _inputs(cfg: Config, ref: str) -> list[tuple[str, str]]:
+    """The local paths the run reads: the model (its folder, or the folder of its .gguf file) and the corpora."""
+    try:
+        name, extra = loading.resolve(ref, cfg.model.gguf_file)
+    except OSError as err:
+        raise ConfigError(f"cannot read the model config of {ref!r}: {err}") from None
+    found = [("model folder" if not extra else "folder of the model's .gguf file", name)]
+    for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
+        if spec:
+            found += [(field, spec)] if Path(spec).exists() else [(field, f) for f in hdata._local_files(spec)]
+    return [(what, path) for what, path in found if Path(path).exists()]
+
+
+def check_output_dir(cfg: Config, ref: str) -> None:
+    """output_dir is a folder (or nothing yet), never an input, an input's folder or inside one (resolved,
+    symlinks followed), and not a previous run's unless --resume or --overwrite_output_dir says so."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {cfg.output_dir!r} is a file; give a folder")
+    where = out.expanduser().resolve()
+    for what, path in _inputs(cfg, ref):
+        source = Path(path).expanduser().resolve()
+        relation = ("is" if where == source else "lies inside" if source in where.parents
+                    else "contains" if where in source.parents else None)
+        if relation:
+            raise ConfigError(f"output_dir {cfg.output_dir!r} {relation} the {what} {path!r}, which the run "
+                              f"reads; an output must not overwrite its input: choose another --output_dir")
+    if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
+        raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
+                          f"--overwrite_output_dir to replace it, or choose another --output_dir")
+
+
+def check_corpus(field: str, spec: str, args: DataArgs) -> None:
+    """Built-in and local corpora are read (and must hold some text); a hub dataset must answer."""
+    name, _, subset = spec.partition(":")
+    files = [] if name in hdata.BUILTIN else hdata._local_files(spec)
+    if name in hdata.BUILTIN or files:
+        try:
+            docs = load_documents(args, spec)
+        except Exception as err:   # a malformed file, an unknown play, ...: the loader's own words, one line
+            cause = err.__cause__ or err.__context__
+            why = f"{type(err).__name__}: {one_line(err)}" + (f" ({type(cause).__name__}: {one_line(cause)})"
+                                                               if cause is not None else "")
+            raise ConfigError(f"{field}={spec!r} cannot be read: {why[:400]}") from None
+        if not any(row["text"] and row["text"].strip() for row in docs):   # stops at the first text
+            raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
+                              f"to train or evaluate on")
+    elif Path(spec).is_dir() or hdata._looks_like_path(spec):
+        raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(hdata.FILE_LOADERS))} "
+                          f"files: a path, a folder or a glob)")
+    else:
+        import datasets
+
+        try:
+            datasets.load_dataset_builder(name, subset or None)
+        except Exception as err:   # offline, unknown name, gated, ...
+            raise ConfigError(f"{field}={spec!r}: the hub dataset {name!r} cannot be reached "
+                              f"({type(err).__name__}: {one_line(err)}); use the built-in shakespeare or kjv, "
+                              f"local .txt/.jsonl/.parquet files, or a reachable hub dataset") from None
+
+
+def check_attention(args: ModelArgs, model) -> None:
+    requested = choose_attention(args.attn_implementation)
+    try:
+        model.set_attn_implementation(requested)
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"model.attn_implementation={args.attn_implementation!r} cannot be used: "
+                          f"{one_line(err)}") from None
+
+
+def check_posenc(cfg: Config, ref: str, model, original: int):
+    """The patch, dry-run on the skeleton: (target context, patched skeleton, True); for a method that needs
+    the weights to run (sinusoidal's fit), its parameters are checked and the skeleton is left unpatched
+    (target, fresh skeleton, False)."""
+    from .. import api
+    from ..registry import get_method
+
+    params = {k: v for k, v in cfg.posenc.items() if k != "method"}
+    try:
+        api.patch(model, cfg.posenc["method"], **params)
+        return int(model.config.get_text_config().max_position_embeddings), model, True
+    except PosEncError as err:
+        raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {one_line(err)}") from None
+    except (NotImplementedError, RuntimeError) as err:
+        if "meta" not in str(err):
+            raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {one_line(err)}") from None
+    except Exception as err:   # the patch's own validation missed it: refuse all the same, in one line
+        raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {type(err).__name__}: {one_line(err)}") from None
+    target = get_method(cfg.posenc["method"]).from_dict(params).resolve(original).max_position_embeddings
+    fresh = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
+    check_attention(cfg.model, fresh)
+    return int(target), fresh, False
+
+
+def _compact(value) -> str:
+    return json.dumps(value, default=str)
+
+
+def check_trainable(train: TrainArgs, model, ref: str) -> None:
+    """Each trainable group or regex names parameters of the (patched) model, something is left to train,
+    and LoRA's target_modules name modules of it."""
+    names = [n for n, _ in model.named_parameters()]
+    if train.trainable != "all":
+        for entry in [train.trainable] if isinstance(train.trainable, str) else train.trainable:
+            try:
+                pattern = re.compile(GROUPS.get(entry, entry), re.IGNORECASE)
+            except re.error as err:
+                raise ConfigError(f"train.trainable entry {entry!r} is not a group ({', '.join(GROUPS)}) nor a "
+                                  f"valid regex ({err})") from None
+            if not any(pattern.search(n) for n in names):
+                raise ConfigError(f"train.trainable entry {entry!r} matches no parameter of {ref!r}; groups: "
+                                  f"{', '.join(GROUPS)}; parameter names look like {names[:3]}")
+        if train.lora is None:
+            select_trainable(model, train.trainable)
+    targets = (train.lora or {}).get("target_modules", "all-linear")
+    if targets != "all-linear":
+        modules = [n for n, _ in model.named_modules()]
+        for target in [targets] if isinstance(targets, str) else targets:
+            hit = (any(re.fullmatch(target, n) for n in modules) if isinstance(targets, str)
+                   else any(n == target or n.endswith("." + target) for n in modules))
+            if not hit:
+                raise ConfigError(f"train.lora.target_modules entry {target!r} names no module of {ref!r}; "
+                                  f"module names look like {[n for n in modules if n][:4]}")
+
+
+def prepare_output_dir(cfg: Config) -> None:
+    out = Path(cfg.output_dir)
+    if cfg.overwrite_output_dir and not cfg.resume and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)

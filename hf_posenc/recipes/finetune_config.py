@@ -1,0 +1,229 @@
+"""The fine-tune recipe's config (recipes/finetune.py): its sections as typed dataclasses, each field with
+its default and a one-line doc, each section checking its own values. `parse_config` reads a YAML file and
+`--section.field` flags through the recipes' one config system (hf_posenc/recipes/config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import field
+from typing import Optional, Union
+
+from ..errors import ConfigError
+from . import config as recipe_config
+from .finetune_model import GROUPS
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclasses.dataclass
+class ModelArgs:
+    name: str = field(default="smollm2", metadata={
+        "help": "hub id, folder, .gguf file, or the aliases smollm2 / minilm"})
+    gguf_file: Optional[str] = field(default=None, metadata={
+        "help": "the .gguf file inside a hub repo or folder named by name"})
+    attn_implementation: str = field(default="auto", metadata={
+        "help": "auto: flash_attention_2 when installed on a GPU, else sdpa; or any transformers implementation"})
+    dtype: str = field(default="auto", metadata={
+        "help": "auto: float32 weights, bf16 mixed precision where supported; or bfloat16, float16, float32"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "recompute activations in the backward pass (less memory, more time)"})
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(f"model.dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        _need(bool(self.name.strip()), "model.name must name a hub id, a folder or a .gguf file, got ''")
+
+
+@dataclasses.dataclass
+class DataArgs:
+    corpus: str = field(default="shakespeare", metadata={
+        "help": "a load_corpus spec: shakespeare / kjv, local .txt/.jsonl/.parquet files, a hub dataset NAME[:CONFIG]"})
+    split: str = field(default="train", metadata={"help": "the split of a hub dataset"})
+    text_column: str = field(default="text", metadata={
+        "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
+    streaming: bool = field(default=False, metadata={
+        "help": "hub datasets: stream and keep the first max_documents"})
+    max_documents: Optional[int] = field(default=None, metadata={
+        "help": "use the first N documents only (null: all)"})
+    seq_len: Optional[int] = field(default=None, metadata={
+        "help": "tokens per training sequence (null: the patched context)"})
+    short_share: float = field(default=0.0, metadata={
+        "help": "share of sequences cut to short_len (keeps short-context quality)"})
+    short_len: Optional[int] = field(default=None, metadata={
+        "help": "length of the short sequences (null: the original context)"})
+    bos: Union[bool, str] = field(default="auto", metadata={
+        "help": "BOS before each document: auto (as the tokenizer starts an input), true, false"})
+    shuffle: bool = field(default=True, metadata={"help": "shuffle the packed sequences each epoch"})
+    cache_dir: Optional[str] = field(default=None, metadata={
+        "help": "where packed data is cached (null: $HF_POSENC_CACHE/data)"})
+
+    def __post_init__(self):
+        if self.seq_len is not None and self.seq_len < 2:
+            raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
+        if not 0.0 <= self.short_share < 1.0:
+            raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
+        if not (isinstance(self.bos, bool) or self.bos == "auto"):
+            raise ConfigError(f"data.bos must be auto, true or false, got {self.bos!r}")
+        if self.streaming and not self.max_documents:
+            raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
+        _need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
+                                         "got ''")
+        _need(self.max_documents is None or self.max_documents >= 1,
+              f"data.max_documents must be >= 1 (or null), got {self.max_documents}")
+        _need(self.short_len is None or self.short_len >= 2, f"data.short_len must be >= 2 (or null), got {self.short_len}")
+
+
+@dataclasses.dataclass
+class TrainArgs:
+    objective: str = field(default="lm", metadata={
+        "help": "lm (next-token loss) or distill (match the unpatched model at the original context)"})
+    steps: int = field(default=400, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=1, metadata={"help": "sequences per process per micro-batch"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    lr: float = field(default=2e-5, metadata={"help": "AdamW learning rate"})
+    betas: list = field(default_factory=lambda: [0.9, 0.95], metadata={"help": "AdamW's beta1, beta2"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    scheduler: str = field(default="constant_with_warmup", metadata={
+        "help": "any transformers.get_scheduler name that needs no metric"})
+    warmup_steps: int = field(default=20, metadata={"help": "steps of learning-rate warmup"})
+    max_grad_norm: Optional[float] = field(default=1.0, metadata={
+        "help": "clip the gradient norm to this (null: no clipping)"})
+    trainable: Union[str, list] = field(default="all", metadata={
+        "help": "all, or a list of groups (embeddings, norms, attention, mlp, head) / regexes"})
+    lora: Optional[dict] = field(default=None, metadata={
+        "help": "LoRA adapters {r, alpha, dropout, target_modules} (needs peft); null: none"})
+    temperature: float = field(default=1.0, metadata={"help": "distill, causal LMs: KL at this temperature"})
+    seed: int = field(default=42, metadata={"help": "seed of the data order, the initialisation and dropout"})
+    save_every: int = field(default=100, metadata={"help": "accelerator.save_state every N steps (and at the end)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept (the oldest are removed)"})
+    report_to: Optional[str] = field(default=None, metadata={
+        "help": "accelerate tracker: tensorboard, wandb, all, ... (null: none)"})
+    stop_after_steps: Optional[int] = field(default=None, metadata={
+        "help": "stop (as if killed) after this many steps; for testing resume"})
+    loss_chunk: int = field(default=1024, metadata={
+        "help": "causal LMs: output layer + loss this many positions at a time (0: all at once)"})
+
+    def __post_init__(self):
+        if self.objective not in ("lm", "distill"):
+            raise ConfigError(f"train.objective must be 'lm' or 'distill', got {self.objective!r}")
+        for name in ("steps", "batch_size", "grad_accum", "save_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not (isinstance(self.betas, list) and len(self.betas) == 2 and all(map(_is_number, self.betas))
+                and all(0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"train.betas must be a list of two numbers in [0, 1) (AdamW's beta1, beta2), "
+                              f"got {self.betas!r}")
+        self.betas = [float(b) for b in self.betas]
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
+        for name in ("weight_decay", "eps", "warmup_steps", "seed"):
+            _need(0 <= getattr(self, name) < math.inf, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
+              f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
+        _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        _need(self.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: the full logits at once), got {self.loss_chunk}")
+        _need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
+                                          f"got {self.keep_checkpoints}")
+        _need(self.stop_after_steps is None or self.stop_after_steps >= 1,
+              f"train.stop_after_steps must be >= 1 (or null), got {self.stop_after_steps}")
+        trainable = [self.trainable] if isinstance(self.trainable, str) else self.trainable
+        _need(isinstance(trainable, list) and trainable and all(isinstance(t, str) and t for t in trainable),
+              f"train.trainable must be 'all', a group ({', '.join(GROUPS)}) or a regex, or a list of them; "
+              f"got {self.trainable!r}")
+        if self.report_to is not None:
+            from accelerate.utils import LoggerType
+
+            trackers = [t.value for t in LoggerType]
+            _need(self.report_to in trackers, f"train.report_to={self.report_to!r} is not one of {', '.join(trackers)}"
+                                              f" (or null)")
+        if self.lora is not None:
+            self.lora = check_lora(self.lora)
+
+
+@dataclasses.dataclass
+class EvalArgs:
+    lengths: list = field(default_factory=list, metadata={
+        "help": "perplexity (encoders: embedding cosine) at these lengths, before and after training"})
+    corpus: Optional[str] = field(default=None, metadata={"help": "held-out text (null: data.corpus)"})
+    documents: int = field(default=4, metadata={"help": "documents evaluated at each length"})
+    every: Optional[int] = field(default=None, metadata={
+        "help": "also evaluate every N steps during training (into log.jsonl)"})
+
+    def __post_init__(self):
+        lengths = [self.lengths] if _is_number(self.lengths) else self.lengths   # `lengths: 512` means [512]
+        _need(isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 2
+                                                 for n in lengths),
+              f"eval.lengths must be a list of token counts >= 2 (e.g. [512, 1024]), got {self.lengths!r}")
+        self.lengths = lengths
+        _need(self.documents >= 1, f"eval.documents must be >= 1, got {self.documents}")
+        _need(self.every is None or self.every >= 1, f"eval.every must be >= 1 (or null), got {self.every}")
+        _need(self.corpus is None or bool(self.corpus.strip()), "eval.corpus must name a corpus or be null, got ''")
+
+
+@dataclasses.dataclass
+class Config:
+    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the checkpoint and how it loads"})
+    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the training text and how it is packed"})
+    train: TrainArgs = field(default_factory=TrainArgs, metadata={"help": "objective, optimizer, what trains"})
+    eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "evaluation before and after training"})
+    posenc: Optional[dict] = field(default=None, metadata={
+        "help": "the patch: {method: NAME, max_position_embeddings: N | factor: F, ...} (hf-posenc methods lists "
+                "them); null: none"})
+    output_dir: str = field(default="outputs/finetune", metadata={"help": "where the model, logs and checkpoints go"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "replace an existing output_dir"})
+    resume: bool = field(default=False, metadata={"help": "continue from the latest checkpoint in output_dir"})
+
+    def __post_init__(self):
+        if not self.output_dir.strip():
+            raise ConfigError(f"output_dir must be a folder path, got {self.output_dir!r}")
+        if self.posenc is not None and not (isinstance(self.posenc, dict) and "method" in self.posenc):
+            raise ConfigError(f"posenc must be a mapping with a 'method' (e.g. {{method: yarn, factor: 4}}), "
+                              f"got {self.posenc!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+USAGE = "finetune.py --config FILE.yaml [--section.field VALUE ...] [--resume] [--overwrite_output_dir]"
+ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; accelerate launch for several "
+         "processes).")
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
+    `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/config.py)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:   # not a 400-step SmolLM2 run by surprise
+        raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
+                          "overrides; --help lists every field")
+    return recipe_config.parse(Config, argv, usage=USAGE, about=ABOUT,
+                               shipped=lambda name: name.endswith("_finetune"))
+
+
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+
+def check_lora(lora) -> dict:
+    _need(isinstance(lora, dict), f"train.lora must be a mapping ({', '.join(LORA_KEYS)}), got {lora!r}")
+    unknown = sorted(set(lora) - set(LORA_KEYS))
+    _need(not unknown, f"unknown key(s) {unknown} in train.lora; allowed: {', '.join(LORA_KEYS)}")
+    r, alpha, dropout = lora.get("r", 8), lora.get("alpha", 16), lora.get("dropout", 0.0)
+    _need(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"train.lora.r must be an int >= 1, got {r!r}")
+    _need(isinstance(alpha, int) and not isinstance(alpha, bool) and alpha >= 1,
+          f"train.lora.alpha must be an int >= 1, got {alpha!r}")
+    _need(_is_number(dropout) and 0 <= dropout < 1, f"train.lora.dropout must be in [0, 1), got {dropout!r}")
+    targets = lora.get("target_modules", "all-linear")
+    _need(isinstance(targets, str) and targets or isinstance(targets, list) and targets
+          and all(isinstance(t, str) and t for t in targets),
+          f"train.lora.target_modules must be 'all-linear', a regex or a list of module names, got {targets!r}")
+    return lora
