@@ -76,8 +76,8 @@ def method_label(method: str | MethodConfig) -> str:
 
 @contextlib.contextmanager
 def patched(model: torch.nn.Module, method: str | MethodConfig | None, params: dict, what: str) -> Iterator[None]:
-    """`model` patched with `method` inside the block and exactly as it was after it (nothing when
-    `method` is None). A model that already carries a patch is refused with a message for plots."""
+    """`hp.patched` for the plots: nothing when `method` is None, and a model that already carries a patch
+    is refused with a message that names the plot."""
     if method is None:
         yield
         return
@@ -88,11 +88,5 @@ def patched(model: torch.nn.Module, method: str | MethodConfig | None, params: d
             f"patched (method {record.get('method')!r}); pass an unpatched model, or draw this one as it is "
             f"(no method)"
         )
-    if isinstance(method, MethodConfig):
-        api.patch(model, method)
-    else:
-        api.patch(model, method, **params)
-    try:
+    with api.patched(model, method, **({} if isinstance(method, MethodConfig) else params)):
         yield
-    finally:
-        api.unpatch(model)
