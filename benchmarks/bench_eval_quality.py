@@ -25,18 +25,13 @@ tables to stdout, the figure to --plot.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import platform
 import time
 from pathlib import Path
 
-import torch
-import transformers
+import common
 
-import hf_posenc as hp
 from hf_posenc import assets
 from hf_posenc import eval as hpe
 from hf_posenc.eval import report
@@ -66,9 +61,7 @@ def main() -> None:
     parser.add_argument("--plot", default="docs/eval_smollm2_quality.png")
     args = parser.parse_args()
 
-    ref = assets.smollm2_gguf()
-    model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
-    tokenizer = hp.load_tokenizer(ref)
+    model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
     lengths = sorted(args.lengths)
@@ -88,9 +81,7 @@ def main() -> None:
         saved = json.loads(out.read_text())
         if saved["settings"] == settings:
             results = saved
-    results["machine"] = (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-                          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-                          f"transformers {transformers.__version__}, SmolLM2-135M {args.dtype} sdpa")
+    results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
     out.parent.mkdir(parents=True, exist_ok=True)
     save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
     print(results["machine"], f"; target {target} (context {context})", flush=True)
@@ -101,12 +92,10 @@ def main() -> None:
             for play, ids in docs.items():
                 if play in results["perplexity"].get(method, {}):
                     continue
-                start, cpu = time.perf_counter(), time.process_time()
-                ppl, how = perplexities(model, ids, lengths)
-                results["perplexity"].setdefault(method, {})[play] = {
-                    "ppl": ppl, "how": how, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+                (ppl, how), wall, cpu = common.timed(lambda: perplexities(model, ids, lengths))
+                results["perplexity"].setdefault(method, {})[play] = {"ppl": ppl, "how": how, "seconds": wall, "cpu": cpu}
                 save()
-                print(f"{method} {play} ({how}, {time.perf_counter() - start:.0f} s): "
+                print(f"{method} {play} ({how}, {wall:.0f} s): "
                       + ", ".join(f"{n} {p:.2f}" for n, p in ppl.items()), flush=True)
             if trials and method not in results["passkey"]:
                 start = time.perf_counter()

@@ -13,49 +13,46 @@ from hf_posenc import assets
 from hf_posenc import eval as hpe
 
 
-def snapshot(model) -> tuple:
-    """What an exact restore must give back: the config, the module tree and every tensor."""
+def snapshot(model, ids: torch.Tensor) -> tuple:
+    """What an exact restore must give back: the config, the module tree, every tensor and the logits."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return model.config.to_dict(), [(n, type(m)) for n, m in model.named_modules()], state
+    with torch.no_grad():
+        logits = model(ids).logits
+    return model.config.to_dict(), [(n, type(m)) for n, m in model.named_modules()], state, logits
 
 
-def assert_restored(model, before: tuple, ids: torch.Tensor, logits: torch.Tensor) -> None:
-    config, modules, state = snapshot(model)
+def assert_restored(model, before: tuple, ids: torch.Tensor) -> None:
+    config, modules, state, logits = snapshot(model, ids)
     assert (config, modules) == before[:2]
     assert state.keys() == before[2].keys() and all(torch.equal(state[k], before[2][k]) for k in state)
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, logits)
+    assert torch.equal(logits, before[3])
 
 
 def test_patched_is_the_patch_inside_the_block_and_the_original_after():
     model, reference = tiny_model(), tiny_model()
     ids = token_ids(96)  # past the 64-token context
-    with torch.no_grad():
-        original = model(ids).logits
-    before = snapshot(model)
+    before = snapshot(model, ids)
     hp.patch(reference, "yarn", max_position_embeddings=256)
     with hp.patched(model, "yarn", max_position_embeddings=256) as inside, torch.no_grad():
         assert inside is model
         assert hp.describe(model) == hp.describe(reference)
         patched_logits = model(ids).logits
         assert torch.equal(patched_logits, reference(ids).logits)
-    assert not torch.allclose(patched_logits, original)  # the block did run a different model
+    assert not torch.allclose(patched_logits, before[3])  # the block did run a different model
     assert hp.describe(model)["method"] is None
-    assert_restored(model, before, ids, original)
+    assert_restored(model, before, ids)
 
 
 def test_patched_restores_the_model_when_the_block_raises():
     model = tiny_model()
     ids = token_ids(16)
-    with torch.no_grad():
-        original = model(ids).logits
-    before = snapshot(model)
+    before = snapshot(model, ids)
     with pytest.raises(RuntimeError, match="inside the block"):
         with hp.patched(model, hp.configs.YarnConfig(factor=4)):
             assert hp.describe(model)["method"] == "yarn"
             raise RuntimeError("inside the block")
     assert hp.describe(model)["method"] is None
-    assert_restored(model, before, ids, original)
+    assert_restored(model, before, ids)
 
 
 def test_patched_refuses_as_patch_does_and_leaves_the_model_alone():
@@ -76,13 +73,11 @@ def test_patched_stacks_where_patch_does_and_peels_only_its_own_patch():
     model = tiny("gpt2")
     ids = token_ids(20, vocab=97) + 3
     hp.patch(model, "rope", theta=100.0)  # learned -> rope: RoPE methods stack on it
-    with torch.no_grad():
-        swapped = model(ids).logits
-    before = snapshot(model)
+    before = snapshot(model, ids)
     with hp.patched(model, "yarn", factor=2):
         assert hp.describe(model)["method"] == "yarn"
     assert hp.describe(model)["method"] == "rope"
-    assert_restored(model, before, ids, swapped)
+    assert_restored(model, before, ids)
     hp.unpatch(model)
     assert hp.describe(model)["method"] is None
 
@@ -90,16 +85,14 @@ def test_patched_stacks_where_patch_does_and_peels_only_its_own_patch():
 def test_after_the_block_the_model_is_as_before_whatever_the_block_patched():
     model = tiny_model()
     ids = token_ids(16)
-    with torch.no_grad():
-        original = model(ids).logits
-    before = snapshot(model)
+    before = snapshot(model, ids)
     with hp.patched(model, "ntk", factor=2):
         hp.unpatch(model)
         hp.patch(model, "linear", factor=2)
-    assert_restored(model, before, ids, original)
+    assert_restored(model, before, ids)
     with hp.patched(model, "ntk", factor=2):
         hp.unpatch(model)  # nothing left to undo: no error at the end of the block
-    assert_restored(model, before, ids, original)
+    assert_restored(model, before, ids)
 
 
 def test_the_variant_helper_is_patched_with_the_variant_parameters():
