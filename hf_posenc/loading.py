@@ -21,12 +21,11 @@ def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool
     if not isinstance(ref, (str, os.PathLike)):
         raise ParameterTypeError(f"a model is a hub id, a local folder, a .gguf file or smollm2 / minilm (a str or a "
                                  f"path), got {ref!r}")
-    ref = str(ref)
-    if not ref.strip():
+    if not str(ref).strip():
         raise ModelNotFoundError("the model reference is empty; give a hub id, a local folder, a .gguf file or "
                                  "smollm2 / minilm")
-    try:
-        ref = assets.resolve_alias(ref)
+    try:  # a name, not a Path object, may be an embedded model's
+        ref = assets.resolve_alias(ref) if isinstance(ref, str) else str(ref)
     except FileNotFoundError as err:  # the alias's asset package is not installed: say how to install it
         raise ModelNotFoundError(f"{ref!r} names an embedded model, but {err}") from None
     if gguf_file is None and ref.endswith(".gguf"):
