@@ -25,14 +25,12 @@ tables to stdout, the figure to --plot.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 
 import common
 
-from hf_posenc import assets
 from hf_posenc import eval as hpe
 from hf_posenc.eval import report
 
@@ -65,25 +63,13 @@ def main() -> None:
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
     lengths = sorted(args.lengths)
-    docs = {}
-    for play in args.plays:
-        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
-        if len(ids) < lengths[-1]:
-            raise SystemExit(f"{play} has {len(ids)} tokens, fewer than {lengths[-1]}")
-        docs[play] = ids[:lengths[-1]]
+    docs = common.plays(tokenizer, args.plays, lengths[-1])
     trials = hpe.make_trials("passkey", tokenizer, lengths=args.passkey_lengths, depths=args.depths,
                              trials=args.trials, seed=0) if args.passkey_lengths else []
 
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "plot")} | {"target": target}
-    out = Path(args.out)
-    results = {"settings": settings, "perplexity": {}, "passkey": {}}
-    if out.exists():
-        saved = json.loads(out.read_text())
-        if saved["settings"] == settings:
-            results = saved
+    results, save = common.results_file(args.out, settings, ["perplexity", "passkey"])
     results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
     print(results["machine"], f"; target {target} (context {context})", flush=True)
 
     for method in args.methods:

@@ -31,13 +31,11 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import common
 import torch
 
 import hf_posenc as hp
-from hf_posenc import assets
 from hf_posenc import eval as hpe
 
 METHODS = ["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"]
@@ -98,21 +96,11 @@ def main() -> None:
     model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     lengths, targets = sorted(args.lengths), sorted(args.targets)
-    docs = {}
-    for play in args.plays:
-        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
-        if len(ids) < lengths[-1]:
-            raise SystemExit(f"error: {play} has {len(ids)} tokens, fewer than {lengths[-1]}")
-        docs[play] = ids[:lengths[-1]]
+    docs = common.plays(tokenizer, args.plays, lengths[-1])
 
     settings = {k: v for k, v in vars(args).items() if k != "out" and not k.startswith("child")}
-    out = Path(args.out)
-    results = {"settings": settings, "perplexity": {}, "passkey": {}, "timing": {}, "memory": {}}
-    if out.exists() and json.loads(out.read_text()).get("settings") == settings:
-        results = json.loads(out.read_text())
+    results, save = common.results_file(args.out, settings, ["perplexity", "passkey", "timing", "memory"])
     results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
     print(results["machine"], f"; context {context}, targets {targets}", flush=True)
 
     for method in args.methods:  # 1. perplexity

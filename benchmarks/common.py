@@ -14,11 +14,13 @@ busy cores it is the steadier measure; wall-clock time is recorded beside it."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -65,6 +67,31 @@ def text(tokenizer, n: int, play: str = "hamlet") -> tuple[list[int], str]:
         if len(ids) >= n:
             return ids[:n], " + ".join(names)
     raise SystemExit(f"all of Shakespeare is {len(ids)} tokens, fewer than {n}")
+
+
+def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
+    """{play: its first n tokens}, each play on its own (no special tokens); a play shorter than n is refused."""
+    docs = {}
+    for play in names:
+        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
+        if len(ids) < n:
+            raise SystemExit(f"error: {play} has {len(ids)} tokens, fewer than {n}")
+        docs[play] = ids[:n]
+    return docs
+
+
+def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:
+    """(results, save) for a benchmark that resumes: the results at `path` when they were taken with the same
+    `settings`, else {"settings": settings, section: {} for each section}; save() rewrites the file (after
+    every step, so a rerun goes on where this one stopped)."""
+    path = Path(path)
+    results = {"settings": settings, **{section: {} for section in sections}}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            results = saved
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return results, lambda: path.write_text(json.dumps(results, indent=1))
 
 
 class Timing(NamedTuple):
