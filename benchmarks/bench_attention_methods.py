@@ -17,22 +17,19 @@ process's work, the steadier figure on shared cores). Then the peak memory of on
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import json
 import os
-import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+import common
 import torch
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import assets
 
 MODELS = {"smollm2": ("none", "alibi", "relative_bias", "xpos"), "gpt2": ("none", "alibi", "relative_bias", "rope")}
 TARGET = 1.15
@@ -40,16 +37,15 @@ TARGET = 1.15
 
 def build(name: str, tokens: int):
     if name == "smollm2":
-        return hp.load_model(assets.smollm2_gguf(), dtype=torch.float32, attn_implementation="sdpa").eval()
+        return common.smollm2("float32")[0]
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_positions=max(1024, tokens))  # GPT-2 small's shape
     return transformers.GPT2LMHeadModel(config).eval()
 
 
 def token_ids(tokens: int) -> torch.Tensor:
-    tokenizer = hp.load_tokenizer(assets.smollm2_gguf())
-    ids = tokenizer(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids[:, :tokens]
-    return ids % 50257  # valid for both vocabularies
+    ids, _ = common.text(hp.load_tokenizer("smollm2"), tokens)
+    return torch.tensor([ids]) % 50257  # valid for both vocabularies
 
 
 def forward(model, ids) -> None:
@@ -57,39 +53,30 @@ def forward(model, ids) -> None:
         model(ids, use_cache=False)
 
 
-def timed(model, method: str, ids) -> tuple[float, float]:
-    if method != "none":
-        hp.patch(model, method)
-    try:
-        wall, cpu = time.perf_counter(), time.process_time()
-        forward(model, ids)
-        return time.perf_counter() - wall, time.process_time() - cpu
-    finally:
-        if method != "none":
-            hp.unpatch(model)
+def timed_forward(model, method: str, ids) -> common.Timing:
+    """One forward of `model` patched with `method` (the patch itself not timed)."""
+    with contextlib.nullcontext() if method == "none" else hp.patched(model, method):
+        return common.timed(lambda: forward(model, ids))
 
 
 def speed(name: str, tokens: int, repeats: int) -> None:
     model, ids = build(name, tokens), token_ids(tokens)
     methods = MODELS[name]
     for method in methods:  # warm-up
-        timed(model, method, ids)
+        timed_forward(model, method, ids)
     runs = {m: [] for m in methods}
     for r in range(repeats):
-        order = methods[r % len(methods):] + methods[: r % len(methods)]
-        for method in order:
-            runs[method].append(timed(model, method, ids))
-        print(f"  pass {r + 1}/{repeats}: " + ", ".join(f"{m} {runs[m][-1][0]:.2f}s" for m in methods), flush=True)
-    base_wall = statistics.median(w for w, _ in runs["none"])
-    base_cpu = statistics.median(c for _, c in runs["none"])
+        for method in common.rotated(methods, r):
+            runs[method].append(timed_forward(model, method, ids))
+        print(f"  pass {r + 1}/{repeats}: " + ", ".join(f"{m} {runs[m][-1].wall:.2f}s" for m in methods), flush=True)
+    base_wall, base_cpu = common.median(runs["none"]), common.median(runs["none"], "cpu")
     print(f"\n{name}, {tokens} tokens, batch 1, float32, sdpa, {repeats} passes each")
     print("| method | median wall (s) | median CPU (s) | wall ratio | CPU ratio | per-pass CPU ratios |")
     print("|---|---|---|---|---|---|")
     for method in methods:
-        wall = statistics.median(w for w, _ in runs[method])
-        cpu = statistics.median(c for _, c in runs[method])
+        wall, cpu = common.median(runs[method]), common.median(runs[method], "cpu")
         # ratio of each pass to the unpatched pass of the same round
-        pairs = [f"{c / b:.2f}" for (_, c), (_, b) in zip(runs[method], runs["none"])]
+        pairs = [f"{t.cpu / b.cpu:.2f}" for t, b in zip(runs[method], runs["none"])]
         print(f"| {method} | {wall:.2f} | {cpu:.2f} | {wall / base_wall:.3f} | {cpu / base_cpu:.3f} | "
               f"{' '.join(pairs)} |")
 
@@ -100,9 +87,7 @@ def memory_child(name: str, method: str, tokens: int, out: str) -> None:
         hp.patch(model, method)
     forward(model, ids[:, :16])
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    forward(model, ids)
-    seconds = time.perf_counter() - start
+    seconds = common.timed(lambda: forward(model, ids)).wall
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     json.dump({"seconds": seconds, "peak_above_mb": (peak - base) / 1024, "loaded_mb": base / 1024}, open(out, "w"))
 
@@ -132,9 +117,7 @@ def main() -> None:
     if args.child:
         name, method, tokens, out = args.child
         return memory_child(name, method, int(tokens), out)
-    print(f"{datetime.date.today()}, {platform.machine()}, cpu_count={os.cpu_count()}, torch threads="
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}; target ratio <= {TARGET}")
+    print(f"{common.machine()}; target ratio <= {TARGET}")
     for name in args.models:
         speed(name, args.tokens, args.repeats)
     for name in args.models:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
-import platform
 import statistics
-import time
 
+import common
 import torch
 
 import hf_posenc as hp
-from hf_posenc import assets
 
 
 def main() -> None:
@@ -35,14 +32,10 @@ def main() -> None:
     parser.add_argument("--original", type=int, default=1024,
                         help="pretend context (the rescaling starts past it, so a short cache is rescaled)")
     args = parser.parse_args()
-    ref = assets.smollm2_gguf()
-    model = hp.load_model(ref, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model, tokenizer = common.smollm2("float32")
     model.config.max_position_embeddings = args.original  # so that --cache tokens are past the "context"
-    tokens = hp.load_tokenizer(ref)(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids
-    tokens = tokens[:, :args.cache + args.steps]
-    out = {"machine": f"{datetime.date.today()}, {platform.machine()}, cpu capability "
-                      f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads",
-           "settings": vars(args)}
+    tokens = torch.tensor([common.text(tokenizer, args.cache + args.steps)[0]])
+    out = {"machine": common.machine(), "settings": vars(args)}
     models = {"default": model, "exact": copy.deepcopy(model)}
     caches, cpu, gaps = {}, {name: [] for name in models}, {name: [] for name in models}
     with torch.inference_mode():
@@ -51,9 +44,10 @@ def main() -> None:
             caches[name] = m(tokens[:, :args.cache], use_cache=True).past_key_values
         for i, n in enumerate(range(args.cache + 1, args.cache + args.steps + 1)):
             for name in sorted(models, reverse=i % 2 == 1):  # alternate the order: shared cores drift
-                start = time.process_time()  # this process's CPU time: steadier than wall time on shared cores
-                step = models[name](tokens[:, n - 1:n], past_key_values=caches[name]).logits[:, -1]
-                cpu[name].append(time.process_time() - start)
+                # this process's CPU time: steadier than wall time on shared cores
+                step, _, seconds = common.timed(
+                    lambda: models[name](tokens[:, n - 1:n], past_key_values=caches[name]).logits[:, -1])
+                cpu[name].append(seconds)
                 if n > args.cache + args.steps - args.check:
                     full = models[name](tokens[:, :n]).logits[:, -1]
                     gaps[name].append((step.log_softmax(-1) - full.log_softmax(-1)).abs().max().item())

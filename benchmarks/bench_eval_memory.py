@@ -13,37 +13,33 @@ parent from the saved losses).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import resource
 import subprocess
 import sys
 import tempfile
-import time
 
+import common
 import torch
 
 
 def child(mode: str, tokens: int, out: str) -> None:
     import torch.nn.functional as F
 
-    import hf_posenc as hp
-    from hf_posenc import assets
     from hf_posenc.eval import token_nll
 
-    model = hp.load_model(assets.smollm2_gguf(), dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-    tokenizer = hp.load_tokenizer(assets.smollm2_gguf())
-    ids = tokenizer(assets.shakespeare_text("hamlet"), return_tensors="pt").input_ids[:, :tokens]
+    model, tokenizer = common.smollm2("bfloat16")
+    ids = torch.tensor([common.text(tokenizer, tokens)[0]])
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    with torch.inference_mode():
-        if mode == "chunked":
-            nll = token_nll(model, ids)[0]
-        else:
+
+    def score():
+        with torch.inference_mode():
+            if mode == "chunked":
+                return token_nll(model, ids)[0]
             logits = model(ids, use_cache=False).logits[0, :-1]
-            nll = F.cross_entropy(logits.float(), ids[0, 1:], reduction="none")
-    seconds = time.perf_counter() - start
+            return F.cross_entropy(logits.float(), ids[0, 1:], reduction="none")
+
+    nll, seconds, _ = common.timed(score)
     torch.save(nll, out + ".pt")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     json.dump({"mode": mode, "tokens": tokens, "seconds": seconds, "peak_rss_mb": peak / 1024,
@@ -57,8 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), args.child[2])
-    print(f"{datetime.date.today()}, {platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"Python {platform.python_version()}, torch {torch.__version__}")
+    print(common.machine())
     print("| tokens | way | wall (s) | peak RSS (MB) | RSS after loading (MB) | max abs diff of losses |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,40 +23,14 @@ wall and process CPU time over repeats, and their ratios.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import time
 
+import common
 import torch
-import transformers
 
-import hf_posenc as hp
-from hf_posenc import assets
 from hf_posenc import eval as hpe
-
-
-def document(tokenizer, length: int, play: str) -> tuple[list[int], str]:
-    """`play` if it has `length` tokens, else plays concatenated (longest first) until they do."""
-    ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
-    if len(ids) >= length:
-        return ids[:length], play
-    names, texts = [], []
-    for name in sorted(assets.shakespeare_plays(), key=lambda n: -len(assets.shakespeare_text(n))):
-        names.append(name)
-        texts.append(assets.shakespeare_text(name))
-        ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
-        if len(ids) >= length:
-            return ids[:length], " + ".join(names)
-    raise SystemExit(f"all of Shakespeare is {len(ids)} tokens, fewer than {length}")
-
-
-def timed(fn):
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -73,20 +47,16 @@ def main() -> None:
     parser.add_argument("--json", default="", help="write the raw results here")
     args = parser.parse_args()
 
-    ref = assets.smollm2_gguf()
-    model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
-    tokenizer = hp.load_tokenizer(ref)
+    model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
-    ids, source = document(tokenizer, args.max_length, args.play)
+    ids, source = common.text(tokenizer, args.max_length, args.play)
     lmax, step = args.max_length, args.step
     four = [lmax // 8, lmax // 4, lmax // 2, lmax]
     every = list(range(step, lmax + 1, step))
     if any(n % step for n in four) or lmax % step:
         raise SystemExit(f"--max-length / 8 must be a multiple of --step ({step}) for the curve to be read there")
-    print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-          f"threads, Python {platform.python_version()}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}; SmolLM2-135M {args.dtype} sdpa, {args.method!r} to {target} "
+    print(f"{common.machine()}; SmolLM2-135M {args.dtype} sdpa, {args.method!r} to {target} "
           f"(context {context}); document: {source}, {lmax} tokens", flush=True)
 
     def one_pass():
@@ -110,14 +80,13 @@ def main() -> None:
         if hpe.is_length_dependent(model):
             raise SystemExit(f"{args.method} is length dependent: its one-pass curve is not its prefix perplexity")
         hpe.token_nll(model, ids[:step])  # warm-up
-        order = list(paths)
         for rep in range(max(r for _, r in paths.values())):
-            for name in order[rep % len(order):] + order[:rep % len(order)]:
+            for name in common.rotated(list(paths), rep):
                 fn, repeats = paths[name]
                 if rep >= repeats:
                     continue
                 load = os.getloadavg()[0]
-                out, wall, cpu = timed(fn)
+                out, wall, cpu = common.timed(fn)
                 times[name].append({"wall": wall, "cpu": cpu, "load": load})
                 values.setdefault(name, out)
                 print(f"  repeat {rep + 1} {name}: {wall:.1f} s wall, {cpu:.1f} s CPU (load {load:.1f})", flush=True)

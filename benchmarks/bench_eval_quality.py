@@ -8,7 +8,8 @@ checks that it is the same number); a length-dependent method (dynamic, dynamic_
 frequencies from the input length, so each n is its own pass.
 
 recipes/evaluate.py measures the same with `eval.perplexity_lengths`; this script adds the per-play tables,
-the distance from the unpatched model at its context, and a panel per play.
+the distance from the unpatched model at its context, and a panel per play (tables and figure drawn by
+hf_posenc.eval.report and hf_posenc.eval.plots, as the recipe's).
 
 Passkey: `hpe.make_trials("passkey", ...)`, one teacher-forced pass per trial (right when greedy decoding
 gives the key). A length-dependent method at a length within the original context is the unpatched
@@ -24,20 +25,14 @@ tables to stdout, the figure to --plot.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import os
-import platform
 import time
 from pathlib import Path
 
-import torch
-import transformers
+import common
 
-import hf_posenc as hp
-from hf_posenc import assets
 from hf_posenc import eval as hpe
+from hf_posenc.eval import report
 
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
 
@@ -64,33 +59,17 @@ def main() -> None:
     parser.add_argument("--plot", default="docs/eval_smollm2_quality.png")
     args = parser.parse_args()
 
-    ref = assets.smollm2_gguf()
-    model = hp.load_model(ref, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
-    tokenizer = hp.load_tokenizer(ref)
+    model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
     lengths = sorted(args.lengths)
-    docs = {}
-    for play in args.plays:
-        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
-        if len(ids) < lengths[-1]:
-            raise SystemExit(f"{play} has {len(ids)} tokens, fewer than {lengths[-1]}")
-        docs[play] = ids[:lengths[-1]]
+    docs = common.plays(tokenizer, args.plays, lengths[-1])
     trials = hpe.make_trials("passkey", tokenizer, lengths=args.passkey_lengths, depths=args.depths,
                              trials=args.trials, seed=0) if args.passkey_lengths else []
 
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "plot")} | {"target": target}
-    out = Path(args.out)
-    results = {"settings": settings, "perplexity": {}, "passkey": {}}
-    if out.exists():
-        saved = json.loads(out.read_text())
-        if saved["settings"] == settings:
-            results = saved
-    results["machine"] = (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-                          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-                          f"transformers {transformers.__version__}, SmolLM2-135M {args.dtype} sdpa")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
+    results, save = common.results_file(args.out, settings, ["perplexity", "passkey"])
+    results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
     print(results["machine"], f"; target {target} (context {context})", flush=True)
 
     for method in args.methods:
@@ -99,12 +78,10 @@ def main() -> None:
             for play, ids in docs.items():
                 if play in results["perplexity"].get(method, {}):
                     continue
-                start, cpu = time.perf_counter(), time.process_time()
-                ppl, how = perplexities(model, ids, lengths)
-                results["perplexity"].setdefault(method, {})[play] = {
-                    "ppl": ppl, "how": how, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+                (ppl, how), wall, cpu = common.timed(lambda: perplexities(model, ids, lengths))
+                results["perplexity"].setdefault(method, {})[play] = {"ppl": ppl, "how": how, "seconds": wall, "cpu": cpu}
                 save()
-                print(f"{method} {play} ({how}, {time.perf_counter() - start:.0f} s): "
+                print(f"{method} {play} ({how}, {wall:.0f} s): "
                       + ", ".join(f"{n} {p:.2f}" for n, p in ppl.items()), flush=True)
             if trials and method not in results["passkey"]:
                 start = time.perf_counter()
@@ -134,79 +111,53 @@ def mean_ppl(per_play: dict, plays: list[str], n: int) -> float:
     return math.exp(sum(math.log(per_play[p]["ppl"][str(n)]) for p in plays) / len(plays))
 
 
-def tables(results: dict, methods: list[str], plays: list[str], lengths: list[int], context: int) -> str:
-    ppl = results["perplexity"]
-    head = "| method | how | " + " | ".join(f"{n}" for n in lengths) + " |\n|---|---|" + "---|" * len(lengths)
-    lines = []
+def by_length(per_play: dict[str, dict], plays: list[str], lengths: list[int]) -> dict[str, dict]:
+    """{panel: {method: perplexity_by_length-shaped results}}, one panel per play and one for their geometric mean."""
+    panels = {}
     for play in plays + ["mean"]:
-        lines += [f"Perplexity of the first n tokens, {play if play != 'mean' else 'all plays (geometric mean)'}:",
-                  "", head]
-        for m in methods:
-            if m in ppl and all(p in ppl[m] for p in plays):
-                values = [mean_ppl(ppl[m], plays, n) if play == "mean" else ppl[m][play]["ppl"][str(n)] for n in lengths]
-                lines.append(f"| {m} | {ppl[m][plays[0]]['how']} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
-        lines.append("")
+        panels[play] = {m: {"lengths": lengths, "one_pass": r[plays[0]]["how"] == "one pass",
+                            "perplexity": [mean_ppl(r, plays, n) if play == "mean" else r[play]["ppl"][str(n)]
+                                           for n in lengths]}
+                        for m, r in per_play.items()}
+    return panels
+
+
+def tables(results: dict, methods: list[str], plays: list[str], lengths: list[int], context: int) -> str:
+    ppl = {m: results["perplexity"][m] for m in methods
+           if m in results["perplexity"] and all(p in results["perplexity"][m] for p in plays)}
+    lines = []
+    for play, rows in by_length(ppl, plays, lengths).items():
+        lines += [f"Perplexity of the first n tokens, {play if play != 'mean' else 'all plays (geometric mean)'}:", "",
+                  *report.length_table(rows, digits=lambda v: f"{v:.2f}", label="method"), ""]
     longest = lengths[-1]
     if "none" in ppl and context in lengths:
+        def cell(m, play, n):
+            return mean_ppl(ppl[m], plays, n) if play == "mean" else ppl[m][play]["ppl"][str(n)]
+
         lines += [f"Distance of each method's {longest} perplexity from the unpatched model's {context} perplexity "
                   f"(ratio, difference):", "",
-                  "| method | " + " | ".join(plays) + " | mean |", "|---|" + "---|" * (len(plays) + 1)]
-        for m in methods:
-            if m in ppl and all(p in ppl[m] for p in plays):
-                cells = []
-                for play in plays + ["mean"]:
-                    ref = mean_ppl(ppl["none"], plays, context) if play == "mean" else ppl["none"][play]["ppl"][str(context)]
-                    val = mean_ppl(ppl[m], plays, longest) if play == "mean" else ppl[m][play]["ppl"][str(longest)]
-                    cells.append(f"{val / ref:.3f}x, {val - ref:+.2f}")
-                lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines.append("")
-    if results["passkey"]:
-        first = next(iter(results["passkey"].values()))
-        per = first["trials"] // len(first["lengths"])
-        lines += [f"Passkey accuracy ({per} trials per length: depths {first['depths']}, seed 0):", "",
-                  "| method | " + " | ".join(str(n) for n in first["lengths"]) + " | mean answer log-prob |",
-                  "|---|" + "---|" * (len(first["lengths"]) + 1)]
-        for m in methods:
-            if m in results["passkey"]:
-                r = results["passkey"][m]
-                lines.append(f"| {m} | " + " | ".join(f"{round(a * per)}/{per}" for a in r["by_length"])
-                             + f" | {r['mean_logprob']:.2f} |")
-        lines.append("")
+                  *report.table(["method", *plays, "mean"],
+                                ([m, *(f"{cell(m, p, longest) / cell('none', p, context):.3f}x, "
+                                       f"{cell(m, p, longest) - cell('none', p, context):+.2f}" for p in plays + ["mean"])]
+                                 for m in ppl)), ""]
+    runs = {m: results["passkey"][m] for m in methods if m in results["passkey"]}
+    if runs:
+        first = next(iter(runs.values()))
+        lines += [f"Passkey accuracy ({first['trials'] // len(first['lengths'])} trials per length: depths "
+                  f"{first['depths']}, seed 0):", "", *report.retrieval_table(runs, label="method"), ""]
     return "\n".join(lines)
 
 
 def plot(results: dict, methods: list[str], plays: list[str], lengths: list[int], context: int, path: str) -> Path:
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, NullLocator
+    from hf_posenc.eval import plots
 
-    ppl = results["perplexity"]
-    panels = plays + ["mean"]
-    fig = Figure(figsize=(4.2 * len(panels), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    for ax, play in zip(axes, panels):
-        for m in methods:
-            if m in ppl and all(p in ppl[m] for p in plays):
-                ys = [mean_ppl(ppl[m], plays, n) if play == "mean" else ppl[m][play]["ppl"][str(n)] for n in lengths]
-                ax.plot(lengths, ys, marker="o", markersize=4, linewidth=1.4, label=m,
-                        linestyle="--" if m == "none" else "-")
-        ax.axvline(context, color="0.5", linestyle=":", linewidth=1)
-        ax.annotate("original context", (context, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                    textcoords="offset points", fontsize=8, color="0.4")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.grid(alpha=0.3, which="both")
-        ax.set(title=play if play != "mean" else "all plays (geometric mean)", xlabel="context length n (tokens)")
-    axes[0].set_ylabel("perplexity of the first n tokens")
-    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.suptitle(f"SmolLM2-135M, RoPE methods at {results['settings']['target']} tokens, no fine-tuning", fontsize=10)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    return Path(path)
+    ppl = {m: results["perplexity"][m] for m in methods
+           if m in results["perplexity"] and all(p in results["perplexity"][m] for p in plays)}
+    panels = {("all plays (geometric mean)" if play == "mean" else play): rows
+              for play, rows in by_length(ppl, plays, lengths).items()}
+    return plots.plot_perplexity_by_length_panels(
+        panels, path, original_context=context,
+        title=f"SmolLM2-135M, RoPE methods at {results['settings']['target']} tokens, no fine-tuning")
 
 
 if __name__ == "__main__":

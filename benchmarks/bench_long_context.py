@@ -24,53 +24,34 @@ step; a rerun with the same settings resumes), the tables to stdout.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import common
 import torch
-import transformers
 
 import hf_posenc as hp
-from hf_posenc import assets
 from hf_posenc import eval as hpe
 
 METHODS = ["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"]
 
 
-def default_dtype() -> str:
-    """bfloat16 where the hardware runs it natively, else float32 (hf_posenc.loading.resolve_dtype)."""
-    from hf_posenc.loading import resolve_dtype
-
-    return str(resolve_dtype("auto")[0]).removeprefix("torch.")
-
-
-def load(dtype: str):
-    ref = assets.smollm2_gguf()
-    model = hp.load_model(ref, dtype=getattr(torch, dtype), attn_implementation="sdpa").eval()
-    return model, hp.load_tokenizer(ref)
-
-
 def forward_seconds(model, ids: torch.Tensor, cpu: bool = False) -> float:
     """Wall time of one forward, or this process's CPU time (steadier on shared cores with one thread)."""
-    clock = time.process_time if cpu else time.perf_counter
     with torch.inference_mode():
-        start = clock()
-        model(ids, use_cache=False)
-        return clock() - start
+        timing = common.timed(lambda: model(ids, use_cache=False))
+    return timing.cpu if cpu else timing.wall
 
 
 def child(args) -> None:
     """One forward of --child-length tokens with --child-method at --child-target: peak RSS as JSON."""
-    model, tokenizer = load(args.dtype)
-    ids = tokenizer(assets.shakespeare_text(args.plays[0]), return_tensors="pt").input_ids[:, :args.child_length]
+    model, tokenizer = common.smollm2(args.dtype)
+    ids = torch.tensor([common.text(tokenizer, args.child_length, args.plays[0])[0]])
     with hpe.patched(model, args.child_method, args.child_target):
         # loading (GGUF de-quantization) peaks above a short forward: fork, so the forward's process starts
         # its peak RSS count at the loaded model's RSS
@@ -106,33 +87,20 @@ def main() -> None:
     parser.add_argument("--child-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-target", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.dtype = args.dtype or default_dtype()
+    args.dtype = common.dtype_name(args.dtype)
     for spec in args.methods:
         hpe.parse_variant(spec)
     if args.child_method:
         return child(args)
 
-    model, tokenizer = load(args.dtype)
+    model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     lengths, targets = sorted(args.lengths), sorted(args.targets)
-    docs = {}
-    for play in args.plays:
-        ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
-        if len(ids) < lengths[-1]:
-            raise SystemExit(f"error: {play} has {len(ids)} tokens, fewer than {lengths[-1]}")
-        docs[play] = ids[:lengths[-1]]
+    docs = common.plays(tokenizer, args.plays, lengths[-1])
 
     settings = {k: v for k, v in vars(args).items() if k != "out" and not k.startswith("child")}
-    out = Path(args.out)
-    results = {"settings": settings, "perplexity": {}, "passkey": {}, "timing": {}, "memory": {}}
-    if out.exists() and json.loads(out.read_text()).get("settings") == settings:
-        results = json.loads(out.read_text())
-    results["machine"] = (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-                          f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch "
-                          f"threads, torch {torch.__version__}, transformers {transformers.__version__}, "
-                          f"SmolLM2-135M {args.dtype} sdpa")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(results, indent=1))  # noqa: E731
+    results, save = common.results_file(args.out, settings, ["perplexity", "passkey", "timing", "memory"])
+    results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
     print(results["machine"], f"; context {context}, targets {targets}", flush=True)
 
     for method in args.methods:  # 1. perplexity
@@ -169,8 +137,7 @@ def main() -> None:
             print(f"passkey {label}: {results['passkey'][label]['found']}/{len(trials)}", flush=True)
 
     if args.timing_length and not results["timing"]:  # 3. forward time against the unpatched SDPA forward
-        text = assets.shakespeare_text(args.plays[0])
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[:, :args.timing_length]
+        ids = torch.tensor([common.text(tokenizer, args.timing_length, args.plays[0])[0]])
         forward_seconds(model, ids[:, :512])  # warm-up
         seconds = {"none": forward_seconds(model, ids, cpu=True)}
         for method in ("dca", "self_extend"):

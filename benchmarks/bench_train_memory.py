@@ -20,7 +20,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+import common
 
 
 def vm(field: str) -> float:
@@ -34,12 +35,11 @@ def one(length: int, dtype: str, chunk: int) -> dict:
     import torch
 
     import hf_posenc as hp
-    from hf_posenc import assets
     from hf_posenc.losses import TrainingLoss
 
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
-    model = hp.load_model(assets.smollm2_gguf(), attn_implementation="sdpa", dtype=getattr(torch, dtype))
+    model = common.smollm2(dtype)[0]
     if length > model.config.max_position_embeddings:
         hp.patch(model, "yarn", max_position_embeddings=length)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -63,11 +63,12 @@ def one(length: int, dtype: str, chunk: int) -> dict:
     else:
         base = vm("VmRSS")
         open("/proc/self/clear_refs", "w").write("5")   # reset VmHWM to the current RSS
-    start = time.perf_counter()
-    step(length)
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    def measured():
+        step(length)
+        if cuda:
+            torch.cuda.synchronize()
+
+    seconds = common.timed(measured).wall
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else vm("VmHWM")
     return {"length": length, "seconds": seconds, "tokens_per_s": length / seconds, "resident_before_mib": base,
             "peak_mib": peak, "step_peak_mib": peak - base, "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -85,10 +86,7 @@ def main():
     if args.one:
         print(json.dumps(one(args.one, args.dtype, args.loss_chunk[0])))
         return
-    import torch
-
-    print(f"{time.strftime('%Y-%m-%d')}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, dtype {args.dtype}", flush=True)
+    print(f"{common.machine()}, dtype {args.dtype}", flush=True)
     slopes = {chunk: table(args, chunk) for chunk in args.loss_chunk}
     if 0 in slopes and len(slopes) > 1:
         print(json.dumps({f"slope_ratio_full_over_chunk_{c}": round(slopes[0] / s, 2)

@@ -6,7 +6,7 @@
 """
 
 from . import config as configs
-from .api import describe, from_pretrained, patch, unpatch
+from .api import describe, from_pretrained, patch, patched, unpatch
 from .errors import (
     AlreadyPatchedError,
     CheckpointMismatchError,
@@ -30,7 +30,7 @@ from .serving import llama_cpp_args, serving_overrides, write_gguf
 __version__ = "0.1.0"
 
 __all__ = [
-    "patch", "unpatch", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
+    "patch", "unpatch", "patched", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
     "serving_overrides", "llama_cpp_args", "write_gguf",
     "check_length", "CheckpointMismatchError", "CheckpointRecordError", "InvalidInputError", "ModelNotFoundError",
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",

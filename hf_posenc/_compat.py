@@ -165,12 +165,6 @@ def rope_init(config: PreTrainedConfig, layer_type: str | None, seq_len: int | N
     return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=seq_len, **kwargs)
 
 
-def is_gguf_quantized(model: torch.nn.Module) -> bool:
-    qc = getattr(model.config, "quantization_config", None)
-    method = getattr(qc, "quant_method", None) if not isinstance(qc, dict) else qc.get("quant_method")
-    return str(getattr(method, "value", method)) == "gguf"
-
-
 def drop_gguf_quantization(model: torch.nn.Module) -> None:
     """transformers de-quantizes GGUF weights on load but keeps the GGUF quantizer attached, which
     blocks `save_pretrained`. The weights are plain tensors: detach the quantizer."""

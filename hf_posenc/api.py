@@ -1,11 +1,13 @@
-"""patch / unpatch / describe / from_pretrained: look up the family and the method, apply, record."""
+"""patch / unpatch / patched / describe / from_pretrained: look up the family and the method, apply, record."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Iterator
 
 import torch
 import transformers
@@ -95,6 +97,23 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         raise NotPatchedError("this model carries no hf_posenc patch")
     undo(model)
     return given
+
+
+@contextlib.contextmanager
+def patched(model: torch.nn.Module, method: str | MethodConfig, **params) -> Iterator[torch.nn.Module]:
+    """`hp.patch(model, method, **params)` for the duration of a `with` block, then `hp.unpatch`, also when
+    the block raises; yields the model. The patch is checked and refused as `hp.patch` refuses it (an
+    already patched model raises AlreadyPatchedError before the block runs; a RoPE method on a learned ->
+    rope swap stacks, and only that method is peeled off after). Patches the block itself adds on top
+    are peeled off too: after the block the model is as it was before it."""
+    inner = as_model(model, "patched")
+    before = inner.__dict__.get(UNDO_ATTR)  # the patch below ours (a learned -> rope swap), or None
+    patch(model, method, **params)
+    try:
+        yield model
+    finally:
+        while UNDO_ATTR in inner.__dict__ and inner.__dict__[UNDO_ATTR] is not before:
+            unpatch(model)
 
 
 def describe(model: torch.nn.Module) -> dict:

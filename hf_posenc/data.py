@@ -8,8 +8,7 @@
 
 then `tokenize(corpus, tokenizer)` adds "input_ids" (each document starting as the tokenizer starts an
 input: BOS first for Llama, Gemma, Mistral), and `pack_exact(tokenized, length, eos_token_id=...)`
-(every token once) or `pack` (equal blocks, the tail dropped) cut the stream of documents, joined by
-EOS, into blocks for training.
+cuts the stream of documents, joined by EOS, into blocks for training (every token once).
 """
 
 from __future__ import annotations
@@ -174,27 +173,13 @@ def tokenize(corpus: datasets.Dataset, tokenizer, *, min_tokens: int = 0, bos: b
     return tokenized.filter(lambda n: n >= min_tokens, input_columns="num_tokens") if min_tokens else tokenized
 
 
-def pack(tokenized: datasets.Dataset, length: int, *, eos_token_id: int | None = None) -> datasets.Dataset:
-    """Blocks of exactly `length` tokens from the documents joined end to end (each followed by
-    `eos_token_id` when given), 1000 documents at a time; the incomplete last block of each 1000 is
-    dropped, as in transformers' run_clm (`pack_exact` keeps every token)."""
-    if length < 2:
-        raise ValueError(f"length must be >= 2, got {length}")
-
-    def blocks(batch):
-        stream = [t for ids in batch["input_ids"] for t in (ids + [eos_token_id] if eos_token_id is not None else ids)]
-        return {"input_ids": [stream[i:i + length] for i in range(0, len(stream) - length + 1, length)]}
-
-    return tokenized.map(blocks, batched=True, batch_size=1000, remove_columns=tokenized.column_names, desc="packing")
-
-
 def pack_exact(tokenized: datasets.Dataset, length: int, *, eos_token_id: int, bos_token_id: int | None = None,
                short_share: float = 0.0, short_length: int | None = None) -> datasets.Dataset:
     """Blocks of at most `length` tokens that hold every token of the corpus exactly once.
 
     The documents are joined end to end, each one followed by `eos_token_id` (and preceded by
     `bos_token_id` when given), and the stream is cut every `length` tokens; only the very last block
-    may be shorter (nothing is dropped, unlike `pack`). With `short_share` > 0, about that share of
+    may be shorter (nothing is dropped). With `short_share` > 0, about that share of
     the blocks (every k-th one, k = round(1 / short_share)) is cut again into blocks of `short_length`
     tokens, to keep short-context quality while training long.
     Adds "length" (tokens in the block)."""

@@ -8,21 +8,26 @@ from pathlib import Path
 
 import transformers
 
-from . import _compat
+from . import _compat, assets
 from .errors import ModelNotFoundError, ParameterTypeError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
 
 
 def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool = True) -> tuple[str, dict]:
-    """(name_or_path, extra from_pretrained kwargs) for a hub id, a folder, or a `.gguf` file. A path that
-    does not exist, or (for a model, not a tokenizer) a folder without config.json, is refused here rather
-    than as a hub lookup."""
+    """(name_or_path, extra from_pretrained kwargs) for a hub id, a folder, a `.gguf` file, or `smollm2` /
+    `minilm` (the embedded models, as on the command line). A path that does not exist, or (for a model,
+    not a tokenizer) a folder without config.json, is refused here rather than as a hub lookup."""
     if not isinstance(ref, (str, os.PathLike)):
-        raise ParameterTypeError(f"a model is a hub id, a local folder or a .gguf file (a str or a path), got {ref!r}")
-    ref = str(ref)
-    if not ref.strip():
-        raise ModelNotFoundError("the model reference is empty; give a hub id, a local folder or a .gguf file")
+        raise ParameterTypeError(f"a model is a hub id, a local folder, a .gguf file or smollm2 / minilm (a str or a "
+                                 f"path), got {ref!r}")
+    if not str(ref).strip():
+        raise ModelNotFoundError("the model reference is empty; give a hub id, a local folder, a .gguf file or "
+                                 "smollm2 / minilm")
+    try:  # a name, not a Path object, may be an embedded model's
+        ref = assets.resolve_alias(ref) if isinstance(ref, str) else str(ref)
+    except FileNotFoundError as err:  # the alias's asset package is not installed: say how to install it
+        raise ModelNotFoundError(f"{ref!r} names an embedded model, but {err}") from None
     if gguf_file is None and ref.endswith(".gguf"):
         if not os.path.isfile(ref):
             raise ModelNotFoundError(f"GGUF file not found: {ref}")

@@ -267,6 +267,22 @@ def test_plots_write_pngs(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+def test_report_tables_hold_each_variant_and_the_panels_share_the_axis(tmp_path):
+    from hf_posenc.eval import plots, report
+
+    rows = {"none": {"lengths": [64, 128], "perplexity": [20.0, float("nan")], "one_pass": True},
+            "dynamic": {"lengths": [64, 128], "perplexity": [20.0, 19.25], "one_pass": False}}
+    assert report.length_table(rows) == ["| variant | 64 | 128 | how |", "|---|---|---|---|",
+                                         "| none | 20 | - | one pass |", "| dynamic | 20 | 19.2 | a pass per length |"]
+    runs = {"yarn": {"lengths": [64, 128], "by_length": [1.0, 0.25], "mean_logprob": -0.5}}
+    assert report.retrieval_table(runs, label="method")[2] == "| yarn | 1.00 | 0.25 | -0.50 |"
+    assert report.variant_label("yarn", {"params": {"max_position_embeddings": 16384}}) == "yarn -> 16k"
+    assert report.variant_label("none", {"params": {}}) == "none"
+    path = plots.plot_perplexity_by_length_panels({"hamlet": rows, "macbeth": rows}, tmp_path / "p.png",
+                                                  original_context=64)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
 def test_figures_mark_the_original_context_only_within_the_data(tmp_path):
     """A 32k model read at 2k-4k: no line at 32k stretching the axis over empty space."""
     from hf_posenc.eval import plots

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from ..errors import InvalidParameterError
-from ._model import contexts, mechanism
+from ._model import contexts, mechanism, position_table
 from ._output import PlotResult, read_csv
 from .attention import attention_profile, plot_attention
 from .checks import RotationFit, check_relative, check_rotation, rotation_fit, toeplitz_residual
 from .rope import RopeFrequencies, expected_score, plot_decay, plot_wavelengths, rope_frequencies
-from .tables import plot_similarity, plot_table, position_table, similarity_profile
+from .tables import plot_similarity, plot_table, similarity_profile
 
 PLOTS = {
     "table": plot_table,

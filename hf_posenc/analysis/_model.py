@@ -1,5 +1,5 @@
-"""What the plots need to know about a model: its mechanism, its original and current context, and
-a temporary patch that is always undone."""
+"""What the plots and checks need to know about a model: its mechanism, its original and current context,
+its position table, and a temporary patch that is always undone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import torch
 
 from .. import api
 from ..config import MethodConfig
-from ..errors import AlreadyPatchedError
+from ..errors import AlreadyPatchedError, InvalidParameterError, MethodNotApplicableError, SequenceTooLongError
+from ..families.learned_tables import table_offset
+from ..methods.learned import too_long_message
+from ..methods.sinusoidal import SinusoidalPositions
 from ..plan import is_patched
 from ..record import read_record
 from ..registry import find_family
@@ -33,6 +36,33 @@ def contexts(model: torch.nn.Module) -> tuple[int, int]:
     return int(record.original.positions if record else current), int(current)
 
 
+def position_table(model: torch.nn.Module, positions: int | None = None) -> torch.Tensor:
+    """The vectors the model adds to its input for positions 0..positions-1, as a float64 CPU tensor of
+    shape (positions, dim): the learned rows (without the rows some families keep below position 0),
+    or the rows of the sinusoidal / interpolated table a patch put in. `positions` defaults to the
+    positions the model holds now (its target context when patched)."""
+    family = find_family(model)
+    if family.mechanism != "learned":
+        raise MethodNotApplicableError(
+            f"this {model.config.model_type} model uses {family.mechanism} positions: it has no position table "
+            f"(the table and similarity plots draw learned or sinusoidal tables; for RoPE use wavelengths or decay)"
+        )
+    module = family.tables(model)[0].module
+    offset = table_offset(module, family.spec)
+    n = family.positions(model) if positions is None else int(positions)
+    if n < 1:
+        raise InvalidParameterError(f"positions must be >= 1, got {positions!r}")
+    limit = family.length_limit(model)
+    if limit is not None and n > limit:
+        record = read_record(model.config)
+        raise SequenceTooLongError(too_long_message(n, limit, record.method if record else None))
+    if isinstance(module, SinusoidalPositions):
+        rows = module.table(offset + n)[offset:]
+    else:
+        rows = module.weight.detach()[offset: offset + n]
+    return rows.to("cpu", torch.float64)
+
+
 def target_params(params: dict, original: int) -> dict:
     """`params` with a target context: 2x the original when neither max_position_embeddings nor factor is given."""
     params = dict(params)
@@ -47,8 +77,8 @@ def method_label(method: str | MethodConfig) -> str:
 
 @contextlib.contextmanager
 def patched(model: torch.nn.Module, method: str | MethodConfig | None, params: dict, what: str) -> Iterator[None]:
-    """`model` patched with `method` inside the block and exactly as it was after it (nothing when
-    `method` is None). A model that already carries a patch is refused with a message for plots."""
+    """`hp.patched` for the plots: nothing when `method` is None, and a model that already carries a patch
+    is refused with a message that names the plot."""
     if method is None:
         yield
         return
@@ -59,11 +89,5 @@ def patched(model: torch.nn.Module, method: str | MethodConfig | None, params: d
             f"patched (method {record.method if record else None!r}); pass an unpatched model, or draw this one as it is "
             f"(no method)"
         )
-    if isinstance(method, MethodConfig):
-        api.patch(model, method)
-    else:
-        api.patch(model, method, **params)
-    try:
+    with api.patched(model, method, **({} if isinstance(method, MethodConfig) else params)):
         yield
-    finally:
-        api.unpatch(model)

@@ -24,8 +24,8 @@ from ..errors import InvalidParameterError, MethodNotApplicableError
 from ..methods.sinusoidal import SinusoidalPositions
 from ..registry import find_family
 from . import _model
-from .rope import rotary_cos_sin
-from .tables import position_table
+from ._model import position_table
+from .rope import _rotary, rotary_cos_sin
 
 DEFAULT_LENGTH = 512
 
@@ -91,8 +91,6 @@ def check_relative(source, *, length: int | None = None, trials: int = 8, seed: 
     elif isinstance(source, PreTrainedModel):
         family = find_family(source)
         if family.mechanism == "rope":
-            from .rope import _rotary
-
             module, layer_type = _rotary(source)
             length = length or min(_model.contexts(source)[1], DEFAULT_LENGTH)
         else:

@@ -9,14 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import InvalidParameterError, MethodNotApplicableError, SequenceTooLongError
-from ..families.learned_tables import table_offset
-from ..methods.learned import too_long_message
-from ..methods.sinusoidal import SinusoidalPositions
-from ..record import read_record
+from ..errors import InvalidParameterError
 from ..registry import find_family
 from . import _model
+from ._model import position_table
 from ._output import PlotResult, new_figure, write
+from .checks import check_relative, check_rotation
 
 MEASURES = ("cosine", "dot")
 
@@ -31,33 +29,6 @@ VARIANTS: dict[str, tuple[str | None, dict, str]] = {
     "tile": ("tile", {}, "table tiled"),
 }
 DEFAULT_VARIANTS = ("model", "sinusoidal", "fit", "interpolate")
-
-
-def position_table(model: torch.nn.Module, positions: int | None = None) -> torch.Tensor:
-    """The vectors the model adds to its input for positions 0..positions-1, as a float64 CPU tensor of
-    shape (positions, dim): the learned rows (without the rows some families keep below position 0),
-    or the rows of the sinusoidal / interpolated table a patch put in. `positions` defaults to the
-    positions the model holds now (its target context when patched)."""
-    family = find_family(model)
-    if family.mechanism != "learned":
-        raise MethodNotApplicableError(
-            f"this {model.config.model_type} model uses {family.mechanism} positions: it has no position table "
-            f"(the table and similarity plots draw learned or sinusoidal tables; for RoPE use wavelengths or decay)"
-        )
-    module = family.tables(model)[0].module
-    offset = table_offset(module, family.spec)
-    n = family.positions(model) if positions is None else int(positions)
-    if n < 1:
-        raise InvalidParameterError(f"positions must be >= 1, got {positions!r}")
-    limit = family.length_limit(model)
-    if limit is not None and n > limit:
-        record = read_record(model.config)
-        raise SequenceTooLongError(too_long_message(n, limit, record.method if record else None))
-    if isinstance(module, SinusoidalPositions):
-        rows = module.table(offset + n)[offset:]
-    else:
-        rows = module.weight.detach()[offset: offset + n]
-    return rows.to("cpu", torch.float64)
 
 
 def similarity_profile(table: torch.Tensor, measure: str = "cosine") -> dict[str, torch.Tensor]:
@@ -138,8 +109,6 @@ def plot_table(source, out: str | Path, *, method: str | None = None, positions:
     ax.set_ylabel("position")
     whole = " (all inside the original context)" if original is not None and original >= n else ""
     ax.set_title(f"Position table of {label}\n{n} positions x {dim} dimensions{whole}")
-    from .checks import check_relative, check_rotation
-
     data = {"position": np.arange(n), **{f"dim_{j}": values[:, j] for j in range(dim)}}
     info = {"what": "table", "label": label, "model_type": model_type, "method": method, "params": params,
             "positions": n, "dim": dim, "original_context": original, "current_context": current,

@@ -1,5 +1,5 @@
 """Measure what a positional patch did: perplexity (per document, strided, by position), passkey
-and needle retrieval, and their figures (`hf_posenc.eval.plots`, needs matplotlib).
+and needle retrieval, their tables (`hf_posenc.eval.report`) and figures (`hf_posenc.eval.plots`, needs matplotlib).
 
     from hf_posenc import eval as hpe
     curve = hpe.perplexity_curve(model, docs, length=16384)   # docs: token ids, e.g. data.tokenize(...)

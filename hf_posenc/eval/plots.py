@@ -65,23 +65,38 @@ def plot_perplexity_by_length(results: dict[str, dict], path: str | Path, *, ori
                               title: str = "perplexity against context length", reference: str = "none") -> Path:
     """One line per variant: the perplexity of the documents truncated to each length
     (`perplexity_by_length` results), both axes logarithmic, the unpatched model dashed."""
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
-    ax = fig.subplots()
+    return plot_perplexity_by_length_panels({"": results}, path, original_context=original_context, title=title,
+                                            reference=reference)
+
+
+def plot_perplexity_by_length_panels(panels: dict[str, dict[str, dict]], path: str | Path, *,
+                                     original_context: int | None = None, title: str = "perplexity against context length",
+                                     reference: str = "none") -> Path:
+    """`plot_perplexity_by_length` side by side, one panel per {panel title: results} (e.g. one per
+    document), sharing the perplexity axis."""
+    fig = Figure(figsize=(7 if len(panels) == 1 else 4.2 * len(panels), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     plain = FuncFormatter(lambda value, _: f"{value:g}")
-    for label, res in results.items():
-        ax.plot(res["lengths"], res["perplexity"], marker="o", markersize=4, linewidth=1.4, label=label,
-                linestyle="--" if label == reference else "-")
-    lengths = sorted({n for res in results.values() for n in res["lengths"]})
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(lengths, [f"{n / 1024:g}k" if n >= 1024 else str(n) for n in lengths])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.grid(alpha=0.3, which="both")
-    _context_line(ax, original_context, lengths)
-    ax.set(xlabel="context length n (tokens)", ylabel="perplexity of the first n tokens", title=title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    for ax, (name, results) in zip(axes, panels.items()):
+        for label, res in results.items():
+            ax.plot(res["lengths"], res["perplexity"], marker="o", markersize=4, linewidth=1.4, label=label,
+                    linestyle="--" if label == reference else "-")
+        lengths = sorted({n for res in results.values() for n in res["lengths"]})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [f"{n / 1024:g}k" if n >= 1024 else str(n) for n in lengths])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(alpha=0.3, which="both")
+        _context_line(ax, original_context, lengths)
+        ax.set(xlabel="context length n (tokens)", title=name)
+    axes[0].set_ylabel("perplexity of the first n tokens")
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if len(panels) == 1:
+        axes[0].set_title(title)
+    else:
+        fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
 

@@ -68,15 +68,12 @@ def variant_params(model: torch.nn.Module, method: str, params: dict, target: in
 
 @contextlib.contextmanager
 def patched(model: torch.nn.Module, spec: str, target: int):
-    """The model patched as `spec` says for `target` tokens inside the block, unpatched after it;
-    yields the parameters used ({} for "none")."""
+    """`hp.patched` for a variant: the model patched as `spec` says for `target` tokens (`variant_params`)
+    inside the block, unpatched after it; yields the parameters used ({} for "none")."""
     method, params = parse_variant(spec)
     if method == NONE:
         yield {}
         return
     params = variant_params(model, method, params, target)
-    api.patch(model, method, **params)
-    try:
+    with api.patched(model, method, **params):
         yield params
-    finally:
-        api.unpatch(model)

@@ -94,9 +94,6 @@ class LearnedTableFamily:
         config = getattr(model, "config", None)
         return getattr(config, "model_type", None) in self.model_types and bool(self.tables(model))
 
-    def original_context(self, model: nn.Module) -> int:
-        return self.positions(model)
-
     def describe(self, model: nn.Module) -> dict:
         tables = self.tables(model)
         module, config = tables[0].module, model.config.get_text_config()

@@ -45,9 +45,6 @@ class RopeModels:
         config = getattr(model, "config", None)
         return config is not None and _compat.has_rope(config.get_text_config()) and bool(self.rotary_modules(model))
 
-    def original_context(self, model: torch.nn.Module) -> int:
-        return model.config.get_text_config().max_position_embeddings
-
     def describe(self, model: torch.nn.Module) -> dict:
         config = _homogeneous_text_config(model)
         layer_types = _compat.global_layer_types(config)

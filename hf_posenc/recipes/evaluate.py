@@ -35,6 +35,7 @@ import hf_posenc as hp
 from hf_posenc import cli, data, loading
 from hf_posenc import eval as hpe
 from hf_posenc.errors import ConfigError
+from hf_posenc.eval import report
 from hf_posenc.recipes import config as recipe_config
 
 
@@ -277,14 +278,6 @@ def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
     return res
 
 
-def shown(label: str, variant: dict) -> str:
-    """A variant's name in tables and figures: its method and target ("yarn -> 16k")."""
-    target = (variant.get("params") or {}).get("max_position_embeddings")
-    if label == hpe.variants.NONE or "@" in label or not target:
-        return label
-    return f"{label} -> {target / 1024:g}k" if target >= 1024 else f"{label} -> {target}"
-
-
 def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -> dict:
     """Every point of one grid scored on the tuning documents (perplexity at tune_length); the best
     named as the hp.patch call that makes it."""
@@ -398,101 +391,11 @@ def run(args: EvalConfig) -> dict:
         save()
 
     save()
-    (out / "summary.md").write_text(summary(results, context))
+    (out / "summary.md").write_text(report.summary(results, context))
     if args.plots:
-        figures(results, out, context)
+        report.figures(results, out, context)
     print((out / "summary.md").read_text())
     return results
-
-
-FRAMING_NOTE = {"bos": "bos (each document, window and prompt starts with the tokenizer's BOS token, as the model "
-                       "sees an input; the BOS is context, never scored).",
-                "none": "none (documents, windows and prompts are scored as tokenized, with no BOS before them)."}
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}" if x == x else "-"
-
-
-def summary(results: dict, context: int) -> str:
-    """Markdown tables: perplexity inside and past the original context, sliding window, retrieval."""
-    variants, machine = results["variants"], results["machine"]
-    lines = [f"# {results['config']['model']['name']}: positional variants", "",
-             f"{machine['date']}, {machine['device']} ({machine['platform']}), torch {machine['torch']}, "
-             f"transformers {machine['transformers']}, {results.get('dtype', {}).get('used', results['config']['model']['dtype'])}; "
-             f"original context {context}.", "",
-             f"Framing: {FRAMING_NOTE[results.get('framing', 'none')]}", ""]
-    lengths = {k: v["lengths"] for k, v in variants.items() if "lengths" in v}
-    if lengths:
-        first = next(iter(lengths.values()))
-        lines += [f"Perplexity against context length: each of {first['documents']} document(s) truncated to n tokens, "
-                  f"scored in one pass (token-weighted over the documents; corpus {results['config']['data']['corpus']}):", "",
-                  "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | how |",
-                  "|---|" + "---|" * (len(first["lengths"]) + 1)]
-        lines += [f"| {shown(label, variants[label])} | " + " | ".join(_fmt(p) for p in r["perplexity"]) + " | "
-                  + ("one pass" if r["one_pass"] else "a pass per length") + " |" for label, r in lengths.items()]
-        lines.append("")
-    for label, grid in results.get("grid", {}).items():
-        lines += [f"Grid {label}: perplexity at {grid['length']} tokens on {grid['documents']} tuning document(s) "
-                  f"(the best is evaluated above on held-out documents as '(grid best)'):", "",
-                  "| point | perplexity |", "|---|---|"]
-        lines += [f"| {p['variant']}{' **best**' if p['variant'] == grid['best'] else ''} | {_fmt(p['perplexity'])} |"
-                  for p in sorted(grid["points"], key=lambda p: p["perplexity"])]
-        lines += ["", f"Best: `{grid['patch']}`", ""]
-    curves = {k: v["curve"] for k, v in variants.items() if "curve" in v}
-    if curves:
-        length = next(iter(curves.values()))["length"]
-        lines += [f"Perplexity by position ({length} tokens, {next(iter(curves.values()))['documents']} document(s), "
-                  f"corpus {results['config']['data']['corpus']}):", "",
-                  "| variant | positions < " + str(context) + " | positions >= " + str(context) + " | last bucket | "
-                  "this measure (s) |",
-                  "|---|---|---|---|---|"]
-        for label, curve in curves.items():
-            measured = variants[label].get("seconds_by_measure", {}).get("curve", "-")
-            lines.append(f"| {shown(label, variants[label])} | {_fmt(hpe.curve_perplexity(curve, 0, context))} | "
-                         f"{_fmt(hpe.curve_perplexity(curve, context))} | {_fmt(curve['perplexity'][-1])} | "
-                         f"{measured} |")
-        lines.append("")
-    strided = {k: v["strided"] for k, v in variants.items() if "strided" in v}
-    if strided:
-        windows = list(next(iter(strided.values())))
-        lines += ["Sliding-window perplexity (window = context the model sees):", "",
-                  "| variant | " + " | ".join(f"window {w}" for w in windows) + " |", "|---|" + "---|" * len(windows)]
-        lines += [f"| {shown(label, variants[label])} | " + " | ".join(_fmt(s[w]["perplexity"]) for w in windows) + " |"
-                  for label, s in strided.items()]
-        lines.append("")
-    for task in hpe.TASKS:
-        runs = {k: v[task] for k, v in variants.items() if task in v}
-        if runs:
-            first = next(iter(runs.values()))
-            per_length = first["trials"] // len(first["lengths"])
-            lines += [f"{task} accuracy at each length ({per_length} trials per length, depths {first['depths']}):", "",
-                      "| variant | " + " | ".join(str(n) for n in first["lengths"]) + " | mean answer log-prob |",
-                      "|---|" + "---|" * (len(first["lengths"]) + 1)]
-            lines += [f"| {shown(label, variants[label])} | " + " | ".join(f"{a:.2f}" for a in r["by_length"])
-                      + f" | {r['mean_logprob']:.2f} |" for label, r in runs.items()]
-            lines.append("")
-    return "\n".join(lines)
-
-
-def figures(results: dict, out: Path, context: int) -> None:
-    from hf_posenc.eval import plots
-
-    variants, model = results["variants"], results["config"]["model"]["name"]
-    lengths = {shown(k, v): v["lengths"] for k, v in variants.items() if "lengths" in v}
-    if lengths:
-        plots.plot_perplexity_by_length(lengths, out / "perplexity_by_length.png", original_context=context,
-                                        title=f"{Path(model).name}: perplexity against context length")
-    curves = {shown(k, v): v["curve"] for k, v in variants.items() if "curve" in v}
-    if curves:
-        plots.plot_perplexity_curves(curves, out / "perplexity_curve.png", original_context=context,
-                                     title=f"{Path(model).name}: perplexity by position")
-    for task in hpe.TASKS:
-        runs = {shown(k, v): v[task] for k, v in variants.items() if task in v}
-        if runs:
-            plots.plot_retrieval_by_length(runs, out / f"{task}.png", original_context=context,
-                                           title=f"{Path(model).name}: {task} accuracy")
-            plots.plot_retrieval_depths(runs, out / f"{task}_depths.png", title=f"{Path(model).name}: {task} accuracy")
 
 
 if __name__ == "__main__":

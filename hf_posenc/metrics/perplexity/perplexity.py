@@ -8,7 +8,6 @@ import evaluate
 import torch
 
 import hf_posenc
-from hf_posenc import assets
 from hf_posenc.eval import document_perplexity, patched, strided_perplexity
 
 _DESCRIPTION = """Perplexity (exp of the mean negative log-likelihood per token) of each text under a causal LM.
@@ -50,8 +49,8 @@ class Perplexity(evaluate.Metric):
             raise ValueError("give either model_id= (a name or path) or model= with tokenizer=")
         if model is None:
             kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
-            model = hf_posenc.load_model(assets.resolve_alias(model_id), **kwargs).eval()
-            tokenizer = hf_posenc.load_tokenizer(assets.resolve_alias(model_id))
+            model = hf_posenc.load_model(model_id, **kwargs).eval()
+            tokenizer = hf_posenc.load_tokenizer(model_id)
         elif tokenizer is None:
             raise ValueError("model= needs tokenizer= too")
         context = model.config.get_text_config().max_position_embeddings
