@@ -76,7 +76,7 @@ def main() -> None:
              "separate_4": (separate(four), args.separate_repeats), "separate_all": (separate(every), args.all_repeats)}
     times = {name: [] for name in paths}
     values = {}
-    with hpe.patched(model, args.method, target):
+    with hpe.variant(model, args.method, target):
         if hpe.is_length_dependent(model):
             raise SystemExit(f"{args.method} is length dependent: its one-pass curve is not its prefix perplexity")
         hpe.token_nll(model, ids[:step])  # warm-up

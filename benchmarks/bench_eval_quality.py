@@ -73,7 +73,7 @@ def main() -> None:
     print(results["machine"], f"; target {target} (context {context})", flush=True)
 
     for method in args.methods:
-        with hpe.patched(model, method, target):
+        with hpe.variant(model, method, target):
             dynamic = hpe.is_length_dependent(model)
             for play, ids in docs.items():
                 if play in results["perplexity"].get(method, {}):

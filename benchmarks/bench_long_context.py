@@ -52,7 +52,7 @@ def child(args) -> None:
     """One forward of --child-length tokens with --child-method at --child-target: peak RSS as JSON."""
     model, tokenizer = common.smollm2(args.dtype)
     ids = torch.tensor([common.text(tokenizer, args.child_length, args.plays[0])[0]])
-    with hpe.patched(model, args.child_method, args.child_target):
+    with hpe.variant(model, args.child_method, args.child_target):
         # loading (GGUF de-quantization) peaks above a short forward: fork, so the forward's process starts
         # its peak RSS count at the loaded model's RSS
         read, write = os.pipe()
@@ -109,7 +109,7 @@ def main() -> None:
             if label in results["perplexity"]:
                 continue
             start = time.perf_counter()
-            with hpe.patched(model, method, target):
+            with hpe.variant(model, method, target):
                 params = hp.describe(model).get("params") or {}  # resolved: self_extend's group, dca's chunk
                 res = hpe.perplexity_by_length(model, list(docs.values()), lengths, progress=False)
             results["perplexity"][label] = {
@@ -129,7 +129,7 @@ def main() -> None:
             label = f"{method} {length}"
             if label in results["passkey"]:
                 continue
-            with hpe.patched(model, method, target):
+            with hpe.variant(model, method, target):
                 summary = hpe.summarize(trials, hpe.score_trials(model, trials, progress=False))
             results["passkey"][label] = {"target": target, "found": round(summary["by_length"][0] * len(trials)),
                                          "trials": len(trials), "mean_logprob": summary["mean_logprob"]}
@@ -141,7 +141,7 @@ def main() -> None:
         forward_seconds(model, ids[:, :512])  # warm-up
         seconds = {"none": forward_seconds(model, ids, cpu=True)}
         for method in ("dca", "self_extend"):
-            with hpe.patched(model, method, targets[0]):
+            with hpe.variant(model, method, targets[0]):
                 seconds[method] = forward_seconds(model, ids, cpu=True)
         results["timing"] = {"length": ids.shape[1], "clock": "process CPU time", "seconds": seconds,
                              "ratio": {m: s / seconds["none"] for m, s in seconds.items()}}

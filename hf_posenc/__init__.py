@@ -5,7 +5,7 @@
     hp.describe(model)
 """
 
-from . import config as configs
+from . import configs
 from .api import describe, from_pretrained, patch, patched, unpatch
 from .errors import (
     AlreadyPatchedError,

@@ -20,11 +20,11 @@ from torch import nn
 from . import _compat
 from .errors import CheckpointMismatchError, MethodNotApplicableError
 from .methods.bias import AlibiBias, RelativeBias, distances
-from .plan import PatchPlan
-from .record import PatchRecord
 
 if TYPE_CHECKING:
     from .config import AttentionMethodConfig
+    from .plan import PatchPlan
+    from .record import PatchRecord
 
 CHILD = "hf_posenc_attention"  # the child each patched attention module carries
 PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the inner one

@@ -301,15 +301,5 @@ class AttentionMethodConfig(MethodConfig):
         return None
 
 
-def __getattr__(name: str):
-    """`hp.configs.YarnConfig`: every registered method's config class, by its class name."""
-    from .registry import METHODS
-
-    for cls in METHODS.values():
-        if cls.__name__ == name:
-            return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 if TYPE_CHECKING:
     from .attention import AttentionSite

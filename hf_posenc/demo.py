@@ -103,7 +103,7 @@ def _inside_context(model, ids: torch.Tensor, methods, target: int) -> list[dict
     rows = [_row("none", {}, reference, reference, ids, 0.0)]
     for method in tqdm(methods, desc="inside the context", unit="method"):
         start = time.perf_counter()
-        with hpe.patched(model, method, target) as params:
+        with hpe.variant(model, method, target) as params:
             logprobs = torch.log_softmax(model(ids[None]).logits[0].float(), -1)
         rows.append(_row(method, params, logprobs, reference, ids, time.perf_counter() - start))
     return rows
@@ -123,7 +123,7 @@ def _past_context(model, ids: list[int], variants, target: int, lengths: list[in
     rows = {}
     for spec in tqdm(variants, desc="up to the target", unit="variant"):
         start = time.perf_counter()
-        with hpe.patched(model, spec, target):
+        with hpe.variant(model, spec, target):
             by_length = hpe.perplexity_by_length(model, [ids], lengths, progress=False)
             passkey = hpe.summarize(trials, hpe.score_trials(model, trials, progress=False))
         rows[spec] = {"lengths": by_length, "passkey": passkey, "seconds": time.perf_counter() - start}

@@ -97,11 +97,11 @@ def test_after_the_block_the_model_is_as_before_whatever_the_block_patched():
 
 def test_the_variant_helper_is_patched_with_the_variant_parameters():
     model = tiny_model()
-    with hpe.patched(model, "yarn beta_fast=16", 256) as params:
+    with hpe.variant(model, "yarn beta_fast=16", 256) as params:
         assert params == {"beta_fast": 16, "max_position_embeddings": 256}
         assert hp.describe(model)["params"]["beta_fast"] == 16
     assert hp.describe(model)["method"] is None
-    with pytest.raises(RuntimeError), hpe.patched(model, "ntk", 256):
+    with pytest.raises(RuntimeError), hpe.variant(model, "ntk", 256):
         raise RuntimeError
     assert hp.describe(model)["method"] is None
 

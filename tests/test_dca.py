@@ -297,7 +297,7 @@ def test_evaluation_scores_every_length_from_one_pass():
 
     model = build()
     docs = [ids(150)[0].tolist()]
-    with hpe.patched(model, "dca chunk_size=24 local_window=4", 4 * CTX) as params:
+    with hpe.variant(model, "dca chunk_size=24 local_window=4", 4 * CTX) as params:
         assert params["max_position_embeddings"] == 4 * CTX and not hpe.is_length_dependent(model)
         one = hpe.perplexity_by_length(model, docs, [40, 100, 150], progress=False)
         separate = hpe.perplexity_by_length(model, docs, [40, 100, 150], one_pass=False, progress=False)

@@ -244,12 +244,12 @@ def test_patched_applies_the_variant_and_restores_the_model():
     model = tiny_model()
     ids = token_ids(80)
     before = model(ids).logits
-    with hpe.patched(model, "longrope", 4 * CTX) as params:
+    with hpe.variant(model, "longrope", 4 * CTX) as params:
         assert params["long_factor"] == pytest.approx([1 + 3 * i / 7 for i in range(8)], abs=1e-4) and hp.describe(model)["factor"] == 4.0
         assert not torch.equal(model(ids).logits, before)
-    with hpe.patched(model, "base", 4 * CTX) as params:  # theta * s^(d/(d-2)), d = 16
+    with hpe.variant(model, "base", 4 * CTX) as params:  # theta * s^(d/(d-2)), d = 16
         assert model.config.rope_parameters["rope_theta"] == pytest.approx(10000.0 * 4 ** (16 / 14))
-    with hpe.patched(model, "yarn factor=2", 4 * CTX) as params:  # the variant's own factor wins
+    with hpe.variant(model, "yarn factor=2", 4 * CTX) as params:  # the variant's own factor wins
         assert params == {"factor": 2} and model.config.max_position_embeddings == 2 * CTX
     assert torch.equal(model(ids).logits, before) and hp.describe(model)["method"] is None
 

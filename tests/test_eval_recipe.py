@@ -58,7 +58,7 @@ def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_p
     # the recorded curve is what hpe computes on the first corpus document
     model, tok = hp.load_model(checkpoint), tiny_tokenizer()
     docs = [tok(TEXT, add_special_tokens=False)["input_ids"]]
-    with hpe.patched(model, "yarn", 256):
+    with hpe.variant(model, "yarn", 256):
         expected = hpe.perplexity_curve(model, docs, length=256, bucket=64, progress=False)
     assert yarn["curve"]["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-4)
     assert 0 <= yarn["passkey"]["by_length"][0] <= 1 and yarn["needle"]["lengths"] == [450]
@@ -108,7 +108,7 @@ def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(chec
         "yarn beta_fast=8 attention_factor=1", "yarn beta_fast=8 attention_factor=1.2",
         "yarn beta_fast=32 attention_factor=1", "yarn beta_fast=32 attention_factor=1.2"]
     for point in grid["points"]:  # each point: perplexity at the longest length on the tuning document
-        with hpe.patched(model, point["variant"], 256):
+        with hpe.variant(model, point["variant"], 256):
             expected = hpe.document_perplexity(model, tune, max_length=256, progress=False)["perplexity"]
         assert point["perplexity"] == pytest.approx(expected, rel=1e-5)
     best = min(grid["points"], key=lambda p: p["perplexity"])
@@ -119,7 +119,7 @@ def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(chec
     expected = hpe.perplexity_by_length(model, held_out, [64, 128, 256], progress=False)["perplexity"]
     hp.unpatch(model)
     assert results["variants"][f"{best['variant']} (grid best)"]["lengths"]["perplexity"] == pytest.approx(expected, rel=1e-5)
-    with hpe.patched(model, "yarn", 256):
+    with hpe.variant(model, "yarn", 256):
         expected = hpe.perplexity_by_length(model, held_out, [64, 128, 256], progress=False)
     assert results["variants"]["yarn"]["lengths"]["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
     summary = (tmp_path / "summary.md").read_text()
@@ -190,7 +190,7 @@ def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpo
     assert out["perplexities"] == pytest.approx(expected, rel=1e-5)
     assert out["mean_perplexity"] == pytest.approx(sum(expected) / 2, rel=1e-5)
     patched = metric.compute(predictions=texts, model=model, tokenizer=tok, variant="yarn", max_position_embeddings=256)
-    with hpe.patched(model, "yarn", 256):
+    with hpe.variant(model, "yarn", 256):
         expected = [hpe.document_perplexity(model, [d], max_length=256, progress=False)["perplexity"] for d in docs]
     assert patched["perplexities"] == pytest.approx(expected, rel=1e-5)
     assert patched["tokens"] == 255 + 149 and hp.describe(model)["method"] is None  # scored in full, then unpatched

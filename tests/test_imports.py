@@ -12,8 +12,10 @@ PACKAGE = Path(hf_posenc.__file__).parent
 
 # Known, each broken by an import inside a function: loading applies a GGUF file's rope scaling with
 # api.patch while api loads through loading; the CLI dispatches to the evaluate recipe, which ends its
-# refusals with the CLI's helpers.
-KNOWN = {frozenset({"hf_posenc.loading", "hf_posenc.api"}), frozenset({"hf_posenc.cli", "hf_posenc.recipes.evaluate"})}
+# refusals with the CLI's helpers; a record names its family and method, which the registry holds, and the
+# registry finds a patched model's family from its record.
+KNOWN = {frozenset({"hf_posenc.loading", "hf_posenc.api"}), frozenset({"hf_posenc.cli", "hf_posenc.recipes.evaluate"}),
+         frozenset({"hf_posenc.registry", "hf_posenc.record"})}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -25,11 +27,24 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
+def _executed(tree: ast.Module):
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (imports for annotations only, never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
 def imports(name: str, path: Path, is_package: bool, known: dict) -> set[str]:
-    """The package's modules `name` imports, resolved to the module (not the package) where one is named."""
+    """The package's modules `name` imports, resolved to the module (not the package) where one is named;
+    imports under `if TYPE_CHECKING:` (annotations only) are not counted."""
     here = name.split(".") if is_package else name.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _executed(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

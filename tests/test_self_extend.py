@@ -160,11 +160,11 @@ def test_evaluation_variants_pick_the_group_from_the_target():
     from hf_posenc import eval as hpe
 
     model = build()
-    with hpe.patched(model, "self_extend", 4 * CTX):
+    with hpe.variant(model, "self_extend", 4 * CTX):
         group = hp.describe(model)["params"]["group_size"]
         assert longest_input(group, CTX // 4, CTX) >= 4 * CTX > longest_input(group - 1, CTX // 4, CTX)
         assert not hpe.is_length_dependent(model)
-    with hpe.patched(model, "self_extend group_size=2 window=16", 4 * CTX):  # its own group: its own longest
+    with hpe.variant(model, "self_extend group_size=2 window=16", 4 * CTX):  # its own group: its own longest
         assert hp.describe(model)["max_position_embeddings"] == longest_input(2, 16, CTX)
     assert hpe.expand_grid("self_extend group_size=2|4") == ["self_extend group_size=2", "self_extend group_size=4"]
 

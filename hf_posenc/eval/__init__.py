@@ -18,10 +18,10 @@ from .perplexity import (
     token_nll,
 )
 from .retrieval import TASKS, Haystack, Trial, build_trial, make_trials, score_trials, summarize
-from .variants import expand_grid, parse_variant, patched, variant_params
+from .variants import expand_grid, parse_variant, variant, variant_params
 
 __all__ = [
     "token_nll", "document_perplexity", "perplexity_by_length", "strided_perplexity", "perplexity_curve", "curve_perplexity",
     "is_length_dependent", "TASKS", "Trial", "Haystack", "build_trial", "make_trials", "score_trials", "summarize",
-    "parse_variant", "expand_grid", "variant_params", "patched",
+    "parse_variant", "expand_grid", "variant_params", "variant",
 ]

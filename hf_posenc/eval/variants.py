@@ -67,7 +67,7 @@ def variant_params(model: torch.nn.Module, method: str, params: dict, target: in
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module, spec: str, target: int):
+def variant(model: torch.nn.Module, spec: str, target: int):
     """`hp.patched` for a variant: the model patched as `spec` says for `target` tokens (`variant_params`)
     inside the block, unpatched after it; yields the parameters used ({} for "none")."""
     method, params = parse_variant(spec)

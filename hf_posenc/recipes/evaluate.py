@@ -284,7 +284,7 @@ def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -
     length = args.eval.tune_length or max(args.eval.perplexity_lengths)
     points = []
     for point in tqdm(hpe.expand_grid(spec), desc=f"grid {spec} @{target}", unit="point"):
-        with hpe.patched(model, point, target) as params:
+        with hpe.variant(model, point, target) as params:
             ppl = hpe.perplexity_by_length(model, inputs["tune"], [length], progress=False)["perplexity"][0]
         points.append({"variant": point, "params": params, "perplexity": ppl})
     best = min(points, key=lambda p: p["perplexity"])
@@ -299,7 +299,7 @@ def check_lengths(model, args: EvalConfig, plan: list[tuple[str, str, int]]) -> 
     measure runs."""
     longest = max_length(args)
     for label, spec, target in plan:
-        with hpe.patched(model, spec, target):
+        with hpe.variant(model, spec, target):
             try:
                 hp.check_length(model, longest)
             except hp.SequenceTooLongError as err:
@@ -384,7 +384,7 @@ def run(args: EvalConfig) -> dict:
             continue
         print(f"== {label}", file=sys.stderr)
         start = time.perf_counter()
-        with hpe.patched(model, spec, target) as params:
+        with hpe.variant(model, spec, target) as params:
             res = {"params": params, "describe": describe(model), **evaluate_variant(model, args, inputs)}
         res.update(seconds=round(time.perf_counter() - start, 1), date=datetime.date.today().isoformat(), device=device)
         results["variants"][label] = res

@@ -8,7 +8,8 @@ import evaluate
 import torch
 
 import hf_posenc
-from hf_posenc.eval import document_perplexity, patched, strided_perplexity
+from hf_posenc import eval as hpe
+from hf_posenc.eval import document_perplexity, strided_perplexity
 
 _DESCRIPTION = """Perplexity (exp of the mean negative log-likelihood per token) of each text under a causal LM.
 Texts longer than `max_length` tokens are truncated, or, with `stride`, scored with a sliding window."""
@@ -59,7 +60,7 @@ class Perplexity(evaluate.Metric):
         if add_start_token and not start:
             raise ValueError("add_start_token=True, but the tokenizer has no BOS token")
         docs = [start + ids for ids in tokenizer(list(predictions), add_special_tokens=False)["input_ids"]]
-        with patched(model, variant, target) as params:
+        with hpe.variant(model, variant, target) as params:
             length = max_length or params.get("max_position_embeddings") or context
             if stride:
                 scores = [strided_perplexity(model, d, window=length, stride=stride, progress=False) for d in docs]
