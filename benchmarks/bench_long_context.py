@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import math
 import os
 import resource
@@ -38,6 +39,7 @@ import torch
 import hf_posenc as hp
 from hf_posenc import eval as hpe
 
+CONTEXT = 8192  # SmolLM2-135M's trained context (what --report marks on its figure)
 METHODS = ["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"]
 
 
@@ -83,6 +85,9 @@ def main() -> None:
     parser.add_argument("--memory-lengths", type=int, nargs="*", default=[8192, 16384, 32768])
     parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
     parser.add_argument("--out", default="runs/bench/long_context.json")
+    parser.add_argument("--report", nargs="+", metavar="JSON",
+                        help="print the tables of these results files (of earlier runs) and draw --figure; runs nothing")
+    parser.add_argument("--figure", help="with --report: the perplexity figure (PNG) of --plays[0]")
     parser.add_argument("--child-method", help=argparse.SUPPRESS)
     parser.add_argument("--child-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-target", type=int, help=argparse.SUPPRESS)
@@ -92,6 +97,8 @@ def main() -> None:
         hpe.parse_variant(spec)
     if args.child_method:
         return child(args)
+    if args.report:
+        return report(args.report, args.figure, args.plays[0])
 
     model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
@@ -166,16 +173,70 @@ def main() -> None:
     print(tables(results, lengths, context))
 
 
+def report(paths: list[str], figure: str | None, play: str) -> None:
+    """The tables of earlier runs' results files, and one figure: perplexity against length on `play`, every
+    variant of every file (labelled with its dtype where the files differ)."""
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    dtypes = {run["settings"]["dtype"] for run in runs}
+    curves = {}
+    for path, run in zip(paths, runs):
+        lengths = sorted(int(n) for r in run["perplexity"].values() for n in r["perplexity"])
+        print(f"{path}: {run['machine']}\n\n{tables(run, sorted(set(lengths)), CONTEXT)}\n")
+        for label, r in run["perplexity"].items():
+            scores = r["per_play"].get(play)
+            if scores:
+                name = label if len(dtypes) == 1 else f"{label} ({run['settings']['dtype']})"
+                curves[name] = {"lengths": [int(n) for n in scores], "perplexity": list(scores.values())}
+    if figure and curves:
+        dtype = next(iter(dtypes)) if len(dtypes) == 1 else "mixed dtypes"
+        print(f"figure: {draw(curves, figure, f'SmolLM2-135M ({CONTEXT} context), {play}, {dtype}')}")
+
+
+def draw(curves: dict[str, dict], path: str, title: str) -> str:
+    """Perplexity against length, every variant; the y-axis fits the patched variants, and the unpatched
+    model's points past the context that lie above it are written on the figure instead of squeezing the
+    rest into a sliver."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    patched = [p for label, c in curves.items() if label != "none" for p in c["perplexity"]]
+    top = 1.12 * max(patched) if patched else None
+    off = []
+    for label, c in curves.items():
+        ax.plot(c["lengths"], c["perplexity"], marker="o", markersize=4, linewidth=1.4, label=label,
+                linestyle="--" if label == "none" else "-")
+        off += [f"{label}: {p:.0f} at {n // 1024}k" for n, p in zip(c["lengths"], c["perplexity"]) if top and p > top]
+    lengths = sorted({n for c in curves.values() for n in c["lengths"]})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
+    ax.minorticks_off()
+    if top:
+        ax.set_ylim(0.95 * min(patched + [p for c in curves.values() for p in c["perplexity"]]), top)
+    ax.axvline(CONTEXT, color="gray", linestyle=":", linewidth=1)
+    ax.annotate("original context", (CONTEXT, 0.02), xycoords=("data", "axes fraction"), fontsize=8, color="gray",
+                xytext=(3, 0), textcoords="offset points")
+    if off:
+        ax.text(0.02, 0.97, "above the axis: " + ", ".join(off), transform=ax.transAxes, fontsize=8, va="top")
+    ax.set(xlabel="context length n (tokens)", ylabel="perplexity of the first n tokens", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def tables(results: dict, lengths: list[int], context: int) -> str:
     lines = ["| method | " + " | ".join(str(n) for n in lengths) + " | how |", "|---|" + "---|" * (len(lengths) + 1)]
     for label, r in results["perplexity"].items():
-        lines.append(f"| {label} | " + " | ".join(f"{r['perplexity'][str(n)]:.2f}" for n in lengths)
+        lines.append(f"| {label} | " + " | ".join(f"{r['perplexity'][str(n)]:.2f}" if str(n) in r["perplexity"]
+                                                  else "" for n in lengths)
                      + f" | {'one pass' if r['one_pass'] else 'a pass per length'} |")
     if "none" in results["perplexity"] and str(context) in results["perplexity"]["none"]["perplexity"]:
         ref = results["perplexity"]["none"]["perplexity"][str(context)]
         lines += ["", f"longest length against the unpatched model at its context ({context}: {ref:.2f}):"]
         lines += [f"- {label}: {r['perplexity'][str(lengths[-1])] / ref:.3f}x"
-                  for label, r in results["perplexity"].items() if math.isfinite(r["perplexity"][str(lengths[-1])])]
+                  for label, r in results["perplexity"].items()
+                  if math.isfinite(r["perplexity"].get(str(lengths[-1]), math.nan))]
     if results["passkey"]:
         lines += ["", "| passkey | found | mean answer log-prob |", "|---|---|---|"]
         lines += [f"| {k} (target {r['target']}) | {r['found']}/{r['trials']} | {r['mean_logprob']:.2f} |"
