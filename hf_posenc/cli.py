@@ -352,8 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-tokens", type=int, default=16384,
                    help="longest length of part 2, perplexity against length and the passkey (default 16384, "
                         "twice SmolLM2's context; 0 skips part 2)")
-    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,linear,ntk,dynamic,yarn,"
-                                           "dynamic_yarn; fewer for a quicker run)")
+    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,yarn,dca; each adds "
+                                           "two passes at --long-tokens, ~3 min on 2 CPU cores)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="auto (default): bfloat16 where the CPU or GPU runs it natively, else float32")
     p.add_argument("--corpus", default="shakespeare:hamlet", help="text to read (a load_corpus spec; first document)")

@@ -2,25 +2,29 @@
 
 1. Inside the original context, every method against the unpatched model on the same text: how far
    its log-probabilities move (what a patch costs before any fine-tuning), and the perplexity.
-2. Up to twice the original context, for the methods the long-context papers compare: perplexity
-   against context length (the text truncated to n tokens, n = 1/4, 1/2, 1 and 2 times the context;
-   one pass for static methods, a pass per length for dynamic ones), passkey retrieval at the longest
-   length, and the figure.
+2. Up to twice the original context, for the unpatched model, YaRN and Dual Chunk Attention by default
+   (`long_variants`: any others): perplexity against context length (the text truncated to n tokens,
+   n = 1/4, 1/2, 1 and 2 times the context; one pass for static methods, a pass per length for dynamic
+   ones), passkey retrieval at the longest length, and the figure. Each long pass shows a progress bar
+   over the model's layers, with the time left in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from . import api, assets, data, loading
+from . import _compat, api, assets, data, loading
 from . import eval as hpe
 
 DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope", "dca", "self_extend")
-LONG_VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn")
+# the baseline, the usual method, the training-free one that goes furthest; each costs two passes at the
+# longest length (perplexity, passkey), ~3 minutes on 2 CPU cores: more are a --long-variants away
+LONG_VARIANTS = ("none", "yarn", "dca")
 
 
 @torch.inference_mode()
@@ -79,8 +83,9 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         print_fn(format_past(past, context))
         if out is not None:
             _figure(past, Path(out) / "perplexity_by_length.png", context, f"{info['model_type']}, {corpus}", print_fn)
-    print_fn(f"total {time.perf_counter() - started:.0f} s. More: python recipes/evaluate.py --config "
-             f"recipes/configs/eval_smollm2.yaml (perplexity curves, passkey, needle)")
+    print_fn(f"total {time.perf_counter() - started:.0f} s. More: hf-posenc demo --long-variants "
+             f"none,linear,ntk,dynamic,yarn,dynamic_yarn,dca,self_extend (every method past the context); "
+             f"hf-posenc evaluate --config eval_smollm2 (perplexity curves, passkey, needle)")
     return {"inside": inside, "past": past}
 
 
@@ -119,11 +124,44 @@ def _row(method, params, logprobs, reference, ids, seconds) -> dict:
             "ppl": float(torch.tensor(nll).exp()), "seconds": seconds}
 
 
+@contextlib.contextmanager
+def pass_progress(model: torch.nn.Module, desc: str, min_tokens: int):
+    """Inside the block, each forward of at least `min_tokens` tokens shows a progress bar over the model's
+    attention layers: a long pass takes minutes on a CPU, and the bar's rate says how long is left in it."""
+    layers = [module for _, module in _compat.attention_modules(model)]
+    bar = None
+
+    def start(module, args, kwargs):
+        nonlocal bar
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] >= min_tokens:
+            bar = tqdm(total=len(layers), desc=f"{desc}, {ids.shape[-1]}-token pass", unit="layer", leave=False)
+
+    def step(*_):
+        if bar is not None:
+            bar.update()
+
+    def end(*_):
+        nonlocal bar
+        if bar is not None:
+            bar.close()
+            bar = None
+
+    handles = [model.register_forward_pre_hook(start, with_kwargs=True), model.register_forward_hook(end)]
+    handles += [layer.register_forward_hook(step) for layer in layers]
+    try:
+        yield
+    finally:
+        end()
+        for handle in handles:
+            handle.remove()
+
+
 def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials) -> dict:
     rows = {}
     for spec in tqdm(variants, desc="up to the target", unit="variant"):
         start = time.perf_counter()
-        with hpe.variant(model, spec, target):
+        with hpe.variant(model, spec, target), pass_progress(model, spec, min_tokens=lengths[-1] // 2):
             by_length = hpe.perplexity_by_length(model, [ids], lengths, progress=False)
             passkey = hpe.summarize(trials, hpe.score_trials(model, trials, progress=False))
         rows[spec] = {"lengths": by_length, "passkey": passkey, "seconds": time.perf_counter() - start}

@@ -266,3 +266,35 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
     assert exit_.value.code == 2 and "error: unknown method 'yarnn'" in capsys.readouterr().err
+
+
+
+def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
+    """demo.pass_progress: one bar per forward of at least min_tokens tokens, as many steps as attention
+    layers; shorter forwards get none, and the hooks are gone after the block."""
+    import torch
+
+    from hf_posenc import demo
+    from tiny import tiny_model
+
+    model = tiny_model(max_position_embeddings=128)
+    seen = []
+
+    class Bar:
+        def __init__(self, total, desc, **_):
+            self.total, self.desc, self.n = total, desc, 0
+            seen.append(self)
+
+        def update(self):
+            self.n += 1
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(demo, "tqdm", Bar)
+    with torch.no_grad(), demo.pass_progress(model, "yarn", min_tokens=64):
+        model(torch.randint(0, 100, (1, 80)))
+        model(torch.randint(0, 100, (1, 10)))
+    assert [(b.desc, b.n, b.total) for b in seen] == [("yarn, 80-token pass", 2, 2)]
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
