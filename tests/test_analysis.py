@@ -66,7 +66,7 @@ def seed_inv_freq(theta: float, dim: int) -> np.ndarray:
 
 # -- position tables --------------------------------------------------------------------------------
 
-def test_heat_map_of_a_sinusoidal_patch_is_the_seed_formula(tmp_path):
+def test_heat_map_of_a_sinusoidal_patch_is_the_paper_formula(tmp_path):
     model = tiny_learned("gpt2")
     result = analysis.plot_table(model, tmp_path, method="sinusoidal", init="raw", max_position_embeddings=96)
     assert_png(result)
@@ -131,7 +131,7 @@ def test_table_plots_refuse_rope_models_and_learned_tables_refuse_long_reads(tmp
 
 # -- RoPE ---------------------------------------------------------------------------------------------
 
-def test_wavelengths_follow_the_seed_formula_and_each_method(tmp_path):
+def test_wavelengths_follow_the_paper_formula_and_each_method(tmp_path):
     context, s = 1024, 2.0
     model = tiny_model(max_position_embeddings=context)
     result = analysis.plot_wavelengths(model, tmp_path, methods=["linear", "ntk", "yarn"], factor=s)

@@ -243,7 +243,7 @@ def test_describe_reports_the_learned_mechanism():
     assert roberta.config.max_position_embeddings == 2 * N + 2 and hp.describe(roberta)["length_limit"] == 2 * N
 
 
-def test_distilbert_own_sinusoid_is_described_and_matches_the_seed_formula():
+def test_distilbert_own_sinusoid_is_described_and_matches_the_paper_formula():
     model = tiny("distilbert", smooth_table=False, sinusoidal_pos_embds=True)
     assert hp.describe(model)["mechanism"] == "sinusoidal"
     assert hp.describe(tiny("distilbert"))["mechanism"] == "learned"

@@ -31,7 +31,7 @@ def logits(model, ids):
     return model(ids).logits
 
 
-def test_inv_freq_is_the_seed_formula():
+def test_inv_freq_is_the_paper_formula():
     for theta, dim in [(10000.0, 64), (100000.0, 64), (500000.0, 128), (10000.0, 16)]:
         expected = torch.tensor([theta ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
         torch.testing.assert_close(rope.inv_freq(theta, dim).double(), expected, rtol=1e-6, atol=0)

@@ -169,7 +169,7 @@ def test_family_is_found_and_described(family):
 
 
 @pytest.mark.parametrize(("family", "method"), [(f, m) for f in FAMILIES for m in supported(f, STOCK)])
-def test_rotary_matches_transformers_and_the_seed_formula(family, method):
+def test_rotary_matches_transformers_and_the_paper_formula(family, method):
     model = build(family)
     key = scaled_key(model.config)
     native = native_parameters(model.config, key)

@@ -16,7 +16,7 @@ from hf_posenc.methods.tile import tile_rows
 from hf_posenc.methods.sinusoidal import SinusoidalPositions, fit_affine, sinusoidal_table
 
 
-def seed_formula(pos: int, j: int, dim: int, base: float = 10000.0) -> float:
+def paper_formula(pos: int, j: int, dim: int, base: float = 10000.0) -> float:
     """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)), written out."""
     i = j // 2
     angle = pos / base ** (2 * i / dim)
@@ -24,10 +24,10 @@ def seed_formula(pos: int, j: int, dim: int, base: float = 10000.0) -> float:
 
 
 @pytest.mark.parametrize("dim,base", [(16, 10000.0), (7, 10000.0), (12, 500.0)])
-def test_table_is_the_seed_formula(dim, base):
+def test_table_is_the_paper_formula(dim, base):
     positions = [0, 1, 2, 5, 63, 1000, 123456]
     table = sinusoidal_table(torch.tensor(positions), dim, base)
-    expected = torch.tensor([[seed_formula(p, j, dim, base) for j in range(dim)] for p in positions],
+    expected = torch.tensor([[paper_formula(p, j, dim, base) for j in range(dim)] for p in positions],
                             dtype=torch.float64)
     assert table.shape == (len(positions), dim)
     torch.testing.assert_close(table, expected, rtol=0, atol=1e-12)
