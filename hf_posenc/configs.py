@@ -1,7 +1,7 @@
 """Every method's config class by its class name, for `hp.configs.YarnConfig(factor=4)`: the registered
 methods (one module each in hf_posenc/methods/) and the kinds they derive from (hf_posenc/config.py)."""
 
-from .config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeMethodConfig
+from .config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeMethodConfig  # noqa: F401
 from .registry import METHODS
 
 globals().update({cls.__name__: cls for cls in METHODS.values()})
