@@ -127,32 +127,29 @@ def _row(method, params, logprobs, reference, ids, seconds) -> dict:
 @contextlib.contextmanager
 def pass_progress(model: torch.nn.Module, desc: str, min_tokens: int):
     """Inside the block, each forward of at least `min_tokens` tokens shows a progress bar over the model's
-    attention layers: a long pass takes minutes on a CPU, and the bar's rate says how long is left in it."""
+    attention layers: a long pass takes minutes on a CPU, and the bar's rate says how long is left in it.
+    The layers are watched, not the model's own call: evaluation runs the decoder without its output layer."""
     layers = [module for _, module in _compat.attention_modules(model)]
     bar = None
 
-    def start(module, args, kwargs):
+    def step(module, args, kwargs, output):
         nonlocal bar
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[-1] >= min_tokens:
-            bar = tqdm(total=len(layers), desc=f"{desc}, {ids.shape[-1]}-token pass", unit="layer", leave=False)
-
-    def step(*_):
-        if bar is not None:
-            bar.update()
-
-    def end(*_):
-        nonlocal bar
-        if bar is not None:
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if hidden is None or hidden.shape[-2] < min_tokens:
+            return
+        if bar is None:
+            bar = tqdm(total=len(layers), desc=f"{desc}, {hidden.shape[-2]}-token pass", unit="layer", leave=False)
+        bar.update()
+        if bar.n >= bar.total:
             bar.close()
             bar = None
 
-    handles = [model.register_forward_pre_hook(start, with_kwargs=True), model.register_forward_hook(end)]
-    handles += [layer.register_forward_hook(step) for layer in layers]
+    handles = [layer.register_forward_hook(step, with_kwargs=True) for layer in layers]
     try:
         yield
     finally:
-        end()
+        if bar is not None:
+            bar.close()
         for handle in handles:
             handle.remove()
 

@@ -270,8 +270,8 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
 
 
 def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
-    """demo.pass_progress: one bar per forward of at least min_tokens tokens, as many steps as attention
-    layers; shorter forwards get none, and the hooks are gone after the block."""
+    """demo.pass_progress: one bar per forward of at least min_tokens tokens (of the model or of its decoder
+    alone), as many steps as attention layers; shorter forwards get none, and the hooks are gone after."""
     import torch
 
     from hf_posenc import demo
@@ -289,12 +289,13 @@ def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
             self.n += 1
 
         def close(self):
-            pass
+            self.closed = True
 
     monkeypatch.setattr(demo, "tqdm", Bar)
     with torch.no_grad(), demo.pass_progress(model, "yarn", min_tokens=64):
         model(torch.randint(0, 100, (1, 80)))
         model(torch.randint(0, 100, (1, 10)))
-    assert [(b.desc, b.n, b.total) for b in seen] == [("yarn, 80-token pass", 2, 2)]
-    assert not model._forward_hooks and not model._forward_pre_hooks
+        model.model(input_ids=torch.randint(0, 100, (1, 70)))  # the decoder alone, as the evaluation runs it
+    assert [(b.desc, b.n, b.total) for b in seen] == [("yarn, 80-token pass", 2, 2), ("yarn, 70-token pass", 2, 2)]
+    assert not any(m._forward_hooks or m._forward_hooks_with_kwargs for m in model.modules())
 
