@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from .. import _compat
-from ..config import RopeMethodConfig
+from ..config import RopeMethodConfig, check_bool
 
 # Fields of a rope_parameters dict that belong to a scaling method, not to the model's base RoPE.
 SCALING_KEYS = frozenset({
@@ -67,6 +69,26 @@ def parameters_at_length(method: RopeMethodConfig, native: dict, original: int,
     if seq_len <= original:
         return None
     return method.parameters_at_length(base_parameters(native), original, seq_len), seq_len
+
+
+@dataclass
+class LengthFollowingConfig(RopeMethodConfig):
+    """What the methods whose frequencies hf_posenc sets for each input length share (dynamic, dynamic_yarn):
+    a saved config records a rope_type stock transformers refuses, and `exact_cache` (exact_cache.py) re-rotates
+    the cached keys at every step. Subclasses give `parameters_at_length`."""
+
+    length_dependent: ClassVar[bool] = True
+    follows_length: ClassVar[bool] = True
+
+    exact_cache: bool = False  # hf_posenc/methods/exact_cache.py: cached keys re-rotated at every step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool("exact_cache", self.exact_cache)
+
+    def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
+        return base | {"rope_type": CUSTOM_ROPE_TYPE_PREFIX + self.name, "factor": self.factor,
+                       "original_max_position_embeddings": original}
 
 
 class LengthDependentRotary(nn.Module):

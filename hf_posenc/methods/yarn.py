@@ -23,6 +23,23 @@ def check_betas(beta_fast: float, beta_slow: float) -> None:
         )
 
 
+def check_yarn_fields(method) -> None:
+    """The checks of the fields YaRN and dynamic YaRN share."""
+    check_betas(method.beta_fast, method.beta_slow)
+    check_number("mscale", method.mscale, above=0)
+    check_number("mscale_all_dim", method.mscale_all_dim, above=0)
+    check_bool("truncate", method.truncate)
+
+
+def yarn_parameters(method, base: dict, original: int, factor: float, optional: tuple[str, ...]) -> dict:
+    """transformers' "yarn" rope_parameters at `factor`, from the fields of `method` (YaRN or dynamic YaRN);
+    `optional`: the fields written only when set."""
+    return base | {
+        "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+        "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
+    } | optional_fields(method, *optional)
+
+
 @dataclass
 class YarnConfig(RopeMethodConfig):
     """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention temperature
@@ -41,14 +58,8 @@ class YarnConfig(RopeMethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_betas(self.beta_fast, self.beta_slow)
+        check_yarn_fields(self)
         check_number("attention_factor", self.attention_factor, above=0)
-        check_number("mscale", self.mscale, above=0)
-        check_number("mscale_all_dim", self.mscale_all_dim, above=0)
-        check_bool("truncate", self.truncate)
 
     def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
-        return base | {
-            "rope_type": "yarn", "factor": self.factor, "original_max_position_embeddings": original,
-            "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "truncate": self.truncate,
-        } | optional_fields(self, "attention_factor", "mscale", "mscale_all_dim")
+        return yarn_parameters(self, base, original, self.factor, ("attention_factor", "mscale", "mscale_all_dim"))
