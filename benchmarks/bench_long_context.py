@@ -189,40 +189,11 @@ def report(paths: list[str], figure: str | None, play: str) -> None:
                 curves[name] = {"lengths": [int(n) for n in scores], "perplexity": list(scores.values())}
     if figure and curves:
         dtype = next(iter(dtypes)) if len(dtypes) == 1 else "mixed dtypes"
-        print(f"figure: {draw(curves, figure, f'SmolLM2-135M ({CONTEXT} context), {play}, {dtype}')}")
+        from hf_posenc.eval import plots
 
-
-def draw(curves: dict[str, dict], path: str, title: str) -> str:
-    """Perplexity against length, every variant; the y-axis fits the patched variants, and the unpatched
-    model's points past the context that lie above it are written on the figure instead of squeezing the
-    rest into a sliver."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
-    ax = fig.subplots()
-    patched = [p for label, c in curves.items() if label != "none" for p in c["perplexity"]]
-    top = 1.12 * max(patched) if patched else None
-    off = []
-    for label, c in curves.items():
-        ax.plot(c["lengths"], c["perplexity"], marker="o", markersize=4, linewidth=1.4, label=label,
-                linestyle="--" if label == "none" else "-")
-        off += [f"{label}: {p:.0f} at {n // 1024}k" for n, p in zip(c["lengths"], c["perplexity"]) if top and p > top]
-    lengths = sorted({n for c in curves.values() for n in c["lengths"]})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
-    ax.minorticks_off()
-    if top:
-        ax.set_ylim(0.95 * min(patched + [p for c in curves.values() for p in c["perplexity"]]), top)
-    ax.axvline(CONTEXT, color="gray", linestyle=":", linewidth=1)
-    ax.annotate("original context", (CONTEXT, 0.02), xycoords=("data", "axes fraction"), fontsize=8, color="gray",
-                xytext=(3, 0), textcoords="offset points")
-    if off:
-        ax.text(0.02, 0.97, "above the axis: " + ", ".join(off), transform=ax.transAxes, fontsize=8, va="top")
-    ax.set(xlabel="context length n (tokens)", ylabel="perplexity of the first n tokens", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.savefig(path, dpi=110)
-    return path
+        path = plots.plot_perplexity_by_length(curves, figure, original_context=CONTEXT, clip_reference=True,
+                                               title=f"SmolLM2-135M ({CONTEXT} context), {play}, {dtype}")
+        print(f"figure: {path}")
 
 
 def tables(results: dict, lengths: list[int], context: int) -> str:

@@ -22,6 +22,19 @@ def _context_line(ax, original_context: int | None, xs) -> None:
                     xytext=(3, 4), textcoords="offset points", fontsize=8, color="0.4")
 
 
+def _clip(ax, results: dict[str, dict], reference: str) -> None:
+    """The perplexity axis up to the variants other than `reference`; its points above that, in words."""
+    others = [p for label, res in results.items() if label != reference for p in res["perplexity"]]
+    if not others:
+        return
+    top = 1.12 * max(others)
+    ax.set_ylim(0.95 * min(p for res in results.values() for p in res["perplexity"]), top)
+    above = [f"{label}: {p:.0f} at {n / 1024:g}k" for label, res in results.items() if label == reference
+             for n, p in zip(res["lengths"], res["perplexity"]) if p > top]
+    if above:
+        ax.text(0.02, 0.97, "above the axis: " + ", ".join(above), transform=ax.transAxes, fontsize=8, va="top")
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,16 +75,19 @@ def plot_perplexity_curves(curves: dict[str, dict], path: str | Path, *, origina
 
 
 def plot_perplexity_by_length(results: dict[str, dict], path: str | Path, *, original_context: int | None = None,
-                              title: str = "perplexity against context length", reference: str = "none") -> Path:
+                              title: str = "perplexity against context length", reference: str = "none",
+                              clip_reference: bool = False) -> Path:
     """One line per variant: the perplexity of the documents truncated to each length
-    (`perplexity_by_length` results), both axes logarithmic, the unpatched model dashed."""
+    (`perplexity_by_length` results), both axes logarithmic, the unpatched model dashed. `clip_reference`:
+    the perplexity axis fits the other variants, and the reference's points above it are written on the
+    figure (an unpatched model at 4x its context would squeeze every patched variant into a sliver)."""
     return plot_perplexity_by_length_panels({"": results}, path, original_context=original_context, title=title,
-                                            reference=reference)
+                                            reference=reference, clip_reference=clip_reference)
 
 
 def plot_perplexity_by_length_panels(panels: dict[str, dict[str, dict]], path: str | Path, *,
                                      original_context: int | None = None, title: str = "perplexity against context length",
-                                     reference: str = "none") -> Path:
+                                     reference: str = "none", clip_reference: bool = False) -> Path:
     """`plot_perplexity_by_length` side by side, one panel per {panel title: results} (e.g. one per
     document), sharing the perplexity axis."""
     fig = Figure(figsize=(7 if len(panels) == 1 else 4.2 * len(panels), 4.2), layout="constrained")
@@ -91,6 +107,8 @@ def plot_perplexity_by_length_panels(panels: dict[str, dict[str, dict]], path: s
         ax.grid(alpha=0.3, which="both")
         _context_line(ax, original_context, lengths)
         ax.set(xlabel="context length n (tokens)", title=name)
+        if clip_reference:
+            _clip(ax, results, reference)
     axes[0].set_ylabel("perplexity of the first n tokens")
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     if len(panels) == 1:
