@@ -26,6 +26,7 @@ import torch
 
 from ..config import check_number
 from ..errors import InvalidParameterError, SequenceTooLongError
+from . import remapped
 from .remapped import Part, RemappedAttention, RemappedConfig, split
 
 
@@ -109,6 +110,17 @@ class SelfExtendAttention(RemappedAttention):
     def key_positions(self, length, device):
         positions = torch.arange(length, device=device)
         return {"true": positions, "grouped": positions // self.group_size}
+
+    def blocks(self, first, end):
+        """Blocks of twice the usual queries where the window is wider than that. Each block makes three
+        triangular kernel calls (the band's two ends, the grouped staircase), which cost about the same per
+        query at any block size, while the CPU flash kernel runs blocks of 768 queries or more in larger tiles:
+        at 16384 tokens the attention takes 1.15x the unpatched causal call instead of 1.35x (RESULTS.md).
+        A block no longer than the window keeps every part unmasked."""
+        size = 2 * remapped.QUERY_BLOCK
+        if self.window <= size:
+            return super().blocks(first, end)
+        return [(a, min(a + size, end)) for a in range(first, end, size)]
 
     def parts(self, start, end, device):
         G, W = self.group_size, self.window
