@@ -8,7 +8,7 @@ from pathlib import Path
 
 import transformers
 
-from . import _compat, assets
+from . import _compat, assets, gguf_header
 from .errors import ModelNotFoundError, ParameterTypeError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
@@ -94,21 +94,28 @@ def _apply_gguf_rope_scaling(model, path: Path):
 
 
 def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
+    """The model's config. From a GGUF file (not yet in the cache) only the file's header is read."""
     name, extra = resolve(ref, gguf_file)
     if "gguf_file" in extra and (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
         name, extra = str(_gguf_cache(name, extra["gguf_file"])), {}
+    if "gguf_file" in extra:
+        with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
+            return transformers.AutoConfig.from_pretrained(name, **extra)
     return transformers.AutoConfig.from_pretrained(name, **extra)
 
 
 def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
     """The model's skeleton on the meta device: its modules and config, no weights (instant), in eval
-    mode as from_pretrained gives it."""
+    mode as from_pretrained gives it, patched as `load_model` patches it (a GGUF file's rope scaling)."""
     import torch
 
     config = load_config(ref, gguf_file=gguf_file)
     cls = _auto_class("", {}, None, config)
     with torch.device("meta"):
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    name, extra = resolve(ref, gguf_file)
+    if "gguf_file" in extra and not (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
+        _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])  # the cached copy is saved patched
     return model.eval()
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import _compat
+from . import _compat, gguf_header
 from .config import LearnedMethodConfig, RopeMethodConfig
 from .errors import MethodNotApplicableError, PosEncError
 from .record import PatchRecord, read_record
@@ -240,11 +240,9 @@ def _check_same_model(model, reader, arch: str, source: Path) -> None:
 def read_gguf_rope(path: str | os.PathLike) -> dict[str, object]:
     """The rope keys of a GGUF file (`rope.*` and `context_length` of its architecture), without the arch
     prefix: what llama.cpp will use."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    arch = reader.fields["general.architecture"].contents()
-    return {key[len(arch) + 1:]: field.contents() for key, field in reader.fields.items()
+    values = gguf_header.read(path).values
+    arch = values["general.architecture"]
+    return {key[len(arch) + 1:]: value for key, value in values.items()
             if key.startswith(f"{arch}.rope.") or key == f"{arch}.context_length"}
 
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig
 
 import hf_posenc as hp
-from hf_posenc import serving
+from hf_posenc import loading, serving
 from tiny import tiny_config, tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -180,6 +180,9 @@ def test_a_scaled_gguf_loads_patched(tmp_path):
     loaded = hp.load_model(tmp_path / "smollm2-16k.gguf", cache=False).eval()
     info = hp.describe(loaded)
     assert (info["method"], info["factor"], info["max_position_embeddings"]) == ("yarn", 2.0, 16384)
+    skeleton = hp.describe(loading.meta_model(tmp_path / "smollm2-16k.gguf"))  # what `hf-posenc inspect` shows
+    assert {k: skeleton[k] for k in ("method", "factor", "max_position_embeddings")} == {
+        k: info[k] for k in ("method", "factor", "max_position_embeddings")}
     assert loaded.config.rope_parameters == patched.config.rope_parameters
     ids = torch.arange(100, 164)[None]
     with torch.no_grad():
