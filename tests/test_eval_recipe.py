@@ -240,13 +240,15 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
           "--tokens", "60", "--long-tokens", "512", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "1. Inside the original context" in printed and "| longrope | long_factor=ramp 1..2 |" in printed
-    assert "| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | passkey 512" in printed
+    assert "| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | how | time (s) |" in printed  # no --passkey
+    assert "--passkey (retrieval at the longest length" in printed
     assert (tmp_path / "perplexity_by_length.png").exists()
     from hf_posenc import demo
 
+    printed_lines = []
     result = demo.run(str(checkpoint), tokens=60, long_tokens=512, methods=("yarn", "dynamic", "dynamic_yarn"),
-                      long_variants=("none", "yarn", "dynamic_yarn"), dtype="float32", corpus=str(corpus_dir / "a.txt"),
-                      out=None, print_fn=lambda *a: None)
+                      long_variants=("none", "yarn", "dynamic_yarn"), passkey=True, dtype="float32",
+                      corpus=str(corpus_dir / "a.txt"), out=None, print_fn=printed_lines.append)
     drift = {r["method"]: r["max_abs_logprob_drift"] for r in result["inside"]}
     assert drift["none"] == drift["dynamic"] == drift["dynamic_yarn"] == 0 < drift["yarn"]
     ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
@@ -262,6 +264,7 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     assert past["dynamic_yarn"]["lengths"]["perplexity"][:3] == pytest.approx(past["none"]["lengths"]["perplexity"][:3], rel=1e-5)
     assert past["dynamic_yarn"]["lengths"]["perplexity"][3] == pytest.approx(past["yarn"]["lengths"]["perplexity"][3], rel=1e-5)
     assert past["yarn"]["passkey"]["lengths"] == [512] and past["yarn"]["passkey"]["trials"] == 1
+    assert any("| ppl 512 | passkey 512 (answer log-prob) | how |" in line for line in printed_lines)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
