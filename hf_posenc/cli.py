@@ -141,6 +141,18 @@ def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple
     return mechanism, skeleton.config.model_type
 
 
+def dry_run(ref: str, gguf_file: str | None, method: str, params: dict) -> None:
+    """The patch on the model's meta skeleton, so that what it refuses against this model (a target past
+    what a table can reach, a family the method does not support, ...) is refused before the weights load.
+    A method that needs the weights to resolve (sinusoidal's fit) is checked when it runs."""
+    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    try:
+        api.patch(skeleton, method, **params)
+    except (NotImplementedError, RuntimeError) as err:
+        if "meta" not in str(err):
+            raise
+
+
 def _names(value: str | None, flag: str, default: tuple[str, ...]) -> tuple[str, ...]:
     if value is None:
         return default
@@ -200,6 +212,7 @@ def cmd_patch(args) -> None:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
     model_mechanism(ref, args.gguf_file, [args.method])
+    dry_run(ref, args.gguf_file, args.method, params)
     model = loading.load_model(ref, gguf_file=args.gguf_file)
     api.patch(model, args.method, **params)
     try:

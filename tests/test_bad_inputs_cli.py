@@ -126,6 +126,8 @@ CLI_CASES = [
     ("patch-factor-abc", [*PATCH, "--factor", "abc", "--out", "{out}"], r"argument --factor: invalid float value: 'abc'"),
     ("patch-negative-context", [*PATCH, "--max-position-embeddings", "-5", "--out", "{out}"],
      r"max_position_embeddings must be > 0, got -5"),
+    ("patch-hierarchical-past-its-reach", ["patch", "{root}/gpt2", "--method", "hierarchical", "--factor", "1000",
+                                           "--out", "{out}"], r"hierarchical positions reach n\^2 = 4096 from this 64-position table"),
     ("patch-method-not-applicable", ["patch", "{root}/gpt2", "--method", "yarn", "--factor", "2", "--out", "{out}"],
      r"method 'yarn' applies to rope positions, but this gpt2 model uses learned positions"),
     ("plot-lengths-abc", [*PLOT, "--what", "attention", "--lengths", "abc"],
@@ -224,7 +226,7 @@ AFTER_LOADING = {"missing-corpus", "passkey-too-short", "documents-too-short"}
 
 
 # refused after reading the text or the weights (their progress bars come first)
-CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey", "patch-factor-overflow"}
+CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey"}
 
 
 def check_refusal(run, argv, pattern, root, capsys, *, alone=True):
