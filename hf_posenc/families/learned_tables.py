@@ -365,7 +365,9 @@ class LengthGuard:
         if tokens is None:
             tokens = arguments.get("inputs_embeds")
         length = tokens.shape[1] if tokens is not None else 0
-        past = arguments.get("past_key_values_length") or _compat.cache_length(arguments.get("past_key_values"))
+        # transformers >= 5.24 names the cache `cache` in some families (GPT-Neo), `past_key_values` in others
+        cache = arguments.get("cache", arguments.get("past_key_values"))
+        past = arguments.get("past_key_values_length") or _compat.cache_length(cache)
         length += past
         position_ids = arguments.get("position_ids")
         if position_ids is not None and position_ids.numel():
