@@ -128,9 +128,14 @@ def _input_paths(ref: str, gguf_file: str | None) -> list[Path]:
 def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple[str, str]:
     """(positional mechanism, model type) from the model's config alone (no weights), each of `methods`
     checked to apply to it: these refusals come before the weights load."""
+    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    return _check_methods(skeleton, methods), skeleton.config.model_type
+
+
+def _check_methods(skeleton, methods) -> str:
+    """The skeleton's positional mechanism, each of `methods` checked to apply to it."""
     from .registry import find_family, get_method, methods_for
 
-    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     mechanism = find_family(skeleton).mechanism
     for method in methods:
         if mechanism not in get_method(method).mechanisms:
@@ -138,7 +143,7 @@ def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple
                 f"method {method!r} applies to {'/'.join(get_method(method).mechanisms)} positions, but this "
                 f"{skeleton.config.model_type} model uses {mechanism} positions; methods that apply: "
                 f"{', '.join(methods_for(mechanism))}")
-    return mechanism, skeleton.config.model_type
+    return mechanism
 
 
 def dry_run(ref: str, gguf_file: str | None, method: str, params: dict) -> None:
@@ -146,6 +151,7 @@ def dry_run(ref: str, gguf_file: str | None, method: str, params: dict) -> None:
     what a table can reach, a family the method does not support, ...) is refused before the weights load.
     A method that needs the weights to resolve (sinusoidal's fit) is checked when it runs."""
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    _check_methods(skeleton, [method])
     try:
         api.patch(skeleton, method, **params)
     except (NotImplementedError, RuntimeError) as err:
@@ -211,7 +217,6 @@ def cmd_patch(args) -> None:
     out = output_folder(args.out, "--out", _input_paths(ref, args.gguf_file), replaces=True)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
-    model_mechanism(ref, args.gguf_file, [args.method])
     dry_run(ref, args.gguf_file, args.method, params)
     model = loading.load_model(ref, gguf_file=args.gguf_file)
     api.patch(model, args.method, **params)
@@ -244,7 +249,7 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     if out.exists() and not args.overwrite:
         raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
     output_folder(str(out.parent), "--out's folder")
-    model_mechanism(str(source), None, [args.method])
+    dry_run(str(source), None, args.method, params)
     if args.method not in serving.LLAMA_CPP_METHODS:
         raise MethodNotApplicableError(f"method {args.method!r} cannot be written into GGUF metadata; methods that "
                                        f"can: {', '.join(serving.LLAMA_CPP_METHODS)}")

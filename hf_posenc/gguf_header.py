@@ -17,6 +17,7 @@ import contextlib
 import mmap
 import os
 import struct
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -27,19 +28,19 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 
 
 class GGUFHeaderError(ValueError):
-    """Not a GGUF file this reader can walk (bad magic, version 1, truncated)."""
+    """Not a GGUF file this reader can walk (bad magic, version 1, truncated, a count past its end)."""
 
 
 @dataclass
 class StringArray:
-    """A metadata array of strings, by its length only."""
+    """A metadata array of strings (or of arrays), by its length only."""
     count: int
 
 
 @dataclass
 class Header:
-    values: dict[str, object]  # key -> int / float / bool / str / numpy array / StringArray
-    types: dict[str, list[int]]  # key -> GGUF value type ([ARRAY, element type] for arrays)
+    values: dict[str, object]  # key -> int / float / bool / str / numpy array / StringArray (strings, arrays)
+    types: dict[str, list[int]]  # key -> GGUF value type ([ARRAY, element type, ...] for arrays, as gguf gives)
     tensor_names: tuple[str, ...] = field(default=())
 
 
@@ -55,6 +56,8 @@ def read(path: str | os.PathLike) -> Header:
             return _Walker(blob, path).header()
         except struct.error:
             raise GGUFHeaderError(f"{path}: the GGUF header ends early (a truncated file)") from None
+        except UnicodeDecodeError as err:
+            raise GGUFHeaderError(f"{path}: a GGUF key that is not UTF-8 ({err.reason})") from None
 
 
 class _Walker:
@@ -70,6 +73,13 @@ class _Walker:
             raise GGUFHeaderError(f"{path}: GGUF version {version}; this reader walks versions 2 and 3")
         self.pos = 8
 
+    def room(self, count: int, size: int, what: str) -> None:
+        """Refuse `count` items of at least `size` bytes each that the rest of the file cannot hold
+        (a corrupt count would otherwise loop, or ask numpy for petabytes)."""
+        if count * size > len(self.blob) - self.pos:
+            raise GGUFHeaderError(f"{self.path}: {count} {what} at byte {self.pos} do not fit in the "
+                                  f"{len(self.blob)}-byte file (a corrupt or truncated header)")
+
     def take(self, code: str):
         value = struct.unpack_from(self.order + code, self.blob, self.pos)[0]
         self.pos += struct.calcsize(code)
@@ -82,6 +92,12 @@ class _Walker:
         self.pos += size
         return bytes(self.blob[self.pos - size:self.pos]).decode("utf-8", errors="replace")
 
+    def key(self) -> str:
+        size = self.take("Q")
+        self.room(size, 1, "key bytes")
+        self.pos += size
+        return bytes(self.blob[self.pos - size:self.pos]).decode("utf-8")
+
     def value(self, kind: int):
         if kind == STRING:
             return self.string()
@@ -89,37 +105,52 @@ class _Walker:
             return self.take(_SCALARS[kind])
         raise GGUFHeaderError(f"{self.path}: unknown GGUF value type {kind} at byte {self.pos}")
 
-    def array(self) -> tuple[object, int]:
+    def array(self) -> tuple[object, list[int]]:
+        """(the array, its element types: [type], or [ARRAY, ...] down the first element as gguf lists them)."""
         kind, count = self.take("I"), self.take("Q")
-        if kind == STRING:
-            for _ in range(count):  # skip each string: only the count is kept
-                size = self.take("Q")
-                self.pos += size
-            if self.pos > len(self.blob):
-                raise struct.error("array past the end")
-            return StringArray(count), kind
+        if kind in (STRING, ARRAY):  # skip each element: only the count is kept
+            self.room(count, 8 if kind == STRING else 12, "array elements")
+            types = [kind]
+            for index in range(count):
+                if kind == STRING:
+                    size = self.take("Q")
+                    self.pos += size
+                    if self.pos > len(self.blob):
+                        raise struct.error("array past the end")
+                else:
+                    inner = self.array()[1]
+                    if index == 0:
+                        types += inner
+            return StringArray(count), types
         if kind not in _SCALARS:
             raise GGUFHeaderError(f"{self.path}: an array of GGUF type {kind}, which this reader does not walk")
         dtype = np.dtype(_SCALARS[kind]).newbyteorder(self.order)
+        self.room(count, dtype.itemsize, "array elements")
         values = np.frombuffer(self.blob, dtype=dtype, count=count, offset=self.pos).copy()
         self.pos += values.nbytes
-        return values, kind
+        return values, [kind]
 
     def header(self) -> Header:
         tensors, pairs = self.take("Q"), self.take("Q")
+        self.room(pairs, 12, "key-value pairs")  # key length + value type, at the least
         values, types = {}, {}
         for _ in range(pairs):
-            key, kind = self.string(), self.take("I")
+            key, kind = self.key(), self.take("I")
+            if key in values:
+                raise GGUFHeaderError(f"{self.path}: the GGUF key {key!r} appears twice")
             if kind == ARRAY:
                 values[key], element = self.array()
-                types[key] = [ARRAY, element]
+                types[key] = [ARRAY, *element]
             else:
                 values[key], types[key] = self.value(kind), [kind]
+        self.room(tensors, 24, "tensor entries")  # name length, dimensions, type, offset
         names = []
-        for _ in range(tensors):  # name, dimensions, type, offset
+        for _ in range(tensors):
             names.append(self.string())
             dimensions = self.take("I")
             self.pos += 8 * dimensions + 4 + 8
+            if self.pos > len(self.blob):
+                raise struct.error("tensor table past the end")
         return Header(values, types, tuple(names))
 
 
@@ -151,22 +182,41 @@ def reader(path: str | os.PathLike) -> SimpleNamespace:
                            tensors=[SimpleNamespace(name=n) for n in header.tensor_names])
 
 
+class _HeaderReader:
+    """Stands in for `gguf.GGUFReader` inside `config_only`: the header reader for the thread that
+    entered (its refusal names the file and the fault; gguf's own reader would fail on the same files
+    less clearly, or hang on a corrupt array count), gguf's own reader for every other thread."""
+
+    def __init__(self, full, thread: int):
+        self.full, self.thread = full, thread
+
+    def __call__(self, path, *args, **kwargs):
+        if threading.get_ident() == self.thread:
+            return reader(path)
+        return self.full(path, *args, **kwargs)
+
+
+_swap = threading.Lock()
+
+
 @contextlib.contextmanager
 def config_only():
-    """While inside, `gguf.GGUFReader` (which transformers' GGUF config reader constructs) reads only
-    the header. Files this reader cannot walk go to gguf's own reader."""
-    import gguf
-
-    full = gguf.GGUFReader
-
-    def header_reader(path, *args, **kwargs):
-        try:
-            return reader(path)
-        except GGUFHeaderError:
-            return full(path, *args, **kwargs)
-
-    gguf.GGUFReader = header_reader
+    """While inside, `gguf.GGUFReader` (which transformers' GGUF config reader constructs from the module
+    at each call) reads only the header, in this thread. Without the gguf package nothing is swapped:
+    transformers says how to install it."""
     try:
+        import gguf
+    except ImportError:
         yield
-    finally:
-        gguf.GGUFReader = full
+        return
+    current = gguf.GGUFReader
+    if isinstance(current, _HeaderReader) and current.thread == threading.get_ident():
+        yield  # nested: the outer window restores the real reader
+        return
+    with _swap:  # one window at a time, so each restores the reader it replaced
+        full = gguf.GGUFReader
+        gguf.GGUFReader = _HeaderReader(full, threading.get_ident())
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = full

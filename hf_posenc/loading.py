@@ -67,17 +67,28 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
         elif not cache:
             model = _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
             _compat.drop_gguf_quantization(model)
-            return _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])
+            return _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))
         else:
             # de-quantize once in float32 into the cache, then load from it as asked (dtype=, config=, ...)
             model = _auto_class(name, extra, auto_class, None).from_pretrained(name, **extra)
             _compat.drop_gguf_quantization(model)
-            _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])
+            _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))
             model.save_pretrained(cached)
             load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
             del model
             name, extra = str(cached), {}
     return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+
+
+def _gguf_path(name: str, gguf_file: str) -> Path:
+    """The GGUF file on disk: in the local folder `name`, else where transformers keeps the hub repo
+    `name`'s copy (already fetched by the config or model it loaded)."""
+    local = Path(name) / gguf_file
+    if local.is_file():
+        return local
+    from transformers.utils import cached_file
+
+    return Path(cached_file(name, gguf_file))
 
 
 def _apply_gguf_rope_scaling(model, path: Path):
@@ -115,7 +126,7 @@ def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
     name, extra = resolve(ref, gguf_file)
     if "gguf_file" in extra and not (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
-        _apply_gguf_rope_scaling(model, Path(name) / extra["gguf_file"])  # the cached copy is saved patched
+        _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))  # the cached copy is saved patched
     return model.eval()
 
 

@@ -187,9 +187,10 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
                           f"name a new .gguf file")
     if target.exists() and not overwrite:
         raise ExportError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
-    try:
+    try:  # the header first: gguf's reader fails unclearly on a corrupt one (or hangs on a huge count)
+        gguf_header.read(source)
         reader = gguf.GGUFReader(source)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, IndexError, KeyError) as err:
         raise ExportError(f"{source} is not a readable GGUF file: {err}") from None
     arch = reader.fields["general.architecture"].contents()
     _check_same_model(model, reader, arch, source)

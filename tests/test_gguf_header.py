@@ -4,10 +4,14 @@ config through transformers, and a clear error for files it cannot walk."""
 
 from __future__ import annotations
 
+import struct
+import threading
+
 import numpy as np
 import pytest
 import transformers
 
+import hf_posenc as hp
 from hf_posenc import gguf_header, loading
 
 gguf = pytest.importorskip("gguf")
@@ -65,35 +69,133 @@ def test_written_files_read_as_the_gguf_library_reads_them(tmp_path, order):
     assert_same_as_gguf(write(tmp_path / "t.gguf", endianess))
 
 
-def test_the_config_is_the_one_transformers_reads(tmp_path):
+def test_arrays_of_arrays_are_walked_and_counted(tmp_path):
+    """gguf writes nested arrays (transformers' own metadata reader refuses them, so no config test)."""
+    writer = gguf.GGUFWriter(tmp_path / "n.gguf", arch="llama")
+    writer.add_array("test.nested", [[1, 2], [3], [4, 5, 6]])
+    writer.add_uint32("test.after", 9)
+    writer.add_tensor("w", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header, full = gguf_header.read(tmp_path / "n.gguf"), gguf.GGUFReader(tmp_path / "n.gguf")
+    assert header.values["test.nested"] == gguf_header.StringArray(3) and header.values["test.after"] == 9
+    assert header.types["test.nested"] == [int(t) for t in full.fields["test.nested"].types]
+    assert header.tensor_names == ("w",)
+
+
+def test_the_config_is_the_one_transformers_reads_without_the_full_reader(tmp_path, monkeypatch):
     path = write(tmp_path / "t.gguf")
     expected = transformers.AutoConfig.from_pretrained(tmp_path, gguf_file="t.gguf").to_dict()
-    with gguf_header.config_only():
-        ours = transformers.AutoConfig.from_pretrained(tmp_path, gguf_file="t.gguf").to_dict()
-    assert ours == expected and ours["vocab_size"] == 302  # no vocab_size key: the token count
+
+    def full_reader(*args, **kwargs):
+        raise AssertionError("gguf's full reader was called for a file the header reader walks")
+
+    monkeypatch.setattr(gguf, "GGUFReader", full_reader)
     assert loading.load_config(path).to_dict() == expected
+    assert expected["vocab_size"] == 302  # no vocab_size key: the token count
+    assert gguf.GGUFReader is full_reader  # restored
 
 
-def test_files_it_cannot_walk_are_named_and_go_to_the_full_reader(tmp_path):
+def write_scaled(path):
+    """A llama GGUF with YaRN rope scaling (factor 4 from 64 to 256) in its metadata."""
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_context_length(256)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(4.0)
+    writer.add_rope_scaling_orig_ctx_len(64)
+    for add, value in [("block_count", 2), ("embedding_length", 16), ("feed_forward_length", 32),
+                       ("head_count", 2), ("head_count_kv", 1), ("rope_freq_base", 1e4), ("layer_norm_rms_eps", 1e-5)]:
+        getattr(writer, f"add_{add}")(value)
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(40)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_scaled_file_gives_a_patched_skeleton(tmp_path):
+    """transformers drops a GGUF file's rope scaling; the meta skeleton (what `hf-posenc inspect` shows)
+    carries it, as load_model does."""
+    path = write_scaled(tmp_path / "s.gguf")
+    assert loading.load_config(path).max_position_embeddings == 256  # transformers' own reading
+    info = hp.describe(loading.meta_model(path))
+    assert (info["method"], info["factor"], info["max_position_embeddings"]) == ("yarn", 4.0, 256)
+
+
+def test_a_hub_gguf_is_read_from_the_hub_cache(tmp_path, monkeypatch):
+    """`org/repo` + gguf_file: the rope scaling is read from the copy transformers fetched, not from a
+    local path `org/repo/s.gguf` (which does not exist)."""
+    path = write_scaled(tmp_path / "s.gguf")
+    fetched = []
+
+    def hub(repo, filename, *args, **kwargs):
+        fetched.append((repo, filename))
+        return str(path) if (repo, filename) == ("org/scaled", "s.gguf") else None
+
+    monkeypatch.setattr(transformers.configuration_utils, "cached_file", hub)
+    monkeypatch.setattr(transformers.utils, "cached_file", hub)
+    info = hp.describe(loading.meta_model("org/scaled", gguf_file="s.gguf"))
+    assert (info["method"], info["factor"], info["max_position_embeddings"]) == ("yarn", 4.0, 256)
+    assert set(fetched) == {("org/scaled", "s.gguf")}
+
+
+def _walked_file(good: bytes, pairs: int, tensors: int, tail: bytes) -> bytes:
+    """A v3 header with the given counts, followed by `tail` (key-value pairs and tensor entries)."""
+    return good[:8] + struct.pack("<QQ", tensors, pairs) + tail
+
+
+def _pair(key: str, kind: int, payload: bytes) -> bytes:
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", kind) + payload
+
+
+def test_files_it_cannot_walk_are_refused_by_name(tmp_path):
     good = write(tmp_path / "t.gguf").read_bytes()
-    cases = {"empty.gguf": b"", "text.gguf": b"not a gguf file at all", "cut.gguf": good[:200],
-             "v1.gguf": good[:4] + (1).to_bytes(4, "little") + good[8:]}
-    messages = {"empty.gguf": "empty file", "text.gguf": "not a GGUF file", "cut.gguf": "ends early",
-                "v1.gguf": "version 1"}
-    for name, data in cases.items():
+    string_value = _pair("a", 8, struct.pack("<Q", 1) + b"x")
+    cases = {
+        "empty.gguf": (b"", "empty file"),
+        "text.gguf": (b"not a gguf file at all", "not a GGUF file"),
+        "cut.gguf": (good[:200], "ends early|do not fit"),
+        "v1.gguf": (good[:4] + (1).to_bytes(4, "little") + good[8:], "version 1"),
+        "pairs.gguf": (_walked_file(good, 2**62, 0, string_value), "key-value pairs .* do not fit"),
+        "huge-array.gguf": (_walked_file(good, 1, 0, _pair("a", 9, struct.pack("<IQ", 10, 2**61))),
+                            "array elements .* do not fit"),
+        "huge-strings.gguf": (_walked_file(good, 1, 0, _pair("a", 9, struct.pack("<IQ", 8, 2**60))),
+                              "array elements .* do not fit"),
+        "tensors.gguf": (_walked_file(good, 1, 1, string_value + struct.pack("<Q", 1) + b"w"
+                                      + struct.pack("<I", 1000) + bytes(40)), "ends early"),
+        "twice.gguf": (_walked_file(good, 2, 0, string_value + string_value), "'a' appears twice"),
+        "latin1.gguf": (_walked_file(good, 1, 0, _pair("\xe9", 4, struct.pack("<I", 1)).replace(
+            "\xe9".encode(), b"\xe9")), "not UTF-8"),
+    }
+    for name, (data, message) in cases.items():
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(gguf_header.GGUFHeaderError, match=messages[name]):
+        with pytest.raises(gguf_header.GGUFHeaderError, match=message):
             gguf_header.read(tmp_path / name)
-    seen = []
-    original = gguf.GGUFReader
-    with gguf_header.config_only():
-        assert gguf.GGUFReader is not original
-        for name in cases:
-            try:  # the full reader's own error (or result) for what the header reader refused
+    full = gguf.GGUFReader
+    with gguf_header.config_only():  # what transformers constructs: the clear refusal, not gguf's error or hang
+        assert not isinstance(gguf.GGUFReader(tmp_path / "t.gguf"), full)
+        for name, (_, message) in cases.items():
+            with pytest.raises(gguf_header.GGUFHeaderError, match=message):
                 gguf.GGUFReader(tmp_path / name)
-            except Exception as err:  # noqa: BLE001 - whichever error gguf raises
-                seen.append(type(err).__name__)
-    assert gguf.GGUFReader is original and len(seen) == len(cases)
+    assert gguf.GGUFReader is full
+
+
+def test_other_threads_and_nested_windows_get_the_reader_they_expect(tmp_path):
+    path, original = write(tmp_path / "t.gguf"), gguf.GGUFReader
+    seen = {}
+    with gguf_header.config_only():
+        with gguf_header.config_only():  # nested in the same thread: no second swap
+            seen["nested"] = gguf.GGUFReader(path)
+        thread = threading.Thread(target=lambda: seen.setdefault("thread", gguf.GGUFReader(path)))
+        thread.start()
+        thread.join()
+        seen["after nested"] = gguf.GGUFReader(path)
+    assert not isinstance(seen["nested"], original) and not isinstance(seen["after nested"], original)
+    assert isinstance(seen["thread"], original)  # another thread reads whole files, as it asked
+    assert gguf.GGUFReader is original
 
 
 @pytest.mark.real

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -147,8 +148,14 @@ def test_gguf_export_refusals_write_nothing(tmp_path):
         serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), source, tmp_path / "e.gguf")
     with pytest.raises(serving.ExportError, match="not a readable GGUF"):
         serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), tmp_path / "e.gguf", tmp_path / "f.gguf")
+    # a string array claiming 2^60 elements: gguf's own reader would hang on it
+    corrupt = original.replace(struct.pack("<IQ", 8, 2), struct.pack("<IQ", 8, 2**60), 1)
+    assert corrupt != original
+    (tmp_path / "g.gguf").write_bytes(corrupt)
+    with pytest.raises(serving.ExportError, match="not a readable GGUF.*do not fit"):
+        serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), tmp_path / "g.gguf", tmp_path / "f.gguf")
     assert source.read_bytes() == original
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "in.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "g.gguf", "in.gguf"]
 
 
 @pytest.mark.real
