@@ -159,7 +159,7 @@ def dry_run(ref: str, gguf_file: str | None, method: str, params: dict) -> None:
             raise
 
 
-def _names(value: str | None, flag: str, default: tuple[str, ...]) -> tuple[str, ...]:
+def _names(value: str | None, flag: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
     if value is None:
         return default
     names = tuple(n.strip() for n in value.split(",") if n.strip())
@@ -264,7 +264,7 @@ def cmd_demo(args) -> None:
     from . import demo
 
     methods = _names(args.methods, "--methods", demo.DEMO_METHODS)
-    long_variants = _names(args.long_variants, "--long-variants", demo.LONG_VARIANTS)
+    long_variants = _names(args.long_variants, "--long-variants", None)  # None: the demo's default for the dtype
     if args.out is not None:
         output_folder(args.out, "--out")
     demo.run(model_ref(args.model), tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
@@ -370,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-tokens", type=int, default=16384,
                    help="longest length of part 2, perplexity against length (default 16384, twice SmolLM2's "
                         "context; 0 skips part 2)")
-    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,yarn,dca; each adds "
-                                           "a pass at --long-tokens, ~2 min on 2 CPU cores)")
+    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,yarn,dca; none,dca in "
+                                           "float32 on a CPU; each adds a pass at --long-tokens, 2-4.5 min on 2 "
+                                           "CPU cores)")
     p.add_argument("--passkey", action="store_true",
                    help="part 2 also retrieves a passkey hidden halfway through --long-tokens tokens (a second "
                         "pass per variant)")

@@ -3,7 +3,7 @@
 1. Inside the original context, every method against the unpatched model on the same text: how far
    its log-probabilities move (what a patch costs before any fine-tuning), and the perplexity.
 2. Up to twice the original context, for the unpatched model, YaRN and Dual Chunk Attention by default
-   (`long_variants`: any others): perplexity against context length (the text truncated to n tokens,
+   (YaRN left out in float32 on a CPU, see `default_long_variants`; `long_variants`: any others): perplexity against context length (the text truncated to n tokens,
    n = 1/4, 1/2, 1 and 2 times the context; one pass for static methods, a pass per length for dynamic
    ones) and the figure; with `passkey=True`, also passkey retrieval at the longest length (a second
    pass per variant: off by default, so the demo stays within 10 minutes on 2 CPU cores, and SmolLM2-135M
@@ -25,19 +25,33 @@ from . import eval as hpe
 
 DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope", "dca", "self_extend")
 # the baseline, the usual method, the training-free one that goes furthest; each costs a pass at the longest
-# length (~2 minutes on 2 CPU cores; the passkey a second one): more are a --long-variants away
+# length (the passkey a second one): more are a --long-variants away
 LONG_VARIANTS = ("none", "yarn", "dca")
+# A 16k-token pass of SmolLM2 on 2 CPU cores: ~2 minutes in native bfloat16, ~4.5 in float32 on a CPU with
+# AVX2 only (attention is 6.3 s of its 8.6 s a layer), so there three variants take 14 minutes: two fit in 10.
+# YaRN is the one left out: part 1 shows what it costs inside the context.
+LONG_VARIANTS_FLOAT32_CPU = ("none", "dca")
+
+
+def default_long_variants(dtype: torch.dtype, device: str = "cpu") -> tuple[str, ...]:
+    """Part 2's variants when none are given: two in float32 on a CPU, where a long pass is slowest."""
+    return LONG_VARIANTS_FLOAT32_CPU if dtype == torch.float32 and device == "cpu" else LONG_VARIANTS
 
 
 @torch.inference_mode()
 def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
-        long_tokens: int = 16384, long_variants: tuple[str, ...] = LONG_VARIANTS, passkey: bool = False,
+        long_tokens: int = 16384, long_variants: tuple[str, ...] | None = None, passkey: bool = False,
         dtype: str = "auto", corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo",
         print_fn=print) -> dict:
-    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2.
-    Everything is checked (the model's config, the text, the retrieval prompt) before the weights load."""
+    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2;
+    `long_variants=None` takes `default_long_variants` for the dtype. Everything is checked (the model's
+    config, the text, the retrieval prompt) before the weights load."""
     from .registry import get_method
 
+    torch_dtype, why = loading.resolve_dtype(dtype)  # auto: bfloat16 only where the hardware runs it natively
+    defaulted = long_variants is None
+    if defaulted:
+        long_variants = default_long_variants(torch_dtype)
     for spec in (*methods, *long_variants):  # unknown methods stop here, before loading
         name = hpe.parse_variant(spec)[0]
         if name != hpe.variants.NONE and "rope" not in get_method(name).mechanisms:
@@ -49,7 +63,6 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
     if long_tokens and not long_variants:
         raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
-    torch_dtype, why = loading.resolve_dtype(dtype)  # auto: bfloat16 only where the hardware runs it natively
     started = time.perf_counter()
     ref = assets.resolve_alias(model)
     info = _demo_model(ref, model)
@@ -81,6 +94,9 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     past = {}
     if long_tokens:
         lengths = sorted({n for n in (context // 4, context // 2, context, long_tokens) if 1 < n <= long_tokens})
+        if defaulted and long_variants == LONG_VARIANTS_FLOAT32_CPU:
+            print_fn(f"\npart 2 runs {', '.join(long_variants)}: in float32 on a CPU each {long_tokens}-token pass "
+                     f"takes minutes (--long-variants {','.join(LONG_VARIANTS)} adds YaRN)")
         past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials)
         print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}"
                  + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))

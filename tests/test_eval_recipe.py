@@ -9,6 +9,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 import hf_posenc as hp
 import hf_posenc.metrics
@@ -242,8 +243,15 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     assert "1. Inside the original context" in printed and "| longrope | long_factor=ramp 1..2 |" in printed
     assert "| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | how | time (s) |" in printed  # no --passkey
     assert "--passkey (retrieval at the longest length" in printed
+    # float32 on a CPU: YaRN is left out of part 2 by default (a long pass takes minutes there), and it says so
+    assert "part 2 runs none, dca: in float32 on a CPU" in printed
+    part2 = printed.split("2. Up to 512 tokens")[1]
+    assert "| none |" in part2 and "| dca |" in part2 and "| yarn |" not in part2
     assert (tmp_path / "perplexity_by_length.png").exists()
     from hf_posenc import demo
+
+    assert demo.default_long_variants(torch.bfloat16) == demo.default_long_variants(torch.float32, "cuda") == (
+        "none", "yarn", "dca")
 
     printed_lines = []
     result = demo.run(str(checkpoint), tokens=60, long_tokens=512, methods=("yarn", "dynamic", "dynamic_yarn"),
