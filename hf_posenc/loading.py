@@ -110,8 +110,13 @@ def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
     if "gguf_file" in extra and (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
         name, extra = str(_gguf_cache(name, extra["gguf_file"])), {}
     if "gguf_file" in extra:
-        with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
-            return transformers.AutoConfig.from_pretrained(name, **extra)
+        try:
+            with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
+                return transformers.AutoConfig.from_pretrained(name, **extra)
+        except Exception:
+            # transformers' own metadata reader fails on a corrupt file with a bare struct.error: name the fault
+            gguf_header.read(_gguf_path(name, extra["gguf_file"]))
+            raise
     return transformers.AutoConfig.from_pretrained(name, **extra)
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,11 @@ def root(tmp_path_factory):
         (path / f"{name}.yaml").write_text(text)
     (path / "results").mkdir()
     (path / "results" / "results.json").write_text("{not json")
+    # GGUF headers: one cut inside its first key, one whose array claims 2^61 elements (a reader that trusts the
+    # count hangs or asks for exabytes)
+    key = struct.pack("<Q", 20) + b"general.architecture"
+    (path / "cut.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + key[:12])
+    (path / "huge.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + key + struct.pack("<IIQ", 9, 4, 2**61))
     return path
 
 
@@ -93,6 +99,9 @@ CLI_CASES = [
     ("inspect-missing-gguf", ["inspect", "/missing/model.gguf"], r"'/missing/model.gguf': no such file"),
     ("inspect-missing-gguf-file", ["inspect", "{root}/llama", "--gguf-file", "nope.gguf"],
      r"--gguf-file 'nope.gguf': no such file in .*llama"),
+    ("inspect-truncated-gguf", ["inspect", "{root}/cut.gguf"], r"cut\.gguf: 20 key bytes at byte 32 do not fit .*truncated"),
+    ("patch-gguf-with-a-corrupt-count", ["patch", "{root}/huge.gguf", "--method", "yarn", "--factor", "2", "--out",
+                                         "{out}"], r"huge\.gguf: 2305843009213693952 array elements .* do not fit"),
     ("patch-missing-path", ["patch", "/missing/path", "--method", "yarn", "--factor", "2", "--out", "{out}"],
      r"model '/missing/path': no such file or folder"),
     ("patch-out-is-a-file", [*PATCH, "--factor", "2", "--out", "{root}/afile"], r"--out .*afile is a file"),
