@@ -309,7 +309,8 @@ def cmd_plot(args) -> None:
         if what not in analysis.PLOTS_FOR[mechanism]:
             raise UsageError(f"the {what} plot does not apply to this {model_type} model's {mechanism} positions; "
                              f"plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
-    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=loading.resolve_dtype(args.dtype)[0]).eval()
+    # the plots run on the CPU: auto asks the CPU whether it runs bfloat16 natively
+    model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=loading.resolve_dtype(args.dtype, "cpu")[0]).eval()
     results = []
     for what in wanted:
         if what == "table":

@@ -250,8 +250,7 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     assert (tmp_path / "perplexity_by_length.png").exists()
     from hf_posenc import demo
 
-    assert demo.default_long_variants(torch.bfloat16) == demo.default_long_variants(torch.float32, "cuda") == (
-        "none", "yarn", "dca")
+    assert demo.default_long_variants(torch.bfloat16) == ("none", "yarn", "dca")
 
     printed_lines = []
     result = demo.run(str(checkpoint), tokens=60, long_tokens=512, methods=("yarn", "dynamic", "dynamic_yarn"),
@@ -278,6 +277,19 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
     assert exit_.value.code == 2 and "error: unknown method 'yarnn'" in capsys.readouterr().err
 
+
+
+def test_demo_asks_the_cpu_for_its_dtype_not_a_gpu_beside_it(checkpoint, corpus_dir, monkeypatch):
+    """The demo runs on the CPU: with a bfloat16 GPU present and a CPU without native bfloat16, auto is float32."""
+    from hf_posenc import _compat, demo
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_compat, "native_bfloat16", lambda device=None: (
+        (False, "no native bfloat16 here") if str(device) == "cpu" else (True, "a GPU with bfloat16")))
+    printed = []
+    demo.run(str(checkpoint), tokens=40, methods=("yarn",), long_tokens=0, corpus=str(corpus_dir / "a.txt"),
+             out=None, print_fn=printed.append)
+    assert "dtype: float32 (auto: no native bfloat16 here)" in printed
 
 
 def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
