@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 
 STRING, ARRAY = 8, 9
+MAX_NESTING = 16  # arrays of arrays this deep are corruption, not metadata
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
@@ -105,8 +106,10 @@ class _Walker:
             return self.take(_SCALARS[kind])
         raise GGUFHeaderError(f"{self.path}: unknown GGUF value type {kind} at byte {self.pos}")
 
-    def array(self) -> tuple[object, list[int]]:
+    def array(self, depth: int = 1) -> tuple[object, list[int]]:
         """(the array, its element types: [type], or [ARRAY, ...] down the first element as gguf lists them)."""
+        if depth > MAX_NESTING:  # a corrupt file could nest past Python's recursion limit
+            raise GGUFHeaderError(f"{self.path}: arrays nested more than {MAX_NESTING} deep at byte {self.pos}")
         kind, count = self.take("I"), self.take("Q")
         if kind in (STRING, ARRAY):  # skip each element: only the count is kept
             self.room(count, 8 if kind == STRING else 12, "array elements")
@@ -118,7 +121,7 @@ class _Walker:
                     if self.pos > len(self.blob):
                         raise struct.error("array past the end")
                 else:
-                    inner = self.array()[1]
+                    inner = self.array(depth + 1)[1]
                     if index == 0:
                         types += inner
             return StringArray(count), types

@@ -167,6 +167,7 @@ def test_files_it_cannot_walk_are_refused_by_name(tmp_path):
         "tensors.gguf": (_walked_file(good, 1, 1, string_value + struct.pack("<Q", 1) + b"w"
                                       + struct.pack("<I", 1000) + bytes(40)), "ends early"),
         "twice.gguf": (_walked_file(good, 2, 0, string_value + string_value), "'a' appears twice"),
+        "deep.gguf": (_walked_file(good, 1, 0, _pair("a", 9, struct.pack("<IQ", 9, 1) * 2000)), "nested more than 16"),
         "latin1.gguf": (_walked_file(good, 1, 0, _pair("\xe9", 4, struct.pack("<I", 1)).replace(
             "\xe9".encode(), b"\xe9")), "not UTF-8"),
     }
