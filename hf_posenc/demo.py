@@ -5,9 +5,9 @@
 2. Up to twice the original context, for the unpatched model, YaRN and Dual Chunk Attention by default
    (YaRN left out in float32, see `default_long_variants`; `long_variants`: any others): perplexity
    against context length (the text truncated to n tokens, n = 1/4, 1/2, 1 and 2 times the context; one
-   pass for static methods, a pass per length for dynamic ones) and the figure; with `passkey=True`, also passkey retrieval at the longest length (a second
-   pass per variant: off by default, so the demo stays within 10 minutes on 2 CPU cores, and SmolLM2-135M
-   misses the passkey at 16k with every variant). Each long pass shows a progress bar over the model's
+   pass for static methods, a pass per length for dynamic ones) and the figure; with `passkey=True`, also
+   passkey retrieval at the longest length (a second pass per variant: off by default, so the demo stays
+   within 10 minutes on 2 CPU cores, and SmolLM2-135M misses the passkey at 16k with every variant). Each long pass shows a progress bar over the model's
    layers, with the time left in it.
 """
 

@@ -86,18 +86,11 @@ class _Walker:
         self.pos += struct.calcsize(code)
         return value
 
-    def string(self) -> str:
+    def string(self, what: str = "string bytes", errors: str = "replace") -> str:
         size = self.take("Q")
-        if self.pos + size > len(self.blob):
-            raise struct.error("string past the end")
+        self.room(size, 1, what)
         self.pos += size
-        return bytes(self.blob[self.pos - size:self.pos]).decode("utf-8", errors="replace")
-
-    def key(self) -> str:
-        size = self.take("Q")
-        self.room(size, 1, "key bytes")
-        self.pos += size
-        return bytes(self.blob[self.pos - size:self.pos]).decode("utf-8")
+        return bytes(self.blob[self.pos - size:self.pos]).decode("utf-8", errors=errors)
 
     def value(self, kind: int):
         if kind == STRING:
@@ -138,7 +131,7 @@ class _Walker:
         self.room(pairs, 12, "key-value pairs")  # key length + value type, at the least
         values, types = {}, {}
         for _ in range(pairs):
-            key, kind = self.key(), self.take("I")
+            key, kind = self.string("key bytes", errors="strict"), self.take("I")
             if key in values:
                 raise GGUFHeaderError(f"{self.path}: the GGUF key {key!r} appears twice")
             if kind == ARRAY:
