@@ -28,7 +28,7 @@ DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "lla
 # length (the passkey a second one): more are a --long-variants away
 LONG_VARIANTS = ("none", "yarn", "dca")
 # A 16k-token pass of SmolLM2 on 2 CPU cores: ~2 minutes in native bfloat16, ~4.5 in float32 on a CPU with
-# AVX2 only (attention is 6.3 s of its 8.6 s a layer), so there three variants take 14 minutes: two fit in 10.
+# AVX2 only (attention is 6.2 s of its ~8.5 s a layer), so there three variants take 14 minutes: two fit in 10.
 # YaRN is the one left out: part 1 shows what it costs inside the context.
 LONG_VARIANTS_FLOAT32_CPU = ("none", "dca")
 
