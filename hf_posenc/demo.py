@@ -103,7 +103,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
                  + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
         print_fn(format_past(past, context))
         if out is not None:
-            _figure(past, Path(out) / "perplexity_by_length.png", context, f"{info['model_type']}, {corpus}", print_fn)
+            _figure(past, Path(out) / "perplexity_by_length.png", context,
+                    f"{info['model_type']}, {corpus}; every method patched to {target}", print_fn)
     print_fn(f"total {time.perf_counter() - started:.0f} s. More: hf-posenc demo --long-variants "
              f"none,linear,ntk,dynamic,yarn,dynamic_yarn,dca,self_extend (every method past the context)"
              + ("" if passkey else ", --passkey (retrieval at the longest length, a second pass per variant)")

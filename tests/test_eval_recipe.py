@@ -234,9 +234,12 @@ def test_tokenize_keeps_documents_of_min_tokens():
 
 # -- hf-posenc demo --------------------------------------------------------------------------------
 
-def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
+def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys, monkeypatch):
     from hf_posenc.cli import main
+    from hf_posenc.eval import plots
 
+    titles, plot = [], plots.plot_perplexity_by_length
+    monkeypatch.setattr(plots, "plot_perplexity_by_length", lambda *a, **k: titles.append(k["title"]) or plot(*a, **k))
     main(["demo", "--model", str(checkpoint), "--corpus", str(corpus_dir / "a.txt"), "--dtype", "float32",
           "--tokens", "60", "--long-tokens", "512", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
@@ -248,6 +251,7 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys):
     part2 = printed.split("2. Up to 512 tokens")[1]
     assert "| none |" in part2 and "| dca |" in part2 and "| yarn |" not in part2
     assert (tmp_path / "perplexity_by_length.png").exists()
+    assert len(titles) == 1 and titles[0].endswith("every method patched to 128")  # the legend says "dca", not where to
     from hf_posenc import demo
 
     assert demo.default_long_variants(torch.bfloat16) == ("none", "yarn", "dca")
