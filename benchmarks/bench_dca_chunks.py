@@ -1,0 +1,80 @@
+"""Dual Chunk Attention's chunk sizes: hf_posenc's defaults (the paper's positions, chunk c - w, queries
+capped at c - 1) against the sizes of the authors' released code (ChunkLlama: chunk 3c/4 - w, queries capped
+at 3c/4), w = c / 16, on the first tokens of Shakespeare plays, SmolLM2-135M, perplexity of the first n tokens
+(one pass per variant: DCA does not depend on the input length).
+
+    python benchmarks/bench_dca_chunks.py --plays hamlet --lengths 4096 8192 16384 32768
+
+The released code's cap is not a parameter of hf_posenc's `dca` (every position there follows the paper):
+this script sets it on the patched model's shared `DualChunkAttention` (its `original`, the bound every query
+position stays below)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+
+import hf_posenc as hp
+import hf_posenc.eval as hpe
+from hf_posenc.methods.dca import DualChunkAttention
+
+VARIANTS = ("paper", "released")
+
+
+def patched(model, variant: str, context: int, target: int):
+    """Patch `model` with DCA as `variant` sizes it; returns the attention module its layers share."""
+    window = context // 16
+    if variant == "paper":
+        hp.patch(model, "dca", max_position_embeddings=target)
+    else:
+        hp.patch(model, "dca", chunk_size=context * 3 // 4 - window, local_window=window, max_position_embeddings=target)
+    (compute,) = {id(m): m for m in model.modules() if isinstance(m, DualChunkAttention)}.values()
+    if variant == "released":
+        compute.original = context * 3 // 4
+    return compute
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plays", nargs="+", default=["hamlet"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
+    parser.add_argument("--out", default="runs/bench/dca_chunks.json")
+    args = parser.parse_args()
+    args.dtype = common.dtype_name(args.dtype)
+    lengths = sorted(args.lengths)
+
+    model, tokenizer = common.smollm2(args.dtype)
+    context = model.config.max_position_embeddings
+    docs = common.plays(tokenizer, args.plays, lengths[-1])
+    results, save = common.results_file(args.out, {k: v for k, v in vars(args).items() if k != "out"}, ["perplexity"])
+    results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
+    print(results["machine"], flush=True)
+    for variant in args.variants:
+        if variant in results["perplexity"]:
+            continue
+        start = time.perf_counter()
+        compute = patched(model, variant, context, max(lengths[-1], context))
+        try:
+            res = hpe.perplexity_by_length(model, list(docs.values()), lengths, progress=False)
+        finally:
+            hp.unpatch(model)
+        results["perplexity"][variant] = {
+            "attention": compute.extra_repr(), "seconds": time.perf_counter() - start,
+            "perplexity": dict(zip(map(str, lengths), res["perplexity"])),
+            "per_play": {p: dict(zip(map(str, lengths), r)) for p, r in zip(docs, res["per_document"])}}
+        save()
+        print(f"{variant} ({compute.extra_repr()}): "
+              + ", ".join(f"{n} {p:.2f}" for n, p in zip(lengths, res["perplexity"]))
+              + f" ({time.perf_counter() - start:.0f} s)", flush=True)
+    print("\n| variant | attention | " + " | ".join(map(str, lengths)) + " |")
+    print("|---|---|" + "---|" * len(lengths))
+    for variant, r in results["perplexity"].items():
+        print(f"| {variant} | {r['attention']} | " + " | ".join(f"{r['perplexity'][str(n)]:.2f}" for n in lengths) + " |")
+
+
+if __name__ == "__main__":
+    main()
