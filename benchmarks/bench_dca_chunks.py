@@ -26,11 +26,9 @@ VARIANTS = ("paper", "released")
 def patched(model, variant: str, context: int, target: int):
     """Patch `model` with DCA as `variant` sizes it; returns the attention module its layers share."""
     window = context // 16
-    if variant == "paper":
-        hp.patch(model, "dca", max_position_embeddings=target)
-    else:
-        hp.patch(model, "dca", chunk_size=context * 3 // 4 - window, local_window=window, max_position_embeddings=target)
-    (compute,) = {id(m): m for m in model.modules() if isinstance(m, DualChunkAttention)}.values()
+    sizes = {} if variant == "paper" else {"chunk_size": context * 3 // 4 - window, "local_window": window}
+    hp.patch(model, "dca", max_position_embeddings=target, **sizes)
+    compute = next(m for m in model.modules() if isinstance(m, DualChunkAttention))
     if variant == "released":
         compute.original = context * 3 // 4
     return compute
