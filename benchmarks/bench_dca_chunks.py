@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
     parser.add_argument("--out", default="runs/bench/dca_chunks.json")
     args = parser.parse_args()
+    if min(args.lengths) < 2:
+        parser.error(f"--lengths are token counts >= 2, got {args.lengths}")
     args.dtype = common.dtype_name(args.dtype)
     lengths = sorted(args.lengths)
 
