@@ -62,14 +62,15 @@ def main() -> None:
             res = hpe.perplexity_by_length(model, list(docs.values()), lengths, progress=False)
         finally:
             hp.unpatch(model)
+        seconds = time.perf_counter() - start
         results["perplexity"][variant] = {
-            "attention": compute.extra_repr(), "seconds": time.perf_counter() - start,
+            "attention": compute.extra_repr(), "seconds": seconds,
             "perplexity": dict(zip(map(str, lengths), res["perplexity"])),
             "per_play": {p: dict(zip(map(str, lengths), r)) for p, r in zip(docs, res["per_document"])}}
         save()
         print(f"{variant} ({compute.extra_repr()}): "
               + ", ".join(f"{n} {p:.2f}" for n, p in zip(lengths, res["perplexity"]))
-              + f" ({time.perf_counter() - start:.0f} s)", flush=True)
+              + f" ({seconds:.0f} s)", flush=True)
     print("\n| variant | attention | " + " | ".join(map(str, lengths)) + " |")
     print("|---|---|" + "---|" * len(lengths))
     for variant, r in results["perplexity"].items():

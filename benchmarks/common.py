@@ -71,9 +71,10 @@ def text(tokenizer, n: int, play: str = "hamlet") -> tuple[list[int], str]:
 
 def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
     """{play: its first n tokens}, each play on its own (no special tokens); a play shorter than n is refused."""
-    unknown = sorted(set(names) - set(assets.shakespeare_plays()))
+    available = assets.shakespeare_plays()
+    unknown = sorted(set(names) - set(available))
     if unknown:
-        raise SystemExit(f"error: no play {', '.join(unknown)}; the plays: {', '.join(assets.shakespeare_plays())}")
+        raise SystemExit(f"error: no play {', '.join(unknown)}; the plays: {', '.join(available)}")
     docs = {}
     for play in names:
         ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
