@@ -27,6 +27,14 @@ from .loading import load_model, load_tokenizer
 from .registry import list_methods
 from .serving import llama_cpp_args, serving_overrides, write_gguf
 
+from . import _compat as _compat_
+from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX as _PREFIX
+from .registry import METHODS as _METHODS
+
+# transformers warns "Missing validation function" at every config load / save for a rope_type it does not
+# know: hf_posenc's own markers get a validator (an attention method or a dynamic one records one)
+_compat_.register_custom_rope_types(_PREFIX + name for name in _METHODS)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -156,6 +156,32 @@ def rope_validation_error(config: PreTrainedConfig) -> str | None:
     return None
 
 
+def register_custom_rope_types(rope_types) -> None:
+    """Give each rope_type hf_posenc writes for a method transformers lacks (`hf_posenc_<method>`) a validator
+    on transformers' `RotaryEmbeddingConfigMixin`, which looks one up by name at every config creation, load
+    and save and otherwise warns "Missing validation function ..." each time. The validator checks what
+    such a config must hold (a known marker, a numeric factor >= 1 and an int original context where
+    given); building the model still fails loudly in stock transformers (no ROPE_INIT_FUNCTIONS entry),
+    and hf_posenc reads the patch from its record."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    for rope_type in rope_types:
+        name = f"_validate_{rope_type}_rope_parameters"
+        if not hasattr(RotaryEmbeddingConfigMixin, name):
+            setattr(RotaryEmbeddingConfigMixin, name, _validate_custom_rope_parameters)
+
+
+def _validate_custom_rope_parameters(self, rope_parameters: dict, ignore_keys=None) -> None:
+    factor = rope_parameters.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1):
+        raise ValueError(f"rope_parameters {rope_parameters['rope_type']!r}: factor must be a number >= 1, "
+                         f"got {factor!r}")
+    original = rope_parameters.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original < 1):
+        raise ValueError(f"rope_parameters {rope_parameters['rope_type']!r}: original_max_position_embeddings "
+                         f"must be an int >= 1, got {original!r}")
+
+
 def rope_init(config: PreTrainedConfig, layer_type: str | None, seq_len: int | None, module_cls: type, device=None):
     """(inv_freq, attention_scaling) for `config`'s rope_parameters, computed by transformers itself."""
     rope_type = get_rope_parameters(config, layer_type)["rope_type"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from . import _compat, gguf_header
-from .config import LearnedMethodConfig, RopeMethodConfig
+from .config import LearnedMethodConfig, RopeMethodConfig, check_bool
 from .errors import MethodNotApplicableError, PosEncError
 from .record import PatchRecord, read_record
 from .registry import METHODS, as_model
@@ -73,6 +73,7 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
     patched model from the original checkpoint: the target context and the `rope_parameters`, YaRN's
     `attention_factor` written out. `legacy=True`: as `rope_theta` + `rope_scaling`, for engines built
     on transformers 4 (vLLM releases of that time read only those). {} for an unpatched model."""
+    check_bool("legacy", legacy)  # legacy="no" is truthy: a typo would silently pick the other format
     record = _patch(model, "vLLM", STOCK_METHODS, "serving_overrides")
     if record is None:
         return {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig, check_number
+from ..config import MAX_POSITIONS, RopeMethodConfig, check_number
 from ..errors import InvalidParameterError, ParameterTypeError
 from .rope import optional_fields
 
@@ -35,10 +35,23 @@ class LongRopeConfig(RopeMethodConfig):
             if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
                 raise ParameterTypeError(f"{name} must be a list of numbers, got {value!r}")
             value = [float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) else v for v in value]
-            for i, v in enumerate(value):
-                check_number(f"{name}[{i}]", v, above=0, optional=False)
+            for i, v in enumerate(value):  # bounded as `factor` is: no pair stretched past MAX_POSITIONS
+                check_number(f"{name}[{i}]", v, above=0, maximum=MAX_POSITIONS, optional=False)
             setattr(self, name, value)
         check_number("attention_factor", self.attention_factor, above=0)
+
+    def resolve(self, original: int) -> LongRopeConfig:
+        """As every method, and no per-pair factor may stretch a wavelength past what `factor` may: a factor
+        f on a pair means positions up to original * f, which must stay <= MAX_POSITIONS."""
+        resolved = super().resolve(original)
+        for name in ("long_factor", "short_factor"):
+            for i, v in enumerate(getattr(resolved, name) or []):
+                if original * v > MAX_POSITIONS:
+                    raise InvalidParameterError(
+                        f"{name}[{i}]={v!r} stretches that pair to {original * v:.3g} positions (the original "
+                        f"{original} times the factor); it must be <= {MAX_POSITIONS}, so each factor <= "
+                        f"{MAX_POSITIONS / original:.6g}")
+        return resolved
 
     def check_rotary(self, dim: int) -> None:
         half_dim = dim // 2
