@@ -57,6 +57,15 @@ def patch_card(model: torch.nn.Module, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def positions_line(plan: Plan) -> str:
+    """How the training windows were numbered (train.positions)."""
+    scheme = plan.positions
+    if not scheme.spreads:
+        return f"contiguous (0..n-1): the model saw distances up to {plan.seq_len - 1} in training"
+    return (f"`{scheme.spec}`: windows of {plan.seq_len} tokens given ids spread over [0, {scheme.target}) "
+            f"(hf_posenc.positions), so the training covered distances up to {scheme.target - 1}")
+
+
 def write_model_card(output_dir: str, cfg: Config, plan: Plan, describe: dict, steps: int, tokens: int,
                      before: dict, after: dict) -> None:
     base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
@@ -75,6 +84,7 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 - **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {plan.target_context}
 - **Mechanism after patch**: `{json.dumps(describe, default=str)}`
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {plan.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {plan.short_len}' if cfg.data.short_share else ''}
+- **Position ids**: {positions_line(plan)}
 - **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
 - **Steps**: {steps} optimizer steps, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 

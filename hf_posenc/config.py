@@ -106,6 +106,9 @@ class MethodConfig:
     # True for a method that writes rope_parameters into a learned-table model's config (learned -> rope):
     # the model is a RoPE model from then on, and a RoPE scaling method may be stacked on it
     writes_rope_parameters: ClassVar[bool] = False
+    # Why a fine-tune cannot give this method's model position ids spread over a longer target (train.positions,
+    # hf_posenc/positions.py), or None when it can: the ids must be what sets every distance the model sees
+    skipped_positions: ClassVar[str | None] = None
 
     max_position_embeddings: int | None = None
     factor: float | None = None
@@ -247,6 +250,10 @@ class LearnedMethodConfig(MethodConfig):
 
     mechanisms: ClassVar[tuple[str, ...]] = ("learned",)
     stock_checkpoint: ClassVar[bool] = True  # the saved table is the one the module equals, under the table's name
+    skipped_positions: ClassVar[str | None] = (
+        "a learned table has one trained row per absolute position and no notion of distance: skipped ids would "
+        "train far rows on a few scattered windows without teaching any distance; fine-tune it contiguously at "
+        "the new length")
 
     def build_table(self, old: nn.Embedding, *, offset: int, positions: int, call: str) -> tuple[nn.Module, dict]:
         """The module in place of the table `old` (resolved method; `offset` rows below position 0, of which
@@ -277,6 +284,9 @@ class AttentionMethodConfig(MethodConfig):
 
     adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
     removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
+    skipped_positions: ClassVar[str | None] = (
+        "it computes the distances inside attention from the order of the tokens, not from position ids, so "
+        "skipped ids would change nothing it learns")
 
     def resolve(self, original: int) -> AttentionMethodConfig:
         if self.factor is None and self.max_position_embeddings is None:

@@ -2,6 +2,7 @@
 
     load_corpus("shakespeare")                  # 42 plays and poems, one document each (offline)
     load_corpus("shakespeare:hamlet,macbeth")   # some of them
+    load_corpus("shakespeare:-hamlet,-richard_iii")   # all but these (held out for evaluation)
     load_corpus("kjv")  /  load_corpus("kjv:genesis,john")   # the King James Bible, one document per book
     load_corpus("notes/*.txt")                  # local files: .txt (one document per file), .jsonl/.json, .parquet
     load_corpus("wikitext:wikitext-103-raw-v1", split="test")   # anything else: a hub dataset NAME[:CONFIG]
@@ -25,12 +26,23 @@ from .errors import InvalidInputError
 FILE_LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+def _choose(names: list[str], available, corpus: str, what: str) -> list[str]:
+    """`names` as given, or, when every entry is `-name`, all the available parts but those; each name checked."""
+    excluded = [n[1:] for n in names if n.startswith("-")]
+    if excluded and len(excluded) != len(names):
+        raise InvalidInputError(f"the {corpus} corpus takes part names to keep or -names to leave out, not both; "
+                                f"got {','.join(names)}")
+    unknown = [n for n in excluded or names if n not in available]
+    if unknown:
+        raise InvalidInputError(f"no {what} {unknown} in the {corpus} corpus; available: {', '.join(available)}")
+    if excluded:
+        return [n for n in available if n not in excluded]
+    return names or list(available)
+
+
 def _shakespeare(names: list[str]) -> datasets.Dataset:
     plays = assets.shakespeare_plays()
-    unknown = [n for n in names if n not in plays]
-    if unknown:
-        raise InvalidInputError(f"no play(s) {unknown} in the shakespeare corpus; available: {', '.join(plays)}")
-    chosen = names or list(plays)
+    chosen = _choose(names, plays, "shakespeare", "play(s)")
     return datasets.Dataset.from_dict({
         "title": chosen, "text": [plays[n].read_text(encoding="utf-8", errors="replace") for n in chosen]})
 
@@ -45,12 +57,9 @@ def _kjv(names: list[str]) -> datasets.Dataset:
     for verse_id in sorted(starts):
         first.setdefault(verse_id // 1_000_000, starts[verse_id])
     books = {book.name.lower(): number for book, number in ((b, b.value) for b in bible.short_titles)}
-    unknown = [n for n in names if n not in books]
-    if unknown:
-        raise InvalidInputError(f"no book(s) {unknown} in the kjv corpus; available: {', '.join(books)}")
+    chosen = _choose(names, books, "kjv", "book(s)")
     text, bounds = bible.scripture_content, sorted(first.values()) + [len(bible.scripture_content)]
     by_number = {number: text[bounds[i]:bounds[i + 1]].strip() for i, number in enumerate(sorted(first))}
-    chosen = names or list(books)
     return datasets.Dataset.from_dict({"title": chosen, "text": [by_number[books[n]] for n in chosen]})
 
 

@@ -17,9 +17,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
-def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss over the real (unpadded) tokens, from the full logits."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token loss over the real (unpadded) tokens, from the full logits; `position_ids` (None:
+    0..n-1) are the ids a position scheme gives the window (hf_posenc/positions.py)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
     labels = input_ids.masked_fill(attention_mask == 0, -100)
     return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
@@ -50,10 +53,12 @@ def _inner(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The last hidden states, before the output layer: the model's base (decoder) module."""
-    return _inner(model).base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                    use_cache=False).last_hidden_state
+    extra = {} if position_ids is None else {"position_ids": position_ids}
+    return _inner(model).base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                                    **extra).last_hidden_state
 
 
 def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -101,9 +106,9 @@ def _blocks(length: int, chunk: int) -> list[slice]:
 
 
 def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    chunk: int) -> torch.Tensor:
+                    chunk: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`lm_loss`, `chunk` positions of logits at a time."""
-    hidden = hidden_states(model, input_ids, attention_mask)[:, :-1]
+    hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
     labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
 
     def block_sum(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -135,7 +140,8 @@ def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.
 
 
 class TrainingLoss(nn.Module):
-    """The model with its objective: `forward(input_ids, attention_mask, teacher=None)` returns the loss.
+    """The model with its objective: `forward(input_ids, attention_mask, teacher=None, position_ids=None)`
+    returns the loss (position ids: objective lm only, hf_posenc/positions.py).
     `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. The teacher of `distill`
     is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
 
@@ -145,11 +151,14 @@ class TrainingLoss(nn.Module):
         self.model, self.objective, self.causal = model, objective, causal
         self.chunk, self.temperature = chunk if causal else 0, temperature
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None,
+                position_ids: torch.Tensor | None = None):
         if self.objective == "lm":
             if self.chunk:
-                return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk)
-            return lm_loss(self.model, input_ids, attention_mask)
+                return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk, position_ids)
+            return lm_loss(self.model, input_ids, attention_mask, position_ids)
+        if position_ids is not None:
+            raise ValueError("position ids are for objective lm; distill matches the teacher at the true positions")
         if self.chunk:
             return chunked_distill_loss(self.model, teacher, input_ids, attention_mask, self.chunk,
                                         self.temperature)

@@ -70,7 +70,7 @@ def text_file(tmp_path_factory):
 
 def write_config(path, tiny_dir, **sections):
     cfg = {
-        "model": {"name": str(tiny_dir)},
+        "model": {"name": str(tiny_dir), "dtype": "float32"},   # the same numbers on every CPU kind
         "posenc": {"method": "yarn", "max_position_embeddings": 256},
         "data": {"seq_len": 64, "cache_dir": str(path.parent / "cache")},
         "train": {"steps": 6, "batch_size": 2, "grad_accum": 2, "lr": 1e-3, "warmup_steps": 2,

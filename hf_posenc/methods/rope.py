@@ -79,6 +79,10 @@ class LengthFollowingConfig(RopeMethodConfig):
 
     length_dependent: ClassVar[bool] = True
     follows_length: ClassVar[bool] = True
+    skipped_positions: ClassVar[str | None] = (
+        "its rotation is set by the largest position id of the input, so each skipped window would train the "
+        "rotation of a random length, not the one generation uses; train its static counterpart (yarn, ntk) "
+        "with position ids, or this method on contiguous windows")
 
     exact_cache: bool = False  # hf_posenc/methods/exact_cache.py: cached keys re-rotated at every step
 

@@ -41,6 +41,7 @@ class RopeSwapConfig(AttentionMethodConfig):
             )
 
     writes_rope_parameters: ClassVar[bool] = True
+    skipped_positions: ClassVar[str | None] = None   # the rotation reads the position ids, as any RoPE model's
 
     def learned_rotary(self, new_config, device) -> nn.Module:
         _check_rotary_dim(self, _compat.head_dim(new_config))

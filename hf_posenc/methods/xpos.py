@@ -65,6 +65,9 @@ class XposConfig(AttentionMethodConfig):
     mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
     summary: ClassVar[str] = "XPos: RoPE plus a per-dimension exponential decay with distance"
     removes_positions: ClassVar[bool] = False
+    skipped_positions: ClassVar[str | None] = (
+        "its decay counts distance by the order of the tokens inside attention while the rotation reads the "
+        "position ids: skipped ids would train a decay that disagrees with the rotation")
 
     gamma: float = 0.4
     scale_base: float = 512.0

@@ -148,8 +148,9 @@ def main(argv=None):
         for micro in range(cfg.train.grad_accum):
             batch = next(batches)
             torch.manual_seed(ckpt.step_seed(cfg.train.seed, step, micro))   # dropout: the same draws after a resume
+            positions = window_positions(plan, batch, cfg, accelerator, step, micro)
             with accelerator.accumulate(objective):
-                loss = objective(batch["input_ids"], batch["attention_mask"], teacher=teacher)
+                loss = objective(batch["input_ids"], batch["attention_mask"], teacher=teacher, position_ids=positions)
                 accelerator.backward(loss)
                 losses.append(loss.detach())
                 if accelerator.sync_gradients:
@@ -212,6 +213,19 @@ def main(argv=None):
         accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
     accelerator.end_training()
     return final
+
+
+def window_positions(plan: Plan, batch: dict, cfg: Config, accelerator, step: int, micro: int):
+    """The position ids train.positions gives this micro-batch (None: contiguous, the model's own 0..n-1).
+    Row r of micro-batch `micro` of optimizer step `step` on process p is window number
+    ((((step - 1) * grad_accum + micro) * processes + p) * batch_size + r) of the run, and its ids depend
+    only on (seed, that number): a resumed run draws the same ids, each process those of its own windows."""
+    if not plan.positions.spreads:
+        return None
+    consumed = (step - 1) * cfg.train.grad_accum + micro
+    first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
+    return plan.positions.batch_position_ids(batch["attention_mask"], seed=cfg.train.seed, first_index=first,
+                                             window=plan.seq_len)
 
 
 @torch.no_grad()

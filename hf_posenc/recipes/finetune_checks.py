@@ -17,6 +17,7 @@ import torch
 from .. import data as hdata
 from .. import loading
 from ..errors import ConfigError, PosEncError
+from ..positions import Contiguous, PositionScheme, scheme
 from ..train_data import load_documents
 from .config import one_line
 from .finetune_config import Config, DataArgs, ModelArgs, TrainArgs
@@ -31,6 +32,7 @@ class Plan:
     seq_len: int
     short_len: Optional[int]
     causal: bool
+    positions: PositionScheme = dataclasses.field(default_factory=Contiguous)   # resolved: target set
 
 
 def check_config(cfg: Config) -> Plan:
@@ -76,6 +78,7 @@ def check_config(cfg: Config) -> Plan:
     if short_len is not None and not 2 <= short_len < seq_len:
         raise ConfigError(f"data.short_len={short_len} must be in 2..{seq_len - 1} (below data.seq_len)")
     check_trainable(cfg.train, model, ref)
+    positions = check_positions(cfg, model, target, seq_len)
     if exact:
         from ..families.learned_tables import check_length
 
@@ -84,7 +87,44 @@ def check_config(cfg: Config) -> Plan:
                 check_length(model, length)
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
-    return Plan(original, target, seq_len, short_len, causal)
+    return Plan(original, target, seq_len, short_len, causal, positions)
+
+
+def check_positions(cfg: Config, model, context: int, window: int) -> PositionScheme:
+    """train.positions, resolved (its target: the patched context unless it names one), for a model whose
+    distances are set by its position ids, and a window the target holds."""
+    chosen = scheme(cfg.train.positions)
+    if not chosen.spreads:
+        return chosen.resolve(context)
+    where = f"train.positions={cfg.train.positions!r}"
+    if cfg.train.objective != "lm":
+        raise ConfigError(f"{where} needs train.objective=lm: distill matches the unpatched model on the same "
+                          f"tokens at their own positions, inside the original context")
+    if cfg.posenc:
+        from ..registry import get_method
+
+        method = cfg.posenc["method"]
+        reason = get_method(method).skipped_positions
+        if reason:
+            raise ConfigError(f"{where} cannot train posenc method {method!r}: {reason}")
+    else:
+        from .. import api
+
+        mechanism = api.describe(model)["mechanism"]
+        if mechanism != "rope":
+            raise ConfigError(f"{where} needs a RoPE model (distances set by the position ids), but this model's "
+                              f"positions are {mechanism!r}: a learned table has one trained row per position and "
+                              f"no notion of distance; patch it to rope first (posenc: {{method: rope}})")
+    resolved = chosen.resolve(context)
+    if resolved.target > context:
+        raise ConfigError(f"{where}: target={resolved.target} is past the model's context ({context} positions"
+                          f"{'' if cfg.posenc else ', no posenc patch'}); raise posenc.max_position_embeddings or "
+                          f"lower the target")
+    try:
+        resolved.check_window(window)
+    except PosEncError as err:
+        raise ConfigError(f"{where}: {err} (data.seq_len={window})") from None
+    return resolved
 
 
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count

@@ -10,7 +10,8 @@ import sys
 from dataclasses import field
 from typing import Optional, Union
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PosEncError
+from ..positions import scheme
 from . import config as recipe_config
 from .finetune_model import GROUPS
 
@@ -112,6 +113,10 @@ class TrainArgs:
         "help": "stop (as if killed) after this many steps; for testing resume"})
     loss_chunk: int = field(default=1024, metadata={
         "help": "causal LMs: output layer + loss this many positions at a time (0: all at once)"})
+    positions: str = field(default="contiguous", metadata={
+        "help": "position ids of each training window: contiguous (0..n-1), or spread over a longer target so "
+                "that a short window teaches long distances: 'pose chunks=2', 'cream', 'randomized'; each takes "
+                "target=N (default: the patched context) and contiguous_share=S (hf_posenc/positions.py)"})
 
     def __post_init__(self):
         if self.objective not in ("lm", "distill"):
@@ -148,6 +153,10 @@ class TrainArgs:
                                               f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
+        try:
+            scheme(self.positions)
+        except PosEncError as err:
+            raise ConfigError(f"train.positions={self.positions!r}: {err}") from None
 
 
 @dataclasses.dataclass

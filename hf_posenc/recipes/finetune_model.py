@@ -33,8 +33,12 @@ def choose_attention(requested: str) -> str:
 
 
 def mixed_precision(dtype: str) -> str:
-    """bf16 mixed precision where the hardware has it (auto), else full precision."""
-    if dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    """bf16 mixed precision where the hardware runs it natively (auto: a GPU with bf16, or a CPU with
+    AVX512-BF16 / AMX, where it is ~2x faster than float32; emulated elsewhere, ~3.7x slower), else full
+    precision."""
+    from .._compat import native_bfloat16
+
+    if dtype == "auto" and native_bfloat16()[0]:
         return "bf16"
     return "no"
 

@@ -1,0 +1,341 @@
+"""Position schemes: the position ids a fine-tune gives each training window, so that a short window teaches
+the distances of a longer target context ("train long on short"). Training memory follows the window; the
+distances the model sees follow the target.
+
+    contiguous    0, 1, ..., n-1 (what a plain fine-tune does)
+    pose          PoSE (Zhu et al., ICLR 2024): the window cut into `chunks` pieces; piece i is shifted by a
+                  skip u_i, u_0 = 0 <= u_1 <= ... <= target - n, each drawn uniformly above the one before
+    cream         CREAM (Wu et al., NeurIPS 2024): a head at 0.., a tail ending at target-1, and the middle
+                  placed between them by a truncated Gaussian, most often near the middle of the target
+    randomized    randomized positional encodings (Ruoss et al., ACL 2023): n distinct ids drawn uniformly
+                  from [0, target), sorted
+
+The tokens stay the text's own contiguous tokens; only their ids change. Every scheme gives ids in
+[0, target), strictly increasing. `contiguous_share` keeps that share of windows at 0..n-1 (the original
+context's distances keep being trained).
+
+Draws are reproducible: the ids of a window depend only on (seed, index), so a resumed run draws the same
+ids and each data-parallel rank draws those of its own windows. With transformers, always pass an
+attention mask beside position ids: without one, transformers reads a jump in the ids as the start of a
+new packed sequence and masks across it.
+
+    from hf_posenc.positions import scheme
+    pose = scheme("pose chunks=2", target=32768)
+    pose.position_ids(2048, seed=0, index=7)            # one window's ids, a LongTensor of 2048
+    batch = pose.add_position_ids(batch, seed=0, first_index=step * batch_size)
+    collator = pose.collator(DataCollatorForLanguageModeling(tok, mlm=False))   # Trainer / TRL
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+import numpy as np
+import torch
+
+from .config import MAX_POSITIONS, check_number, parse_params
+from .errors import InvalidParameterError, ParameterTypeError
+
+SCHEMES: dict[str, type[PositionScheme]] = {}
+
+
+def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
+    if cls.name in SCHEMES:
+        raise ValueError(f"position scheme {cls.name!r} is registered twice")
+    SCHEMES[cls.name] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class PositionScheme:
+    """What every scheme shares: the target context (None: the patched model's, filled by `resolve`) and the
+    share of windows left contiguous."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+
+    target: Optional[int] = None
+    contiguous_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_number("target", self.target, minimum=2, maximum=MAX_POSITIONS, integer=True)
+        check_number("contiguous_share", self.contiguous_share, minimum=0, maximum=1)
+
+    @property
+    def spec(self) -> str:
+        """The scheme as the text that builds it ('pose chunks=3 target=32768')."""
+        defaults = type(self)()
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != getattr(defaults, f.name)]
+        return " ".join([self.name, *changed])
+
+    @property
+    def spreads(self) -> bool:
+        """Whether the ids can leave 0..n-1 (every scheme but contiguous)."""
+        return True
+
+    def resolve(self, target: int) -> PositionScheme:
+        """A copy with the target set (the patched context when the scheme names none)."""
+        return self if self.target is not None else dataclasses.replace(self, target=int(target))
+
+    def check_window(self, window: int) -> None:
+        """Refuse a window the target cannot hold."""
+        if self.target is None:
+            raise InvalidParameterError(f"position scheme {self.name!r} needs a target context (target=)")
+        if window > self.target:
+            raise InvalidParameterError(
+                f"position scheme {self.spec!r}: a window of {window} tokens is longer than the target context "
+                f"{self.target}; the ids must fit in [0, target): raise target or shorten the window")
+
+    # -- the ids -------------------------------------------------------------------------------------------
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The ids of one window of n tokens (target >= n), increasing, in [0, target)."""
+        raise NotImplementedError
+
+    def position_ids(self, n: int, *, seed: int, index: int) -> torch.Tensor:
+        """The ids of window `index` of a run seeded `seed`, n tokens: the same for the same (seed, index)."""
+        self.check_window(n)
+        rng = window_rng(seed, index)
+        if self.contiguous_share and rng.random() < self.contiguous_share:
+            return torch.arange(n)
+        ids = self.draw(n, rng)
+        return torch.from_numpy(np.asarray(ids, dtype=np.int64))
+
+    def batch_position_ids(self, attention_mask: torch.Tensor, *, seed: int, first_index: int,
+                           window: Optional[int] = None) -> torch.Tensor:
+        """Ids for a batch (row r is window first_index + r), over its real tokens (attention_mask 1, in
+        order; padding gets 0). With `window`, a row with fewer real tokens (a short window, the corpus'
+        last) keeps 0..n-1: short windows train the original context."""
+        ids = torch.zeros(attention_mask.shape, dtype=torch.long)
+        for row, mask in enumerate(attention_mask.bool().cpu()):
+            n = int(mask.sum())
+            if n == 0:
+                continue
+            drawn = (torch.arange(n) if window is not None and n < window
+                     else self.position_ids(n, seed=seed, index=first_index + row))
+            ids[row, mask] = drawn
+        return ids.to(attention_mask.device)
+
+    def add_position_ids(self, batch: dict, *, seed: int, first_index: int, window: Optional[int] = None) -> dict:
+        """`batch` (input_ids, optionally attention_mask) with position_ids added, and an attention mask of
+        ones when it had none (transformers would otherwise read each jump as a new packed sequence)."""
+        if "attention_mask" not in batch or batch["attention_mask"] is None:
+            batch = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+        ids = self.batch_position_ids(batch["attention_mask"], seed=seed, first_index=first_index, window=window)
+        return {**batch, "position_ids": ids}
+
+    def collator(self, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0) -> PositionIdsCollator:
+        """A data collator for transformers' Trainer / TRL that adds position ids to what `base` collates."""
+        return PositionIdsCollator(self, base, seed=seed)
+
+
+def window_rng(seed: int, index: int) -> np.random.Generator:
+    """The generator of window `index` in a run seeded `seed` (numpy's SeedSequence mixes both)."""
+    check_number("seed", seed, minimum=0, integer=True, optional=False)
+    check_number("index", index, minimum=0, integer=True, optional=False)
+    return np.random.default_rng([int(seed), int(index)])
+
+
+@register_scheme
+@dataclass(frozen=True)
+class Contiguous(PositionScheme):
+    name: ClassVar[str] = "contiguous"
+    summary: ClassVar[str] = "0, 1, ..., n-1: the plain fine-tune"
+
+    @property
+    def spreads(self) -> bool:
+        return False
+
+    def check_window(self, window: int) -> None:
+        pass   # no target involved
+
+    def draw(self, n, rng):
+        return np.arange(n)
+
+    def position_ids(self, n, *, seed, index):
+        return torch.arange(n)
+
+
+@register_scheme
+@dataclass(frozen=True)
+class Pose(PositionScheme):
+    """PoSE: `chunks` pieces of random lengths (cut points uniform, each piece >= 1 token); piece i's ids
+    are shifted by u_i, with u_0 = 0 and u_i drawn uniformly from [u_{i-1}, target - n]."""
+
+    name: ClassVar[str] = "pose"
+    summary: ClassVar[str] = "PoSE (Zhu et al. 2024): chunks shifted by growing random skips"
+    chunks: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("chunks", self.chunks, minimum=1, maximum=1024, integer=True)
+
+    def check_window(self, window: int) -> None:
+        super().check_window(window)
+        if window < self.chunks:
+            raise InvalidParameterError(f"position scheme {self.spec!r}: a window of {window} tokens cannot be cut "
+                                        f"into {self.chunks} chunks")
+
+    def draw(self, n, rng):
+        room = self.target - n
+        cuts = np.sort(rng.choice(np.arange(1, n), size=self.chunks - 1, replace=False)) if self.chunks > 1 \
+            else np.array([], dtype=np.int64)
+        lengths = np.diff(np.concatenate([[0], cuts, [n]]))
+        skips = [0]
+        for _ in range(self.chunks - 1):
+            skips.append(int(rng.integers(skips[-1], room + 1)))
+        return np.arange(n) + np.repeat(skips, lengths)
+
+
+@register_scheme
+@dataclass(frozen=True)
+class Cream(PositionScheme):
+    """CREAM: the window of n tokens is a head of h, a middle of m and a tail of t tokens (h = t). The head
+    keeps ids 0..h-1 and the tail ends at target-1 (t ids); the middle keeps its m ids contiguous, placed
+    by a scale c in [1, f] (f = target / n) drawn from a Gaussian of mean (1 + f) / 2 and std sigma / 2
+    truncated to [1, f]: the middle's last id is drawn uniformly in [h + (m-1) c, c n - t - 1].
+    Each window is, with probability `continuity`, a continuity window (h = t = k: short ends, a long
+    middle, distances close to the ends' continuous) or else a relativity window (h = t = n // 3: long
+    ends, distances spread over the target). k defaults to 4 f, the released code's choice; the code
+    discretises c on a grid, which is left out here."""
+
+    name: ClassVar[str] = "cream"
+    summary: ClassVar[str] = "CREAM (Wu et al. 2024): head at 0, tail at the target's end, Gaussian middle"
+    sigma: float = 3.0
+    continuity: float = 0.5
+    k: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("sigma", self.sigma, above=0, maximum=1e6)
+        check_number("continuity", self.continuity, minimum=0, maximum=1)
+        check_number("k", self.k, minimum=1, maximum=MAX_POSITIONS, integer=True)
+
+    def ends(self, n: int) -> tuple[int, int]:
+        """(k, n // 3): the head (= tail) length of a continuity window and of a relativity window."""
+        k = self.k if self.k is not None else max(1, round(4 * self.target / n))
+        return min(k, (n - 1) // 2), n // 3
+
+    def check_window(self, window: int) -> None:
+        super().check_window(window)
+        if window < 3:
+            raise InvalidParameterError(f"position scheme {self.spec!r}: a window needs >= 3 tokens (head, middle, "
+                                        f"tail), got {window}")
+
+    def draw(self, n, rng):
+        continuity, relativity = self.ends(n)
+        h = t = continuity if rng.random() < self.continuity else relativity
+        m = n - h - t
+        f = self.target / n
+        c = truncated_normal(rng, (1 + f) / 2, self.sigma / 2, 1.0, f)
+        low = h + math.floor((m - 1) * c)
+        high = max(low, math.floor(c * n) - t - 1)
+        end = int(rng.integers(low, min(high, self.target - t - 1) + 1))
+        return np.concatenate([np.arange(h), np.arange(end - m + 1, end + 1), np.arange(self.target - t, self.target)])
+
+
+def truncated_normal(rng: np.random.Generator, mean: float, std: float, low: float, high: float) -> float:
+    """One draw of N(mean, std) restricted to [low, high], by inverting the CDF over that range."""
+    if high <= low:
+        return low
+    lo, hi = (_normal_cdf((x - mean) / std) for x in (low, high))
+    u = lo + (hi - lo) * rng.random()
+    return float(min(max(mean + std * _normal_ppf(u), low), high))
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def _normal_ppf(p: float) -> float:
+    """The standard normal quantile (bisection on erfc: exact to 1e-12, no scipy)."""
+    p = min(max(p, 1e-300), 1 - 1e-16)
+    lo, hi = -40.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _normal_cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+@register_scheme
+@dataclass(frozen=True)
+class Randomized(PositionScheme):
+    """Randomized positional encodings: n distinct ids drawn uniformly from [0, target), sorted."""
+
+    name: ClassVar[str] = "randomized"
+    summary: ClassVar[str] = "randomized (Ruoss et al. 2023): sorted distinct ids drawn from [0, target)"
+
+    def draw(self, n, rng):
+        return np.sort(rng.choice(self.target, size=n, replace=False))
+
+
+# -- building a scheme from text ----------------------------------------------------------------------------
+
+def scheme(spec: str | PositionScheme, *, target: Optional[int] = None, **params: Any) -> PositionScheme:
+    """A scheme from its text ("pose chunks=3 contiguous_share=0.1"), a name and keyword parameters, or a
+    scheme; `target` fills the target context where the text names none. Unknown names and parameters are
+    refused with what exists."""
+    if isinstance(spec, PositionScheme):
+        built = dataclasses.replace(spec, **params) if params else spec
+    else:
+        if not isinstance(spec, str) or not spec.split():
+            raise ParameterTypeError(f"a position scheme is a name with key=value parameters ('pose chunks=2'); "
+                                     f"known: {', '.join(SCHEMES)}; got {spec!r}")
+        name, *pairs = spec.split()
+        if name not in SCHEMES:
+            raise InvalidParameterError(f"unknown position scheme {name!r}; known: {', '.join(SCHEMES)}")
+        cls = SCHEMES[name]
+        given = {**parse_params(pairs), **params}
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(given) - set(allowed))
+        if unknown:
+            raise InvalidParameterError(f"position scheme {name!r} has no parameter(s) {unknown}; its parameters: "
+                                        f"{', '.join(allowed)}")
+        built = cls(**given)
+    return built.resolve(target) if target is not None else built
+
+
+class PositionIdsCollator:
+    """Collates with `base` (default: stack equal-length input_ids), then adds position ids drawn from a key
+    of each row's tokens: the same window gets the same ids in every epoch, on every rank, after a resume,
+    without a counter (which Trainer's dataloader workers would copy). Rows keep their attention mask
+    (one of ones when `base` gives none)."""
+
+    def __init__(self, scheme: PositionScheme, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0):
+        if scheme.spreads and scheme.target is None:
+            raise InvalidParameterError(f"position scheme {scheme.name!r} needs a target context (target=)")
+        check_number("seed", seed, minimum=0, integer=True, optional=False)
+        self.scheme, self.base, self.seed = scheme, base, seed
+
+    def __call__(self, rows: list) -> dict:
+        batch = dict(self.base(rows)) if self.base else {
+            "input_ids": torch.stack([torch.as_tensor(r["input_ids"]) for r in rows])}
+        if batch.get("attention_mask") is None:
+            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        ids = torch.zeros_like(batch["input_ids"])
+        for row, (tokens, mask) in enumerate(zip(batch["input_ids"], batch["attention_mask"].bool())):
+            key = int.from_bytes(hashlib.blake2b(tokens[mask].numpy().tobytes(), digest_size=7).digest(), "little")
+            ids[row, mask] = self.scheme.position_ids(int(mask.sum()), seed=self.seed, index=key)
+        batch["position_ids"] = ids
+        return batch
+
+
+def describe_schemes() -> list[dict]:
+    """Every scheme, its summary and its parameters with defaults (for --help and the docs)."""
+    return [{"name": name, "summary": cls.summary,
+             "parameters": {f.name: f.default for f in dataclasses.fields(cls)}} for name, cls in SCHEMES.items()]
+
+
+def relative_distances(ids: torch.Tensor) -> torch.Tensor:
+    """The distances id_j - id_i (i < j) one window's ids put in front of attention (for checks and plots)."""
+    ids = ids.flatten()
+    diff = ids[None, :] - ids[:, None]
+    return diff[torch.triu(torch.ones_like(diff, dtype=torch.bool), diagonal=1)]
+
+
+__all__ = ["PositionScheme", "Contiguous", "Pose", "Cream", "Randomized", "SCHEMES", "scheme",
+           "PositionIdsCollator", "describe_schemes", "register_scheme", "window_rng"]

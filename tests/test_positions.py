@@ -1,0 +1,318 @@
+"""Position schemes (hf_posenc/positions.py): the ids each scheme gives a window, checked over every
+registered scheme, and the fine-tune recipe training with them (tiny models from config)."""
+
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_posenc as hp
+from hf_posenc import checkpoints as ckpt
+from hf_posenc import positions as P
+from hf_posenc.errors import ConfigError, InvalidParameterError, ParameterTypeError
+from hf_posenc.losses import TrainingLoss
+from hf_posenc.recipes import finetune_checks as checks
+from hf_posenc.recipes import finetune_config as FC
+from test_finetune import gpt2_dir, run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401
+from tiny import tiny_model, token_ids
+
+SPREADING = [name for name, cls in P.SCHEMES.items() if name != "contiguous"]
+
+
+def draws(spec, n, target, count, seed=0):
+    s = P.scheme(spec, target=target)
+    return [s.position_ids(n, seed=seed, index=i) for i in range(count)]
+
+
+# ------------------------------------------------------------------------------------------ every scheme
+@pytest.mark.parametrize("name", list(P.SCHEMES))
+@pytest.mark.parametrize("n, target", [(16, 64), (5, 5), (37, 1000), (3, 4)])
+def test_ids_are_in_range_strictly_increasing_and_reproducible(name, n, target):
+    for i, ids in enumerate(draws(name, n, target, 300)):
+        assert ids.dtype == torch.long and ids.shape == (n,)
+        assert int(ids.min()) >= 0 and int(ids.max()) < target
+        assert bool((ids.diff() > 0).all()), ids
+        assert torch.equal(ids, P.scheme(name, target=target).position_ids(n, seed=0, index=i))
+
+
+@pytest.mark.parametrize("name", SPREADING)
+def test_every_distance_up_to_the_target_is_covered(name):
+    seen = torch.zeros(64, dtype=torch.bool)
+    for ids in draws(name, 16, 64, 1000):
+        seen[P.relative_distances(ids)] = True
+    assert torch.nonzero(~seen).flatten().tolist() == [0]      # every distance 1..63
+
+
+@pytest.mark.parametrize("name", SPREADING)
+def test_a_window_as_long_as_the_target_is_contiguous_and_seeds_differ(name):
+    for ids in draws(name, 32, 32, 20):
+        assert torch.equal(ids, torch.arange(32))
+    a, b = draws(name, 32, 4096, 5, seed=0), draws(name, 32, 4096, 5, seed=1)
+    assert any(not torch.equal(x, y) for x, y in zip(a, b))
+    assert len({tuple(x.tolist()) for x in a}) == 5   # each window its own draw
+
+
+def test_pose_layout_first_id_zero_and_chunks_shifted_by_growing_skips():
+    for chunks in (1, 2, 3, 5):
+        for ids in draws(f"pose chunks={chunks}", 40, 500, 200):
+            skip = ids - torch.arange(40)
+            assert int(ids[0]) == 0
+            assert bool((skip.diff() >= 0).all()) and int(skip.max()) <= 500 - 40
+            assert len(set(skip.tolist())) <= chunks             # N chunks, some skips may repeat
+    counts = [len(set((ids - torch.arange(40)).tolist())) for ids in draws("pose chunks=3", 40, 100000, 100)]
+    assert max(counts) == 3                                       # with room, the 3 chunks show
+
+
+def test_cream_layout_head_from_zero_tail_at_the_end_middle_contiguous():
+    n, target = 192, 768
+    scheme = P.scheme("cream", target=target)
+    assert scheme.ends(n) == (round(4 * target / n), n // 3)
+    kinds = []
+    for ids in draws("cream", n, target, 400):
+        assert int(ids[0]) == 0 and int(ids[-1]) == target - 1
+        fits = [h for h in scheme.ends(n)
+                if torch.equal(ids[:h], torch.arange(h)) and torch.equal(ids[-h:], torch.arange(target - h, target))
+                and bool((ids[h:n - h].diff() == 1).all())]            # head, one contiguous middle, tail
+        assert fits, ids
+        kinds += fits if len(fits) == 1 else []
+    assert 0.35 < kinds.count(16) / len(kinds) < 0.65                 # continuity half the time (default 0.5)
+    # the middle lands near the middle of the target far more often than near the ends
+    middles = [float(ids[n // 2]) / target for ids in draws("cream", n, target, 2000)]
+    centre = sum(0.25 < m < 0.75 for m in middles) / len(middles)
+    assert centre > 0.6, centre
+
+
+def test_randomized_is_uniform_over_the_target():
+    hits = torch.zeros(100)
+    for ids in draws("randomized", 10, 100, 2000):
+        hits[ids] += 1
+    assert hits.min() > 0.6 * hits.mean() and hits.max() < 1.4 * hits.mean()
+
+
+def test_contiguous_share_keeps_that_share_of_windows_at_0_to_n():
+    plain = [bool(torch.equal(ids, torch.arange(20))) for ids in draws("pose contiguous_share=0.3", 20, 2000, 1000)]
+    assert 0.25 < sum(plain) / len(plain) < 0.35
+
+
+@pytest.mark.parametrize("spec, error, words", [
+    ("nosuch", InvalidParameterError, "unknown position scheme 'nosuch'; known: contiguous, pose, cream"),
+    ("", ParameterTypeError, "a position scheme is a name"),
+    ("pose chunk=2", InvalidParameterError, "has no parameter(s) ['chunk']"),
+    ("pose chunks=0", InvalidParameterError, "chunks must be >= 1"),
+    ("pose chunks=2.5", ParameterTypeError, "chunks must be an int"),
+    ("pose target=1", InvalidParameterError, "target must be >= 2"),
+    ("pose target=nan", ParameterTypeError, "target must be an int"),
+    ("cream sigma=0", InvalidParameterError, "sigma must be > 0"),
+    ("cream continuity=1.5", InvalidParameterError, "continuity must be <= 1"),
+    ("randomized contiguous_share=-0.1", InvalidParameterError, "contiguous_share must be >= 0"),
+    ("pose contiguous_share=true", ParameterTypeError, "contiguous_share must be a number"),
+])
+def test_bad_schemes_are_refused_naming_the_parameter(spec, error, words):
+    with pytest.raises(error) as caught:
+        P.scheme(spec)
+    assert words in str(caught.value)
+
+
+def test_a_window_longer_than_the_target_is_refused():
+    with pytest.raises(InvalidParameterError, match="a window of 65 tokens is longer than the target context 64"):
+        P.scheme("pose", target=64).position_ids(65, seed=0, index=0)
+    with pytest.raises(InvalidParameterError, match="needs a target context"):
+        P.scheme("cream").position_ids(8, seed=0, index=0)
+    with pytest.raises(InvalidParameterError, match="cannot be cut into 4 chunks"):
+        P.scheme("pose chunks=4", target=64).position_ids(3, seed=0, index=0)
+
+
+# --------------------------------------------------------------------------------- with a transformers model
+def test_transformers_needs_the_mask_beside_skipped_ids_and_the_helpers_always_give_it():
+    """Without an attention mask, transformers reads each jump in the ids as a new packed sequence and masks
+    across it: the same ids score differently. add_position_ids and the collator always add the mask."""
+    model = hp.patch(tiny_model(max_position_embeddings=64), "yarn", max_position_embeddings=256)
+    ids = token_ids(32)
+    pose = P.scheme("pose", target=256)
+    batch = pose.add_position_ids({"input_ids": ids}, seed=0, first_index=3)
+    assert torch.equal(batch["attention_mask"], torch.ones_like(ids))
+    assert torch.equal(batch["position_ids"][0], pose.position_ids(32, seed=0, index=3))
+    assert int(batch["position_ids"].max()) >= 32                      # this draw skips
+    with torch.no_grad():
+        masked = model(**batch, use_cache=False).logits                 # use_cache=False: as in training
+        unmasked = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False).logits
+    assert (masked - unmasked).abs().max() > 1e-3
+    collated = pose.collator()([{"input_ids": ids[0].tolist()}])
+    assert torch.equal(collated["attention_mask"], torch.ones_like(ids))
+
+
+def test_contiguous_ids_given_explicitly_are_bit_identical_to_none():
+    model = hp.patch(tiny_model(max_position_embeddings=64), "yarn", max_position_embeddings=256)
+    ids = token_ids(48, batch=2)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=mask).logits
+        b = model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(48).expand(2, -1)).logits
+    assert torch.equal(a, b)
+
+
+def test_batch_ids_follow_the_real_tokens_and_short_windows_stay_contiguous():
+    pose = P.scheme("pose", target=1000)
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4, [0] * 3 + [1] * 7])
+    ids = pose.batch_position_ids(mask, seed=5, first_index=20, window=10)
+    assert torch.equal(ids[0], pose.position_ids(10, seed=5, index=20))
+    assert torch.equal(ids[1], torch.tensor([0, 1, 2, 3, 4, 5, 0, 0, 0, 0]))    # short: 0..n-1, padding 0
+    assert torch.equal(ids[2], torch.tensor([0, 0, 0, 0, 1, 2, 3, 4, 5, 6]))    # left padding
+    spread = pose.batch_position_ids(mask, seed=5, first_index=20)              # no window: every row drawn
+    assert torch.equal(spread[2, 3:], pose.position_ids(7, seed=5, index=22))
+
+
+def test_collator_wraps_a_transformers_collator_and_keys_each_window_by_its_tokens():
+    from transformers import DataCollatorForLanguageModeling
+
+    from tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.pad_token = tok.eos_token
+    collator = P.scheme("cream", target=4096).collator(DataCollatorForLanguageModeling(tok, mlm=False), seed=1)
+    rows = [{"input_ids": tok("To be, or not to be, that is the question")["input_ids"]},
+            {"input_ids": tok("Whether 'tis nobler in the mind to suffer")["input_ids"]}]
+    batch = collator(rows)
+    assert set(batch) >= {"input_ids", "attention_mask", "labels", "position_ids"}
+    assert int(batch["position_ids"][0, -1]) == 4095 or not batch["attention_mask"][0, -1]
+    again = collator(rows[::-1])                       # another batch, another order, same windows: same ids
+    assert torch.equal(again["position_ids"][1], batch["position_ids"][0])
+    with pytest.raises(InvalidParameterError, match="needs a target"):
+        P.scheme("pose").collator()
+
+
+# ------------------------------------------------------------------------------------------- the recipe
+POSE = {"positions": "pose chunks=2"}
+
+
+def test_pose_without_room_to_skip_trains_bit_identically_to_contiguous(tmp_path, tiny_dir, text_file):
+    data = {"corpus": str(text_file)}
+    plain = run_recipe(write_config(tmp_path / "a" / "c.yaml", tiny_dir, data=data))
+    no_room = run_recipe(write_config(tmp_path / "b" / "c.yaml", tiny_dir, data=data,
+                                      train={"positions": "pose chunks=3 target=64"}))
+    a, b = state(plain), state(no_room)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log_a, log_b = ckpt.read_log(tmp_path / "a" / "out"), ckpt.read_log(tmp_path / "b" / "out")
+    assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+    skipped = run_recipe(write_config(tmp_path / "c" / "c.yaml", tiny_dir, data=data, train=POSE))
+    assert not torch.equal(state(skipped)["model.layers.0.self_attn.q_proj.weight"],
+                           a["model.layers.0.self_attn.q_proj.weight"])
+    card = (tmp_path / "c" / "out" / "README.md").read_text()
+    assert "`pose target=256`" in card and "distances up to 255" in card
+
+
+def test_the_recipe_loss_is_a_forward_with_the_schemes_ids(tmp_path, tiny_dir, text_file):
+    """Each micro-batch's loss equals a manual forward of the initial patched model with the ids the scheme
+    draws for window number ((step-1) * grad_accum + micro) * batch_size + row (lr 0: the weights stay)."""
+    calls = []
+    forward = TrainingLoss.forward
+
+    def spy(self, input_ids, attention_mask, teacher=None, position_ids=None):
+        loss = forward(self, input_ids, attention_mask, teacher=teacher, position_ids=position_ids)
+        calls.append((input_ids.clone(), attention_mask.clone(), position_ids.clone(), loss.detach().clone()))
+        return loss
+
+    config = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                          train={**POSE, "steps": 2, "warmup_steps": 0, "scheduler": "constant", "lr": 1e-30,
+                                 "max_grad_norm": None})
+    with mock.patch.object(TrainingLoss, "forward", spy):
+        run_recipe(config)
+    model = hp.patch(tiny_model_from(tiny_dir), "yarn", max_position_embeddings=256)
+    pose = P.scheme("pose chunks=2", target=256)
+    assert len(calls) == 4
+    for number, (ids, mask, positions, loss) in enumerate(calls):
+        assert torch.equal(positions, pose.batch_position_ids(mask, seed=3, first_index=number * 2, window=64))
+        assert int(positions.max()) > 63
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        manual = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        torch.testing.assert_close(loss, manual, rtol=1e-5, atol=1e-6)
+
+
+def tiny_model_from(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+
+
+def test_a_resumed_pose_run_draws_the_same_ids_and_ends_bit_identical(tmp_path, tiny_dir, text_file):
+    sections = dict(data={"corpus": str(text_file)}, train={**POSE, "steps": 6, "save_every": 2})
+    full = run_recipe(write_config(tmp_path / "full" / "c.yaml", tiny_dir, **sections))
+    cut = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, **sections)
+    assert run_recipe(cut, "--train.stop_after_steps", "3") is None
+    resumed = run_recipe(cut, "--resume")
+    a, b = state(full), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert ([r["loss"] for r in ckpt.read_log(tmp_path / "full" / "out")]
+            == [r["loss"] for r in ckpt.read_log(tmp_path / "cut" / "out")])
+
+
+def test_each_process_draws_the_ids_of_its_own_windows():
+    from hf_posenc.recipes.finetune import window_positions
+
+    plan = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8)
+    cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=3, batch_size=2, seed=0))
+    batch = {"attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    seen = {}
+    for rank in range(2):
+        acc = SimpleNamespace(num_processes=2, process_index=rank)
+        for step in (1, 2):
+            for micro in range(3):
+                for row, ids in enumerate(window_positions(plan, batch, cfg, acc, step, micro)):
+                    seen.setdefault(tuple(ids.tolist()), []).append((rank, step, micro, row))
+    assert len(seen) == 2 * 2 * 3 * 2        # 24 windows, 24 different draws
+    plain = SimpleNamespace(positions=P.scheme("contiguous"), seq_len=8)
+    assert window_positions(plain, batch, cfg, acc, 1, 0) is None
+
+
+@pytest.mark.parametrize("sections, words", [
+    (dict(train=POSE, posenc={"method": "dynamic", "max_position_embeddings": 256}),
+     "cannot train posenc method 'dynamic': its rotation is set by the largest position id"),
+    (dict(train=POSE, posenc={"method": "dynamic_yarn", "max_position_embeddings": 256}),
+     "cannot train posenc method 'dynamic_yarn'"),
+    (dict(train=POSE, posenc={"method": "dca", "max_position_embeddings": 256}),
+     "cannot train posenc method 'dca': it computes the distances inside attention from the order"),
+    (dict(train=POSE, posenc={"method": "alibi", "max_position_embeddings": 256}),
+     "cannot train posenc method 'alibi'"),
+    (dict(train=POSE, posenc={"method": "xpos", "max_position_embeddings": 256}),
+     "cannot train posenc method 'xpos': its decay counts distance by the order of the tokens"),
+    (dict(train={"positions": "pose target=512"}), "target=512 is past the model's context (256 positions)"),
+    (dict(train={"positions": "cream target=32"}), "a window of 64 tokens is longer than the target context 32"),
+    (dict(train={"positions": "pose chunks=x"}), "train.positions='pose chunks=x': chunks must be an int"),
+    (dict(train={"positions": "skipwise"}), "unknown position scheme 'skipwise'"),
+    (dict(train={**POSE, "objective": "distill"}, data={"seq_len": 64}), "needs train.objective=lm"),
+])
+def test_schemes_are_refused_where_they_cannot_be_right(tmp_path, tiny_dir, text_file, sections, words):
+    sections = {**sections, "data": {"corpus": str(text_file), **sections.get("data", {})}}
+    config = write_config(tmp_path / "c.yaml", tiny_dir, **sections)
+    with pytest.raises(ConfigError) as caught:
+        checks.check_config(FC.parse_config(["--config", str(config)]))
+    assert words in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("posenc", [None, {"method": "interpolate", "max_position_embeddings": 256}])
+def test_learned_tables_are_refused_with_the_reason(tmp_path, gpt2_dir, text_file, posenc):
+    config = write_config(tmp_path / "c.yaml", gpt2_dir, posenc=posenc, data={"corpus": str(text_file)},
+                          train={"positions": "pose target=128"})
+    with pytest.raises(ConfigError, match="one trained row per (absolute )?position"):
+        checks.check_config(FC.parse_config(["--config", str(config)]))
+
+
+def test_an_unpatched_rope_model_trains_with_a_target_inside_its_context(tmp_path, tiny_dir, text_file):
+    config = write_config(tmp_path / "c.yaml", tiny_dir, posenc=None, data={"corpus": str(text_file)},
+                          train={"positions": "pose"})
+    plan = checks.check_config(FC.parse_config(["--config", str(config)]))
+    assert plan.positions == P.scheme("pose", target=128)
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "no")])
+def test_auto_dtype_takes_bf16_autocast_only_where_the_hardware_runs_it(monkeypatch, native, expected):
+    from hf_posenc import _compat
+    from hf_posenc.recipes.finetune_model import mixed_precision
+
+    monkeypatch.setattr(_compat, "native_bfloat16", lambda device=None: (native, "probe"))
+    assert mixed_precision("auto") == expected
+    assert mixed_precision("float32") == "no"
