@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -17,6 +18,7 @@ from . import _compat, attention, loading
 from .config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from .errors import (
     AlreadyPatchedError,
+    CheckpointMismatchError,
     CheckpointRecordError,
     MethodNotApplicableError,
     NotPatchedError,
@@ -24,7 +26,7 @@ from .errors import (
 )
 from .methods.learned import ORIGINAL_TABLE
 from .plan import UNDO_ATTR, is_patched, undo
-from .record import PatchRecord, attach, read_record
+from .record import PatchRecord, attach, detach, read_record
 from .registry import as_model, find_family, get_method, methods_for
 
 
@@ -86,7 +88,11 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo `patch` exactly: the original modules and config come back."""
+    """Undo `patch` exactly: the original modules and config come back. On a model `from_pretrained` loaded:
+    the same for RoPE and attention patches (their record and checkpoint hold what they replaced); a learned-
+    table patch (sinusoidal, interpolate, tile, hierarchical) saved only the table it made, so its unpatched
+    model is that table as a plain learned table (what stock transformers loads from the folder), with a warning
+    saying so; an attention patch saved by an older hf_posenc without the table it removed is refused."""
     given, model = model, as_model(model, "unpatch")
     if UNDO_ATTR not in model.__dict__:
         if read_record(model.config) is not None:
@@ -95,7 +101,10 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
                 "are not in memory; load it with hp.from_pretrained(path) to be able to unpatch it"
             )
         raise NotPatchedError("this model carries no hf_posenc patch")
+    note = getattr(model.__dict__[UNDO_ATTR], "unpatch_note", None)  # what a loaded checkpoint cannot give back
     undo(model)
+    if note:
+        warnings.warn(note, stacklevel=2)
     return given
 
 
@@ -148,7 +157,8 @@ def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **
     name, extra = loading.resolve(path, gguf_file)
     config = transformers.AutoConfig.from_pretrained(name, **extra)
     source = os.path.join(name, "config.json") if os.path.isdir(name) else f"{name} (config.json)"
-    model = _load(path, config, gguf_file=gguf_file, source=source, **kwargs)
+    with _readable_weights(name, config, source, gguf_file):
+        model = _load(path, config, gguf_file=gguf_file, source=source, **kwargs)
     record = read_record(config, source)
     if record is not None:
         _check_replay(model, config, record, source)
@@ -194,6 +204,103 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
         if removed:  # the tables the patch removed, as they were before it
             refuse_unpatch = family.restore_original(model, path, record)
     patch(model, record.method_config())
-    attention.restore_tensors(model, path)
+    try:
+        attention.restore_tensors(model, path)
+    except RuntimeError:  # load_state_dict: a saved table of another shape than the record gives
+        raise CheckpointMismatchError(_attention_disagreement(model, path, record, source)) from None
     model.__dict__[UNDO_ATTR].refuse = refuse_unpatch
     return model
+
+
+# -- a damaged or edited checkpoint: one clear error naming the file and what disagrees -------------------
+
+def _weights_name(name: str) -> str:
+    """The weights file(s) of the checkpoint `name` (a folder: its safetensors file or index; else `name`)."""
+    if os.path.isdir(name):
+        for file in ("model.safetensors", "model.safetensors.index.json"):
+            if os.path.isfile(os.path.join(name, file)):
+                return os.path.join(name, file)
+    return str(name)
+
+
+def _damaged_files(name: str) -> list[str]:
+    """The safetensors files of a local folder that safetensors cannot open (truncated, overwritten)."""
+    from safetensors import safe_open
+
+    damaged = []
+    if os.path.isdir(name):
+        for file in sorted(os.listdir(name)):
+            if file.endswith(".safetensors"):
+                try:
+                    with safe_open(os.path.join(name, file), framework="pt") as f:
+                        f.keys()
+                except Exception as err:  # noqa: BLE001  (the point is to name every file that fails)
+                    damaged.append(f"{os.path.join(name, file)} ({err})")
+    return damaged
+
+
+def _shape_disagreement(name: str, config, limit: int = 4) -> str:
+    """Which saved tensors have another shape than the model `config` describes (the skeleton built on the
+    meta device: no memory), as "key: saved (r, c), the config gives (r, c)"; "" when it cannot tell."""
+    from safetensors import safe_open
+
+    try:
+        stock = copy.deepcopy(config)
+        detach(stock)
+        with torch.device("meta"):
+            cls = loading._auto_class(name, {}, None, stock)
+            skeleton = cls.from_config(stock) if hasattr(cls, "from_config") else cls._from_config(stock)
+        expected = {key: tuple(t.shape) for key, t in skeleton.state_dict().items()}
+        found = []
+        for file in _compat._safetensors_files(name):
+            with safe_open(file, framework="pt") as f:
+                for key in f.keys():
+                    match = expected.get(key) or next(
+                        (shape for k, shape in expected.items() if k.endswith("." + key) or key.endswith("." + k)),
+                        None)
+                    saved = tuple(f.get_slice(key).get_shape())
+                    if match is not None and match != saved:
+                        found.append(f"{key}: saved {saved}, the config gives {match}")
+    except Exception:  # noqa: BLE001  (a detail for the message; the error is raised either way)
+        return ""
+    return "; ".join(found[:limit]) + (" ..." if len(found) > limit else "")
+
+
+@contextlib.contextmanager
+def _readable_weights(name: str, config, source: str, gguf_file: str | None):
+    """Turn what a damaged or edited checkpoint makes the loaders raise (safetensors' "incomplete metadata"
+    naming no file, transformers' size mismatch pointing at a report the log level may hide) into a
+    CheckpointMismatchError naming the file and what is wrong with it."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        damaged = _damaged_files(name) or [f"{_weights_name(name)} ({err})"]
+        raise CheckpointMismatchError(
+            f"{'; '.join(damaged)}: not a complete safetensors file: truncated or overwritten since it was saved "
+            f"(a copy or download cut short, a full disk). Save or download the checkpoint again"
+        ) from None
+    except RuntimeError as err:
+        if gguf_file is not None or not ("size mismatch" in str(err) or "ignore_mismatched_sizes" in str(err)):
+            raise
+        detail = _shape_disagreement(name, config) or str(err).splitlines()[0]
+        raise CheckpointMismatchError(
+            f"{_weights_name(name)}: its tensors do not have the shapes {source} gives ({detail}); the config or the "
+            f"weights were edited after saving (or come from different models). Save the model again, or load the "
+            f"config and weights that belong together"
+        ) from None
+
+
+def _attention_disagreement(model: torch.nn.Module, path, record: PatchRecord, source: str) -> str:
+    """Why the tensors an attention patch trained do not fit the model its record builds: key, shapes."""
+    wanted = attention.trained_tensors(model)
+    saved = _compat.read_checkpoint_tensors(path, wanted)
+    expected = model.state_dict()
+    found = [f"{key}: saved {tuple(saved[key].shape)}, the record gives {tuple(expected[key].shape)}"
+             for key in wanted if key in saved and saved[key].shape != expected[key].shape]
+    listed = "; ".join(found[:3]) + (" ..." if len(found) > 3 else "")
+    name, _ = loading.resolve(path)
+    return (f"{_weights_name(name)}: the hf_posenc record in {source} (method {record.method!r}, parameters "
+            f"{record.params}) does not fit the tensors saved beside it ({listed}); the record or the weights were "
+            f"edited after saving. Save the model again from the patched one")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -24,7 +25,7 @@ from torch import nn
 
 from .. import _compat, attention, loading
 from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, check_number
-from ..errors import CheckpointMismatchError, CheckpointRecordError, SequenceTooLongError
+from ..errors import CheckpointMismatchError, CheckpointRecordError, PosEncError, SequenceTooLongError
 from ..methods.learned import CALL_STYLES, ORIGINAL_TABLE, NoPositions, too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
 from ..plan import UNDO_ATTR, PatchPlan, Undo
@@ -133,7 +134,8 @@ class LearnedTableFamily:
                      **kwargs) -> nn.Module:
         """Load a checkpoint saved from a patched model and put the patch back (for `hp.from_pretrained`).
         The weights hold the materialised table; the fitted projection of init="fit" is read next to it.
-        `hp.unpatch` on the result gives the model stock transformers loads from the same checkpoint."""
+        The table the patch replaced is not in the checkpoint: `hp.unpatch` on the result gives the model stock
+        transformers loads from the same checkpoint (the saved table, as a plain learned table), and warns so."""
         stock_config = copy.deepcopy(config)
         detach(stock_config)
         with _compat.quiet_load_report((".projection.weight", ".projection.bias")):  # read below
@@ -147,6 +149,7 @@ class LearnedTableFamily:
                 f"the model again from the patched one"
             )
         offset = table_offset(tables[0].module, self.spec)
+        self._check_record_rows(path, record, method, tables, offset)
         wanted = [f"{t.path}.{part}" for t in tables for part in method.checkpoint_parts()]
         saved = _compat.read_checkpoint_tensors(path, wanted) if wanted else {}
         missing = sorted(set(wanted) - set(saved))
@@ -165,7 +168,36 @@ class LearnedTableFamily:
                 raise CheckpointMismatchError(f"{path}: {t.path}: {err}") from None
         plan = self._plan(model, tables, new_tables, record, tables[0].module.num_embeddings)
         plan.apply()
+        # the folder holds the table the patch made (what stock transformers loads), not the one it replaced
+        model.__dict__[UNDO_ATTR].unpatch_note = (
+            f"hp.unpatch: {path} holds only the position table(s) the {method.name!r} patch made "
+            f"({', '.join(t.path for t in tables)}: {tables[0].module.num_embeddings} rows), not the original "
+            f"one(s), so the unpatched model is that table as a plain learned table, the model stock transformers "
+            f"loads from the folder; not the model before the patch (load the original checkpoint for that)")
         return model
+
+    @staticmethod
+    def _check_record_rows(path, record: PatchRecord, method: MethodConfig, tables: list[Table], offset: int) -> None:
+        """The record's parameters must describe the tables saved beside it: `factor: 4.0` over a table
+        interpolated to twice the original context would load the saved table and report factor 4."""
+        config_file = os.path.join(path, "config.json") if os.path.isdir(path) else f"{path} (config.json)"
+        where = f"{config_file}: its hf_posenc record ({record.method!r}, parameters {record.params}, original " \
+                f"{record.original.positions} positions)"
+        try:
+            resolved = method.resolve(record.original.positions)
+        except PosEncError as err:
+            raise CheckpointRecordError(f"{where} is not a patch hf_posenc makes ({err}); the record was edited "
+                                        f"after saving. Save the model again from the patched one") from None
+        for t in tables:
+            positions = table_rows_count(t.module) - offset
+            if positions != resolved.max_position_embeddings:
+                raise CheckpointRecordError(
+                    f"{where} gives a table of {resolved.max_position_embeddings} positions (factor "
+                    f"{resolved.factor:g}), but the saved table {t.path}.weight holds {positions} positions "
+                    f"({table_rows_count(t.module)} rows); the record was edited after saving. Save the model again "
+                    f"from the patched one, or delete the hf_posenc field to load the saved table as stock "
+                    f"transformers reads it"
+                )
 
     def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """For a patch that moved positions into attention: the config of the model before it, and the
