@@ -15,8 +15,9 @@ from tqdm.auto import tqdm
 
 from .. import _compat
 from ..config import check_number
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, UnsupportedModelError
 from ..record import read_record
+from ..registry import find_family
 
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chosen from the input length
 
@@ -32,6 +33,18 @@ def is_length_dependent(model: torch.nn.Module) -> bool:
         return False
     return any(_compat.get_rope_parameters(config, t).get("rope_type") in LENGTH_DEPENDENT_ROPE_TYPES
                for t in _compat.rope_layer_types(config))
+
+
+def check_length(model: torch.nn.Module, length: int) -> None:
+    """Refuse, before any forward, an input of `length` tokens the model cannot take (past a learned position
+    table, the model's own or a patch's): hp.check_length's SequenceTooLongError, naming the length, the limit
+    and the methods that lift it, instead of the embedding's IndexError. A model no family knows passes."""
+    try:
+        family = find_family(model)
+    except UnsupportedModelError:
+        return
+    if hasattr(family, "check_length"):
+        family.check_length(model, int(length))
 
 
 def _chunked_head(model: torch.nn.Module):
@@ -51,6 +64,7 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: in
     pass: [batch, length - 1] for input_ids [batch, length] (entry t scores token t + 1)."""
     check_number("chunk_size", chunk_size, minimum=1, integer=True, optional=False)
     ids = _token_ids(model, input_ids)
+    check_length(model, ids.shape[1])
     targets = ids[:, 1:]
     split = _chunked_head(model) if ids.shape[1] > chunk_size else None
     if split is None:
@@ -99,6 +113,7 @@ def document_perplexity(model: torch.nn.Module, documents: Sequence[Sequence[int
     check_number("max_length", max_length, minimum=2, integer=True, optional=False)
     if not len(documents):
         raise InvalidInputError("document_perplexity needs at least one document, got none")
+    check_length(model, max(min(len(doc), max_length) for doc in documents))  # every document, before any runs
     per_doc, total, count = [], 0.0, 0
     for doc in tqdm(documents, desc="perplexity", unit="doc", disable=not progress):
         ids = torch.as_tensor(doc[:max_length])
@@ -132,6 +147,7 @@ def perplexity_by_length(model: torch.nn.Module, documents: Sequence[Sequence[in
         listed = ", ".join(f"#{i}: {n}" for i, n in short[:8]) + (" ..." if len(short) > 8 else "")
         raise InvalidInputError(f"perplexity at {lengths[-1]} tokens needs documents of at least {lengths[-1]} tokens; "
                          + (f"too short (document: tokens): {listed}" if short else "no documents were given"))
+    check_length(model, lengths[-1])
     if one_pass is None:
         one_pass = not is_length_dependent(model)
     nll_sums = torch.zeros(len(documents), len(lengths), dtype=torch.float64)
@@ -175,6 +191,7 @@ def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, wind
     ids = torch.as_tensor(input_ids)
     if len(ids) < 2:
         raise InvalidInputError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
+    check_length(model, min(window, len(ids) + has_bos))
     prefix = ids.new_tensor([bos] if has_bos else [])
     total, count, scored_to = 0.0, 0, 0 if has_bos else 1  # without a BOS, token 0 has no context: never scored
     starts = range(0, max(len(ids) - span, 0) + stride, stride)
@@ -204,6 +221,7 @@ def perplexity_curve(model: torch.nn.Module, documents: Sequence[Sequence[int]],
         longest = max((len(d) for d in documents), default=0)
         raise InvalidInputError(f"no document has {length} tokens (the longest has {longest}); use a shorter length "
                          f"or a corpus with longer documents")
+    check_length(model, length)
     if prefix is None:
         prefix = is_length_dependent(model)
     ends = list(range(bucket, length, bucket)) + [length]  # bucket i scores tokens ends[i-1] .. ends[i] - 1
