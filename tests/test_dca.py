@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny import tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
+from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 
 import hf_posenc as hp
 from hf_posenc import _compat
@@ -173,14 +174,15 @@ def test_sdpa_kernel_does_the_work_without_a_length_squared_tensor(monkeypatch):
     assert all(m is None for m in calls.masks)  # DCA's parts need no mask: whole ranges or the causal diagonal
 
 
-def check_cached_generation(model, row: int, pad: int) -> None:
+def check_cached_generation(model, row: int, pad: int, cache_implementation: str | None = None) -> None:
     """Greedy generation with a KV cache scores every step as a full forward of the same tokens does;
-    batch 2, `row` left-padded by `pad` tokens. Shared with tests/test_self_extend.py."""
+    batch 2, `row` left-padded by `pad` tokens, the cache `generate` builds for `cache_implementation`
+    (None: its default, dynamic). Shared with tests/test_self_extend.py."""
     prompt = ids(40, batch=2)
     mask = torch.ones_like(prompt)
     prompt[row, :pad], mask[row, :pad] = 0, 0
     out = model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False, output_scores=True,
-                         return_dict_in_generate=True, pad_token_id=0)
+                         return_dict_in_generate=True, pad_token_id=0, cache_implementation=cache_implementation)
     full_mask = torch.cat([mask, torch.ones(2, 30, dtype=mask.dtype)], dim=1)
     with torch.no_grad():
         full = model(out.sequences, attention_mask=full_mask).logits[:, 39:-1]
@@ -200,6 +202,31 @@ def check_padded_row_alone(model, row: int, pad: int) -> None:
 
 def test_cached_generation_equals_the_full_forward_with_left_padding():
     check_cached_generation(hp.patch(build(), "dca", chunk_size=16, local_window=4), row=1, pad=7)
+
+
+def runnable_cache(implementation: str) -> str:
+    """`implementation` if transformers' generate runs it here on the unpatched tiny model; else the test is
+    skipped (offloaded caches need CUDA, the quantized one optimum-quanto)."""
+    try:
+        build().generate(ids(4), max_new_tokens=2, do_sample=False, pad_token_id=0,
+                         cache_implementation=implementation)
+    except Exception as error:  # noqa: BLE001 - whatever transformers raises for a cache it cannot build here
+        pytest.skip(f"transformers cannot generate with cache_implementation={implementation!r} here: "
+                    f"{type(error).__name__}: {str(error)[:120]}")
+    return implementation
+
+
+# every cache generate offers (issue 23): static caches hand the attention all max_cache_len slots, the
+# unfilled ones masked; sliding / hybrid ones are the static cache on a model without a sliding window
+CACHE_IMPLEMENTATIONS = list(ALL_CACHE_IMPLEMENTATIONS)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("pad", [0, 7])
+@pytest.mark.parametrize("implementation", CACHE_IMPLEMENTATIONS)
+def test_cached_generation_equals_the_full_forward_with_every_cache(implementation, pad):
+    model = hp.patch(build(), "dca", chunk_size=16, local_window=4)
+    check_cached_generation(model, row=1, pad=pad, cache_implementation=runnable_cache(implementation))
 
 
 def test_a_left_padded_row_is_the_row_alone():

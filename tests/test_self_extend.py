@@ -8,8 +8,8 @@ import re
 
 import pytest
 import torch
-from test_dca import (CTX, FAMILIES, LseCalls, build, check_against_reference, check_cached_generation,
-                      check_padded_row_alone, ids, reference_attention)
+from test_dca import (CACHE_IMPLEMENTATIONS, CTX, FAMILIES, LseCalls, build, check_against_reference,
+                      check_cached_generation, check_padded_row_alone, ids, reference_attention, runnable_cache)
 from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
@@ -89,6 +89,14 @@ def test_sdpa_kernel_with_block_sized_masks_only(monkeypatch):
 
 def test_cached_generation_equals_the_full_forward_with_left_padding():
     check_cached_generation(hp.patch(build(), "self_extend", group_size=3, window=12), row=0, pad=5)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("pad", [0, 5])
+@pytest.mark.parametrize("implementation", CACHE_IMPLEMENTATIONS)
+def test_cached_generation_equals_the_full_forward_with_every_cache(implementation, pad):
+    model = hp.patch(build(), "self_extend", group_size=3, window=12)
+    check_cached_generation(model, row=0, pad=pad, cache_implementation=runnable_cache(implementation))
 
 
 def test_a_left_padded_row_is_the_row_alone():

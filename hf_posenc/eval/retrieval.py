@@ -36,16 +36,21 @@ class Trial:
     answer: list[int]
     length: int  # the length asked for; prompt + answer is at most that, within one haystack line
     depth: float  # the fraction of the haystack before the hidden fact
+    needle_at: int | None = None  # the prompt token where the hidden fact starts
 
 
 class Haystack:
-    """A text split into lines, each tokenized once; `take` fills a token budget with whole lines."""
+    """A text split into lines (`texts`), each also tokenized once (`lines`) to size a token budget; `take`
+    fills a budget with whole lines."""
 
     def __init__(self, tokenizer, text: str):
-        lines = text.splitlines(keepends=True)
-        self.lines = [ids for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] if ids]
-        if not self.lines:
+        texts = text.splitlines(keepends=True)
+        kept = [(line, ids) for line, ids in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"])
+                if ids]
+        if not kept:
             raise InvalidInputError("the haystack text is empty")
+        self.texts = [line for line, _ in kept]
+        self.lines = [ids for _, ids in kept]
 
     def take(self, budget: int, start: int = 0) -> list[list[int]]:
         """Consecutive lines from `start` (wrapping around) whose tokens fit in `budget`."""
@@ -56,25 +61,61 @@ class Haystack:
             i += 1
         return out
 
+    def text(self, start: int, count: int) -> list[str]:
+        """The text of `count` consecutive lines from `start` (wrapping around)."""
+        return [self.texts[(start + i) % len(self.texts)] for i in range(count)]
+
 
 def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, answer: str, length: int,
                 depth: float, start: int = 0, bos: bool | str = "auto") -> Trial:
     """intro + haystack lines with `needle` inserted at the line boundary nearest `depth` + question;
     the answer follows the question. The prompt starts as `data.bos_prefix(tokenizer, bos)` says (by
-    default as the tokenizer starts an input: BOS first for Llama, Gemma, Mistral)."""
+    default as the tokenizer starts an input: BOS first for Llama, Gemma, Mistral).
+
+    The trial is written as text and tokenized once, prompt and answer together, as lm-eval (or anyone
+    re-encoding the decoded prompt) sees it: where the pieces meet, the tokenizer merges what it merges
+    (".\n" + "\nWhat" is one "\n\n"). The answer is the tokens that reach past the prompt's text, and
+    `needle_at` the token holding the needle's first character (character offsets: a fast tokenizer). As
+    many whole haystack lines as fit in `length` tokens, prompt and answer together."""
     if not 0 <= depth <= 1:
         raise InvalidParameterError(f"depth must be in [0, 1], got {depth}")
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    head, fact, tail, ans = encode(INTRO), encode(needle), encode(question), encode(answer)
-    head = bos_prefix(tokenizer, bos) + head
-    budget = length - len(head) - len(fact) - len(tail) - len(ans)
-    if budget < 0:
-        raise InvalidParameterError(f"length {length} is too short for the retrieval prompt ({length - budget} tokens "
+    if not getattr(tokenizer, "is_fast", False):
+        raise InvalidInputError(
+            f"retrieval trials find the answer by the tokenizer's character offsets, which only a fast tokenizer "
+            f"gives; {type(tokenizer).__name__} is not one (load it with use_fast=True)")
+    head = bos_prefix(tokenizer, bos)
+
+    def build(count: int) -> tuple[int, tuple]:
+        """(tokens, what the trial needs) with `count` haystack lines."""
+        lines = haystack.text(start, count)
+        cut = round(depth * count)
+        before = INTRO + "".join(lines[:cut])
+        prompt = before + needle + "".join(lines[cut:]) + question
+        encoded = tokenizer(prompt + answer, add_special_tokens=False, return_offsets_mapping=True)
+        return len(head) + len(encoded["input_ids"]), (len(prompt), len(before), encoded)
+
+    size, built = build(0)
+    if size > length:
+        raise InvalidParameterError(f"length {length} is too short for the retrieval prompt ({size} tokens "
                          f"without any haystack)")
-    lines = haystack.take(budget, start)
-    cut = round(depth * len(lines))
-    prompt = head + [t for line in lines[:cut] for t in line] + fact + [t for line in lines[cut:] for t in line] + tail
-    return Trial(prompt=prompt, answer=ans, length=length, depth=depth)
+    count = len(haystack.take(length - size, start))  # the lines' tokens apart: what they take joined, nearly
+    size, built = build(count)
+    while count and size > length:  # joined, they took more
+        count -= 1
+        size, built = build(count)
+    while extra := len(haystack.take(length - size, start + count)):  # joined, they took less: fill the rest
+        more = build(count + extra)
+        if more[0] > length and extra > 1:
+            extra, more = 1, build(count + 1)
+        if more[0] > length:
+            break
+        count, (size, built) = count + extra, more
+    end, needle_char, encoded = built
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    split = next(i for i, (_, stop) in enumerate(offsets) if stop > end)
+    needle_at = next(i for i, (_, stop) in enumerate(offsets) if stop > needle_char)
+    return Trial(prompt=head + ids[:split], answer=ids[split:], length=length, depth=depth,
+                 needle_at=len(head) + needle_at)
 
 
 def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequence[float], trials: int = 1,

@@ -86,10 +86,10 @@ class RemappedAttention(nn.Module):
             raise MethodNotApplicableError(
                 f"{type(self).__name__} has no attention dropout; set the model's attention_dropout to 0 for training")
         q_len, k_len = query.shape[-2], key.shape[-2]
-        if attention_mask is None and 1 < q_len < k_len:  # prefill into an empty static cache (as transformers' sdpa)
-            key, value, k_len = key[..., :q_len, :], value[..., :q_len, :], q_len
+        end, valid = _attended_keys(attention_mask, query.shape[0], q_len, k_len)
+        if end < k_len:  # a static cache: its slots past the queries are not filled yet
+            key, value, k_len = key[..., :end, :], value[..., :end, :], end
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        valid = _attended_keys(attention_mask, query.shape[0], k_len)
         if valid is None:
             out = self.attend(query, key, value, scale)
         else:  # padding: each row alone, its positions counted over the tokens it attends to
@@ -157,15 +157,25 @@ class RemappedAttention(nn.Module):
         return self._table[2], self._table[3]
 
 
-def _attended_keys(mask: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:
-    """[batch, k_len] bool: the keys each row attends to, or None when every row attends to all of them.
-    The last query of a causal model without a sliding window attends to every key of its row that counts."""
+def _attended_keys(mask: torch.Tensor | None, batch: int, q_len: int,
+                   k_len: int) -> tuple[int, torch.Tensor | None]:
+    """(end, valid): the queries are the keys end - q_len .. end - 1, and valid [batch, end] bool the keys
+    each row attends to (None when every row attends to all of them).
+
+    The last query of a causal model without a sliding window attends to every key of its row that counts,
+    itself the last of them: a static cache hands the attention all its slots, those past the queries unfilled
+    and masked, so the queries end where the last query's keys do (rows are left-padded, as generate pads:
+    every row's last query is a token). Without a mask the keys end at the queries, or past them only in a
+    prefill into an empty static cache (as transformers' sdpa reads a missing mask)."""
     if mask is None:
-        return None
+        return (q_len if 1 < q_len < k_len else k_len), None
     last = mask[:, 0, -1, :k_len]
     allowed = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
     allowed = allowed.expand(batch, k_len)
-    return None if bool(allowed.all()) else allowed
+    seen = allowed.any(0).nonzero()
+    end = max(q_len, int(seen[-1]) + 1) if len(seen) else k_len
+    allowed = allowed[:, :end]
+    return end, (None if bool(allowed.all()) else allowed)
 
 
 def _pattern(part: Part, dtype: torch.dtype) -> tuple[torch.Tensor | None, bool | str, torch.Tensor]:
