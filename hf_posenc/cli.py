@@ -47,6 +47,18 @@ def refusals():
         refuse(f"a number given is too large to use ({err})")
 
 
+@contextlib.contextmanager
+def reading(path):
+    """Any exception raised while transformers reads the user's file `path` (a GGUF whose tensors do not
+    make the model its header describes: a RuntimeError deep in loading) is a refusal naming the file."""
+    try:
+        yield
+    except (*INPUT_ERRORS, OverflowError):
+        raise
+    except Exception as err:
+        raise UsageError(f"{path}: cannot be loaded as a model ({type(err).__name__}: {err})") from err
+
+
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse's own refusals: one line too
         refuse(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -57,7 +69,9 @@ def model_ref(ref: str, gguf_file: str | None = None) -> str:
     folder (config.json, or the file --gguf-file names) or a .gguf file. A hub id passes through."""
     if not ref.strip():
         raise UsageError("the model is empty; give a hub id, a folder, a .gguf file, or smollm2 / minilm")
-    ref = assets.resolve_alias(ref)
+    given, ref = ref, assets.resolve_alias(ref)
+    if ref.endswith(".gguf") or gguf_file:  # without the gguf package: the install command, not an ImportError
+        loading.require_gguf(given, ref if not gguf_file else os.path.join(ref, gguf_file))
     path = Path(ref).expanduser()
     # hub ids are NAME or ORG/NAME; anything else is a path
     if not (path.exists() or ref.startswith((".", "/", "~")) or ref.endswith(".gguf") or ref.count("/") > 1):
@@ -146,17 +160,19 @@ def _check_methods(skeleton, methods) -> str:
     return mechanism
 
 
-def dry_run(ref: str, gguf_file: str | None, method: str, params: dict) -> None:
+def dry_run(ref: str, gguf_file: str | None, method: str, params: dict):
     """The patch on the model's meta skeleton, so that what it refuses against this model (a target past
     what a table can reach, a family the method does not support, ...) is refused before the weights load.
-    A method that needs the weights to resolve (sinusoidal's fit) is checked when it runs."""
+    Returns the patched skeleton, or None for a method that needs the weights to resolve (sinusoidal's fit),
+    which is checked when it runs."""
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     _check_methods(skeleton, [method])
     try:
-        api.patch(skeleton, method, **params)
+        return api.patch(skeleton, method, **params)
     except (NotImplementedError, RuntimeError) as err:
         if "meta" not in str(err):
             raise
+    return None
 
 
 def _names(value: str | None, flag: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -202,7 +218,9 @@ def cmd_methods(args) -> None:
 
 
 def cmd_inspect(args) -> None:
-    info = api.describe(loading.meta_model(model_ref(args.model, args.gguf_file), gguf_file=args.gguf_file))
+    ref = model_ref(args.model, args.gguf_file)
+    with reading(ref):
+        info = api.describe(loading.meta_model(ref, gguf_file=args.gguf_file))
     print(json.dumps(info, indent=2, default=str))
 
 
@@ -218,7 +236,8 @@ def cmd_patch(args) -> None:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"output folder {args.out} exists and is not empty; pass --overwrite to replace it")
     dry_run(ref, args.gguf_file, args.method, params)
-    model = loading.load_model(ref, gguf_file=args.gguf_file)
+    with reading(ref):
+        model = loading.load_model(ref, gguf_file=args.gguf_file)
     api.patch(model, args.method, **params)
     try:
         tokenizer = loading.load_tokenizer(ref, gguf_file=args.gguf_file)
@@ -246,14 +265,22 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     out = Path(args.out).expanduser()
     if out.resolve() == source.resolve():
         raise UsageError(f"--out {args.out} is the input file; name a new .gguf file")
+    if out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder; a .gguf --out names the file to write")
     if out.exists() and not args.overwrite:
         raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
     output_folder(str(out.parent), "--out's folder")
-    dry_run(str(source), None, args.method, params)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
     if args.method not in serving.LLAMA_CPP_METHODS:
         raise MethodNotApplicableError(f"method {args.method!r} cannot be written into GGUF metadata; methods that "
                                        f"can: {', '.join(serving.LLAMA_CPP_METHODS)}")
-    model = loading.load_model(str(source))
+    # everything the header decides, on the patched skeleton, before the weights are read and de-quantized
+    skeleton = dry_run(str(source), None, args.method, params)
+    if skeleton is not None:
+        serving.check_write_gguf(skeleton, source, out, overwrite=args.overwrite)
+    with reading(source):
+        model = loading.load_model(str(source))
     api.patch(model, args.method, **params)
     written = serving.write_gguf(model, source, out, overwrite=args.overwrite)
     print(json.dumps(written, indent=2))

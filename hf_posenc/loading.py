@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import transformers
 
 from . import _compat, assets, gguf_header
-from .errors import ModelNotFoundError, ParameterTypeError
+from .errors import InvalidInputError, ModelNotFoundError, ParameterTypeError, PosEncError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
+GGUF_INSTALL = "pip install gguf (or pip install 'hf_posenc[gguf]')"
+
+
+class MissingPackageError(PosEncError, ImportError):
+    """An optional package that reading this model needs is not installed; the message says how to install it."""
+
+
+def require_gguf(ref: str | os.PathLike, path: str | os.PathLike | None = None) -> None:
+    """Refuse, naming the install command, to read a GGUF file (`ref`, at `path`) without the gguf package
+    (transformers would end in an ImportError traceback)."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        alias = f"{ref!r} (the embedded model, {path})" if str(ref) in assets.ALIASES else f"{path or ref}"
+        raise MissingPackageError(f"{alias} is a GGUF file, and reading one needs the gguf package, which is not "
+                                  f"installed: {GGUF_INSTALL}") from None
+
+
+@contextlib.contextmanager
+def _hub_hint(ref):
+    """A hub lookup that fails for a name close to an embedded model's alias says so (`smolllm2`: offline,
+    transformers' "couldn't connect" names no alternative)."""
+    try:
+        yield
+    except OSError as err:
+        name = str(ref)
+        close = difflib.get_close_matches(name.lower(), list(assets.ALIASES), n=1, cutoff=0.7)
+        if not close or name in assets.ALIASES or os.path.exists(name):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+        raise ModelNotFoundError(f"no model {name!r}: it is not a local path, and as a hub id: {first}. Did you mean "
+                                 f"{close[0]!r}? The embedded models are {' and '.join(assets.ALIASES)}") from err
 
 
 def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool = True) -> tuple[str, dict]:
@@ -24,10 +59,13 @@ def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool
     if not str(ref).strip():
         raise ModelNotFoundError("the model reference is empty; give a hub id, a local folder, a .gguf file or "
                                  "smollm2 / minilm")
+    given = ref
     try:  # a name, not a Path object, may be an embedded model's
         ref = assets.resolve_alias(ref) if isinstance(ref, str) else str(ref)
     except FileNotFoundError as err:  # the alias's asset package is not installed: say how to install it
         raise ModelNotFoundError(f"{ref!r} names an embedded model, but {err}") from None
+    if gguf_file or ref.endswith(".gguf"):
+        require_gguf(given, os.path.join(ref, gguf_file) if gguf_file else ref)
     if gguf_file is None and ref.endswith(".gguf"):
         if not os.path.isfile(ref):
             raise ModelNotFoundError(f"GGUF file not found: {ref}")
@@ -59,25 +97,53 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
     """Load a model the way transformers does. For GGUF files the de-quantized weights are kept as a
     plain checkpoint in the hf_posenc cache (unless cache=False), so the next load is fast and the
     model can `save_pretrained`."""
+    with _hub_hint(ref):
+        return _load_model(ref, gguf_file, auto_class, cache, **kwargs)
+
+
+def _load_model(ref, gguf_file, auto_class, cache, **kwargs):
     name, extra = resolve(ref, gguf_file)
     if "gguf_file" in extra:
         cached = _gguf_cache(name, extra["gguf_file"])
         if cache and (cached / "config.json").exists():
             name, extra = str(cached), {}
         elif not cache:
-            model = _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+            model = _from_gguf(_auto_class(name, extra, auto_class, kwargs.get("config")), name, extra, **kwargs)
             _compat.drop_gguf_quantization(model)
             return _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))
         else:
             # de-quantize once in float32 into the cache, then load from it as asked (dtype=, config=, ...)
-            model = _auto_class(name, extra, auto_class, None).from_pretrained(name, **extra)
+            model = _from_gguf(_auto_class(name, extra, auto_class, None), name, extra)
             _compat.drop_gguf_quantization(model)
             _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))
-            model.save_pretrained(cached)
-            load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(cached)
+            fresh = cached.with_name(f".{cached.name}.tmp{os.getpid()}")  # the cache appears whole or not at all
+            try:
+                model.save_pretrained(fresh)
+                try:
+                    load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(fresh)
+                except (OSError, ValueError):  # a file without a tokenizer transformers builds: the model still loads
+                    pass
+                if cached.exists():  # a copy left incomplete by an older version
+                    shutil.rmtree(cached)
+                os.replace(fresh, cached)
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
             del model
             name, extra = str(cached), {}
     return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+
+
+def _from_gguf(cls, name: str, extra: dict, **kwargs):
+    """`cls.from_pretrained` of a GGUF file, refusing a file that lacks weights of the model its header
+    describes (transformers would fill them with random values and only print a report)."""
+    model, info = cls.from_pretrained(name, **extra, **kwargs, output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise InvalidInputError(f"{os.path.join(name, extra['gguf_file'])}: the GGUF file holds no tensor for "
+                                f"{len(missing)} weight(s) of the model its header describes ({shown}): not a whole "
+                                f"model")
+    return model
 
 
 def _gguf_path(name: str, gguf_file: str) -> Path:
@@ -105,19 +171,40 @@ def _apply_gguf_rope_scaling(model, path: Path):
 
 
 def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
-    """The model's config. From a GGUF file (not yet in the cache) only the file's header is read."""
-    name, extra = resolve(ref, gguf_file)
-    if "gguf_file" in extra and (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
-        name, extra = str(_gguf_cache(name, extra["gguf_file"])), {}
-    if "gguf_file" in extra:
+    """The model's config. From a GGUF file (not yet in the cache) only the file's header is read. A file
+    whose config transformers refuses (a corrupt header, metadata its validators reject: 32 heads over a
+    16-wide embedding) is an `InvalidInputError` naming the file and the fault."""
+    with _hub_hint(ref):
+        name, extra = resolve(ref, gguf_file)
+        if "gguf_file" in extra and (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
+            name, extra = str(_gguf_cache(name, extra["gguf_file"])), {}
+        if "gguf_file" in extra:
+            try:
+                with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
+                    return transformers.AutoConfig.from_pretrained(name, **extra)
+            except (PosEncError, OSError):
+                raise
+            except Exception as err:
+                # transformers' own metadata reader fails on a corrupt file with a bare struct.error: name the fault
+                path = _gguf_path(name, extra["gguf_file"])
+                gguf_header.read(path)
+                raise _unreadable(path, "its metadata does not make a model config transformers accepts", err)
         try:
-            with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
-                return transformers.AutoConfig.from_pretrained(name, **extra)
-        except Exception:
-            # transformers' own metadata reader fails on a corrupt file with a bare struct.error: name the fault
-            gguf_header.read(_gguf_path(name, extra["gguf_file"]))
+            return transformers.AutoConfig.from_pretrained(name, **extra)
+        except (PosEncError, OSError):
             raise
-    return transformers.AutoConfig.from_pretrained(name, **extra)
+        except Exception as err:
+            where = os.path.join(name, "config.json") if os.path.isdir(name) else name
+            raise _unreadable(where, "transformers refuses the config it holds", err)
+
+
+def _unreadable(path, what: str, err: Exception) -> InvalidInputError:
+    """A user's file that transformers cannot read, as a refusal: the file, what is wrong, the cause in one line."""
+    cause = err.__cause__ if err.__cause__ is not None and "validation" in type(err).__name__.lower() else err
+    detail = " ".join(f"{type(cause).__name__}: {cause}".split())
+    found = InvalidInputError(f"{path}: {what} ({detail})")
+    found.__cause__ = err
+    return found
 
 
 def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
@@ -126,22 +213,31 @@ def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
     import torch
 
     config = load_config(ref, gguf_file=gguf_file)
-    cls = _auto_class("", {}, None, config)
-    with torch.device("meta"):
-        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
     name, extra = resolve(ref, gguf_file)
-    if "gguf_file" in extra and not (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
-        _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))  # the cached copy is saved patched
+    try:  # a config transformers accepted may still describe no model it can build (or rope keys it cannot read)
+        cls = _auto_class("", {}, None, config)
+        with torch.device("meta"):
+            model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+        if "gguf_file" in extra and not (_gguf_cache(name, extra["gguf_file"]) / "config.json").exists():
+            _apply_gguf_rope_scaling(model, _gguf_path(name, extra["gguf_file"]))  # the cached copy is saved patched
+    except (PosEncError, OSError):
+        raise
+    except Exception as err:
+        where = os.path.join(name, extra["gguf_file"]) if "gguf_file" in extra else name
+        raise _unreadable(where, "transformers cannot build the model its config describes", err)
     return model.eval()
 
 
 def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):
-    name, extra = resolve(ref, gguf_file, model=False)
-    if "gguf_file" in extra:
-        cached = _gguf_cache(name, extra["gguf_file"])
-        if (cached / "tokenizer_config.json").exists():
-            return transformers.AutoTokenizer.from_pretrained(str(cached))
-    return transformers.AutoTokenizer.from_pretrained(name, **extra)
+    """The tokenizer saved with a model: a hub id, a folder, a .gguf file, or `smollm2` / `minilm` (the embedded
+    models), as `load_model` takes them (a GGUF file's tokenizer comes from its cached copy once loaded)."""
+    with _hub_hint(ref):
+        name, extra = resolve(ref, gguf_file, model=False)
+        if "gguf_file" in extra:
+            cached = _gguf_cache(name, extra["gguf_file"])
+            if (cached / "tokenizer_config.json").exists():
+                return transformers.AutoTokenizer.from_pretrained(str(cached))
+        return transformers.AutoTokenizer.from_pretrained(name, **extra)
 
 
 def _auto_class(name: str, extra: dict, auto_class, config):

@@ -26,7 +26,7 @@ import torch
 
 from . import _compat, gguf_header
 from .config import LearnedMethodConfig, RopeMethodConfig, check_bool
-from .errors import MethodNotApplicableError, PosEncError
+from .errors import InvalidInputError, MethodNotApplicableError, PosEncError
 from .record import PatchRecord, read_record
 from .registry import METHODS, as_model
 
@@ -173,31 +173,51 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     return out
 
 
-def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
-               overwrite: bool = False) -> dict[str, object]:
-    """Copy the GGUF file `source` (the checkpoint `model` was loaded from) to `target` with the patch's
-    rope metadata; tensors are copied byte for byte (quantized ones stay quantized). Everything is checked
-    before writing, and the file appears whole or not at all. Returns the keys written."""
-    import gguf
-
+def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
+                     overwrite: bool = False) -> tuple[str, dict[str, object]]:
+    """Everything `write_gguf` checks before it reads the tensors, from the source's header alone (a fraction
+    of a second on any file): the paths, the file is the model's, the patch is one GGUF metadata can say.
+    Returns (the file's architecture, the keys to write). `model` may be a meta skeleton (no weights)."""
     source, target = Path(source), Path(target)
     if not source.is_file():
         raise ExportError(f"GGUF file not found: {source}")
     if target.exists() and (target.resolve() == source.resolve() or target.is_dir()):
         raise ExportError(f"the output {target} is {'the input file' if target.is_file() else 'a folder'}; "
                           f"name a new .gguf file")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ExportError(f"the output's folder {folder} {'is a file' if folder.exists() else 'does not exist'}; "
+                          f"create the folder first, or name a .gguf file in an existing one")
     if target.exists() and not overwrite:
         raise ExportError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
-    try:  # the header first: gguf's reader fails unclearly on a corrupt one (or hangs on a huge count)
-        gguf_header.read(source)
-        reader = gguf.GGUFReader(source)
+    try:  # the header only: gguf's reader maps every tensor and array (seconds), and fails unclearly on corruption
+        values = gguf_header.read(source).values
     except (ValueError, OSError, IndexError, KeyError) as err:
         raise ExportError(f"{source} is not a readable GGUF file: {err}") from None
-    arch = reader.fields["general.architecture"].contents()
-    _check_same_model(model, reader, arch, source)
+    arch = values.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ExportError(f"{source} is not a readable GGUF file: it names no general.architecture")
+    _check_same_model(model, values, arch, source)
     new = gguf_rope_metadata(model, arch)
     if not new:
         raise ExportError("the model carries no hf_posenc patch: there is nothing to write")
+    return arch, new
+
+
+def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
+               overwrite: bool = False) -> dict[str, object]:
+    """Copy the GGUF file `source` (the checkpoint `model` was loaded from) to `target` with the patch's
+    rope metadata; tensors are copied byte for byte (quantized ones stay quantized). Everything is checked
+    before writing (from the header, before the tensors are read: `check_write_gguf`), and the file appears
+    whole or not at all. Returns the keys written."""
+    arch, new = check_write_gguf(model, source, target, overwrite=overwrite)
+    import gguf
+
+    source, target = Path(source), Path(target)
+    try:
+        reader = gguf.GGUFReader(source)
+    except (ValueError, OSError, IndexError, KeyError) as err:
+        raise ExportError(f"{source} is not a readable GGUF file: {err}") from None
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
@@ -225,17 +245,19 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
     return new
 
 
-def _check_same_model(model, reader, arch: str, source: Path) -> None:
+def _check_same_model(model, values: dict, arch: str, source: Path) -> None:
     """The file must hold the model before the patch: same architecture family, same rope base."""
     record = read_record(model.config)
-    field = reader.fields.get(f"{arch}.rope.freq_base")
-    if record is None or field is None:
+    base = values.get(f"{arch}.rope.freq_base")
+    if record is None or base is None:
         return
     original = record.original.rope_parameters
     theta = (original.get("rope_theta") if "rope_theta" in original
              else next(iter(original.values()), {}).get("rope_theta"))
-    if theta is not None and not math.isclose(float(field.contents()), float(theta), rel_tol=1e-5):
-        raise ExportError(f"{source} has rope freq_base {field.contents():g}, but the model was patched from "
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise ExportError(f"{source}: {arch}.rope.freq_base is {base!r}, not a number: not a readable GGUF file")
+    if theta is not None and not math.isclose(float(base), float(theta), rel_tol=1e-5):
+        raise ExportError(f"{source} has rope freq_base {base:g}, but the model was patched from "
                           f"rope_theta {theta:g}: it is not the file this model was loaded from")
 
 
@@ -243,7 +265,9 @@ def read_gguf_rope(path: str | os.PathLike) -> dict[str, object]:
     """The rope keys of a GGUF file (`rope.*` and `context_length` of its architecture), without the arch
     prefix: what llama.cpp will use."""
     values = gguf_header.read(path).values
-    arch = values["general.architecture"]
+    arch = values.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InvalidInputError(f"{path}: the GGUF file names no general.architecture")
     return {key[len(arch) + 1:]: value for key, value in values.items()
             if key.startswith(f"{arch}.rope.") or key == f"{arch}.context_length"}
 
@@ -257,10 +281,19 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
     kind = rope.get("rope.scaling.type")
     if kind not in ("linear", "yarn"):
         return None
-    factor, target = float(rope["rope.scaling.factor"]), int(rope["context_length"])
-    original = int(rope.get("rope.scaling.original_context_length") or round(target / factor))
-    params = {"max_position_embeddings": target, "original_max_position_embeddings": original}
+    def number(key: str, integer: bool = False, needed: bool = True):
+        value = rope.get(key)
+        if value is None and not needed:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InvalidInputError(f"{path}: the GGUF key {key} is {value!r}; {kind} rope scaling needs a "
+                                    f"positive {'integer' if integer else 'number'} there")
+        return int(value) if integer else float(value)
+
+    factor, target = number("rope.scaling.factor"), number("context_length", integer=True)
+    original = number("rope.scaling.original_context_length", integer=True, needed=False) or round(target / factor)
+    params = {"max_position_embeddings": target, "original_max_position_embeddings": max(original, 1)}
     for key in ("beta_fast", "beta_slow"):
         if f"rope.scaling.yarn_{key}" in rope and kind == "yarn":
-            params[key] = float(rope[f"rope.scaling.yarn_{key}"])
+            params[key] = number(f"rope.scaling.yarn_{key}")
     return kind, params

