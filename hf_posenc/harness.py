@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from . import api, loading
-from .errors import InvalidParameterError, ParameterTypeError
+from .errors import InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError
 from .eval import retrieval
 from .eval.variants import parse_variant
 
@@ -57,15 +57,19 @@ class HFPosencLM(HFLM):
     (so a recorded patch is restored). `patch`: a variant applied after loading ("yarn factor=4",
     "dca"; see `hf_posenc.eval.parse_variant`). `max_length` defaults to the patched context."""
 
-    def __init__(self, pretrained, tokenizer=None, *, patch: str | None = None, max_length: int | None = None,
+    def __init__(self, pretrained=None, tokenizer=None, *, patch: str | None = None, max_length: int | None = None,
                  dtype: str | torch.dtype | None = None, attn_implementation: str | None = None, **kwargs):
+        if pretrained is None:
+            raise InvalidParameterError("HFPosencLM needs pretrained=: a model in memory, or a hub id / folder / .gguf "
+                                        "file (lm_eval: --model_args pretrained=FOLDER,...)")
+        length = _max_length(max_length)
         if isinstance(pretrained, (str, os.PathLike)):
             extra = {k: v for k, v in (("dtype", _dtype(dtype)), ("attn_implementation", attn_implementation))
                      if v is not None}
             ref = str(pretrained)
             if patch is not None:
                 parse_variant(patch)  # the method and its parameters, checked before any weights load
-            tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(ref)
+            tokenizer = tokenizer if tokenizer is not None else _saved_tokenizer(ref)
             pretrained = api.from_pretrained(ref, **extra).eval()
         elif not isinstance(pretrained, torch.nn.Module):
             raise ParameterTypeError(f"pretrained must be a model or a checkpoint path, got {type(pretrained).__name__}")
@@ -77,9 +81,39 @@ class HFPosencLM(HFLM):
             method, params = parse_variant(patch)
             if method != "none":
                 api.patch(pretrained, method, **params)
-        length = int(max_length) if max_length is not None else context_length(pretrained)
+        length = length if length is not None else context_length(pretrained)
         kwargs.setdefault("device", str(next(pretrained.parameters()).device))
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, max_length=length, **kwargs)
+
+
+def _max_length(value) -> int | None:
+    """max_length as a token count >= 1: an int, or its digits as lm_eval's --model_args gives them."""
+    if value is None:
+        return None
+    number = value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        number = int(value)
+    elif isinstance(value, float) and value.is_integer():  # lm_eval's arg parser may give 4096.0
+        number = int(value)
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise InvalidParameterError(f"max_length must be a token count >= 1 (the longest request lm-eval sends "
+                                    f"unshortened; default: the patched context), got {value!r}")
+    return number
+
+
+def _saved_tokenizer(ref: str):
+    """The tokenizer saved with the checkpoint `ref`, or a refusal saying how to give one (a folder written
+    by `model.save_pretrained` alone has none)."""
+    try:
+        return loading.load_tokenizer(ref)
+    except (OSError, ValueError, TypeError) as err:
+        if isinstance(err, PosEncError) and not os.path.isdir(ref):
+            raise  # a missing path, a typo of an alias: said as it is
+        raise InvalidInputError(
+            f"{ref} has no tokenizer transformers can load ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+            f"save one beside the model (tokenizer.save_pretrained(folder)), or name one: HFPosencLM(..., "
+            f"tokenizer=NAME_OR_FOLDER), on lm_eval's command line --model_args pretrained={ref},tokenizer=NAME_OR_FOLDER"
+        ) from err
 
 
 def _dtype(dtype):
@@ -94,6 +128,9 @@ def task_name(kind: str, length: int) -> str:
     return f"hf_posenc_{kind}_{length}"
 
 
+_EXAMPLES = {"lengths": "[4096, 16384]", "kinds": "['passkey']", "depths": "[0.1, 0.5, 0.9]"}
+
+
 def write_tasks(folder: str | os.PathLike, tokenizer, *, lengths: Sequence[int], kinds: Sequence[str] = ("passkey",),
                 depths: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9), trials: int = 2, haystack: str | None = None,
                 seed: int = 0) -> list[str]:
@@ -102,6 +139,9 @@ def write_tasks(folder: str | os.PathLike, tokenizer, *, lengths: Sequence[int],
     are those of `hf_posenc.eval.make_trials` (same seed, same trials), decoded to text; lm-eval
     tokenizes the text again, so with a merging tokenizer a trial may differ from its token budget by a
     token or two."""
+    for name, value in (("lengths", lengths), ("kinds", kinds), ("depths", depths)):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ParameterTypeError(f"{name} must be a list (e.g. {_EXAMPLES[name]}), got {value!r}")
     unknown = [k for k in kinds if k not in retrieval.TASKS]
     if unknown or not kinds:
         raise InvalidParameterError(f"kinds must name some of {list(retrieval.TASKS)}, got {list(kinds)!r}")
@@ -155,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     """lm_eval's command line with the `hf_posenc` model registered (this module's import did it); a
     model hf_posenc refuses (a missing path, a bad patch) ends as one `error:` line and exit code 2."""
     from lm_eval.__main__ import cli_evaluate
-
-    from .errors import PosEncError
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
