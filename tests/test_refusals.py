@@ -405,3 +405,28 @@ def test_docs_say_how_lm_eval_reaches_the_model():
     assert "python -m hf_posenc.harness --model hf_posenc" in text
     assert re.search(r"bare `lm_eval --model hf_posenc` does not know", text)
     assert not re.search(r"^\s*lm_eval --model hf_posenc", text, re.M)
+
+
+# -- hp.write_gguf: the cheap checks before the whole file is read -----------------------------------------------
+
+WRITE_GGUF_CASES = [
+    ("folder-missing", {"factor": 4}, "no/such/dir/o.gguf", {},
+     r"the output's folder .*no/such/dir does not exist; create the folder first"),
+    ("folder-a-file", {"factor": 4}, "taken.gguf/o.gguf", {}, r"the output's folder .*taken\.gguf is a file"),
+    ("target-a-folder", {"factor": 4}, "folder.gguf", {"overwrite": True}, r"folder\.gguf is a folder"),
+    ("betas-gguf-cannot-say", {"factor": 4, "beta_fast": 16}, "o.gguf", {}, r"cannot make llama\.cpp use .*beta_fast"),
+    ("other-rope-base", {"factor": 4, "rope_theta": 5e5}, "o.gguf", {}, r"not the file this model was loaded from"),
+]
+
+
+@pytest.mark.parametrize("params,target,kwargs,pattern", [c[1:] for c in WRITE_GGUF_CASES],
+                         ids=[c[0] for c in WRITE_GGUF_CASES])
+def test_write_gguf_refuses_from_the_header_alone(params, target, kwargs, pattern, ggufs, monkeypatch):
+    theta = params.pop("rope_theta", 10000.0)
+    model = hp.patch(tiny_model(rope_theta=theta, hidden_size=16, num_attention_heads=2, head_dim=8,
+                                num_key_value_heads=1), "yarn", **params)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("the whole file was read"))
+    before = snapshot(ggufs)
+    with pytest.raises(hp.PosEncError, match=pattern):
+        hp.write_gguf(model, ggufs / "good.gguf", ggufs / target, **kwargs)
+    assert snapshot(ggufs) == before
