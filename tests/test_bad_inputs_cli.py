@@ -275,12 +275,13 @@ def test_patch_refuses_an_output_that_contains_the_current_folder(root, capsys, 
 
 # -- real processes: what a shell sees -----------------------------------------------------------------
 
+HF_POSENC = [sys.executable, "-m", "hf_posenc.cli"]  # the console script, without needing it on PATH
 SUBPROCESS_CASES = [
-    ("patch-missing-path", ["hf-posenc", "patch", "/missing/path", "--method", "yarn", "--factor", "2", "--out", "{out}"],
+    ("patch-missing-path", [*HF_POSENC, "patch", "/missing/path", "--method", "yarn", "--factor", "2", "--out", "{out}"],
      r"model '/missing/path': no such file or folder"),
-    ("unknown-subcommand", ["hf-posenc", "frobnicate"], r"invalid choice: 'frobnicate'"),
-    ("demo-negative-tokens", ["hf-posenc", *DEMO, "--tokens=-5"], r"tokens must be >= 2"),
-    ("plot-lengths-abc", ["hf-posenc", *PLOT, "--what", "attention", "--lengths", "abc"], r"--lengths must be"),
+    ("unknown-subcommand", [*HF_POSENC, "frobnicate"], r"invalid choice: 'frobnicate'"),
+    ("demo-negative-tokens", [*HF_POSENC, *DEMO, "--tokens=-5"], r"tokens must be >= 2"),
+    ("plot-lengths-abc", [*HF_POSENC, *PLOT, "--what", "attention", "--lengths", "abc"], r"--lengths must be"),
     ("evaluate-yaml-tab", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), "--config", "{root}/tab.yaml"],
      r"tab.yaml is not valid YAML"),
     ("evaluate-zero-length", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), *EVAL, "--eval.perplexity_lengths", "0"],

@@ -133,7 +133,8 @@ def test_help_lists_every_field_in_process(capsys):
 HELP_COMMANDS = {   # (hf-posenc finetune --help and -m hf_posenc.recipes.finetune --help: tests/test_cli.py)
     "recipes/finetune.py": ([sys.executable, str(ROOT / "recipes" / "finetune.py"), "--help"], finetune_config.Config),
     "recipes/evaluate.py -h": ([sys.executable, str(ROOT / "recipes" / "evaluate.py"), "-h"], evaluate.EvalConfig),
-    "hf-posenc evaluate": (["hf-posenc", "evaluate", "--help"], evaluate.EvalConfig),
+    # the console script's code path, without needing `hf-posenc` on PATH (an inactive venv)
+    "hf-posenc evaluate": ([sys.executable, "-m", "hf_posenc.cli", "evaluate", "--help"], evaluate.EvalConfig),
     "-m evaluate": ([sys.executable, "-m", "hf_posenc.recipes.evaluate", "--help"], evaluate.EvalConfig),
 }
 
