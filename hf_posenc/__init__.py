@@ -44,3 +44,8 @@ __all__ = [
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public face for tab completion: `__all__` (submodules stay importable: `import hf_posenc.eval`)."""
+    return sorted([*__all__, "__version__"])
