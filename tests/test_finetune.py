@@ -25,7 +25,7 @@ from hf_posenc import train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "finetune.py"  # the clone's entry point (subprocesses)
@@ -298,18 +298,26 @@ def free_port():
         return s.getsockname()[1]
 
 
+def two_processes(config, *flags, launcher="torchrun", timeout=240):
+    """The recipe in 2 processes on this CPU (DDP over gloo): torchrun, or accelerate launch with the shipped
+    ddp.yaml template (`--num_processes 2`); accelerate sees WORLD_SIZE=2 on a CPU-only machine."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(ROOT / "recipes" / "accelerate" / "ddp.yaml"), "--num_processes", "2"]
+    port = ["--master_port" if launcher == "torchrun" else "--main_process_port", str(free_port())]
+    command += [*port, str(RECIPE), "--config", str(config), *flags]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, tiny_dir, text_file):
     common = dict(data={"corpus": str(text_file)}, train={"steps": 4, "grad_accum": 1, "save_every": 4})
     one = write_config(tmp_path / "one" / "c.yaml", tiny_dir, **common)
     run_recipe(one, "--train.batch_size", "4")
     two = write_config(tmp_path / "two" / "c.yaml", tiny_dir, **common)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    # torchrun (accelerate's own launcher starts a single process for --cpu); accelerate sees WORLD_SIZE=2
-    # on a CPU-only machine and runs DDP over gloo
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(RECIPE), "--config", str(two), "--train.batch_size", "2"],
-        env=env, capture_output=True, text=True, timeout=240)
+    proc = two_processes(two, "--train.batch_size", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "MULTI_CPU" in proc.stdout and "2 processes" in proc.stdout
     log1, log2 = ckpt.read_log(tmp_path / "one" / "out"), ckpt.read_log(tmp_path / "two" / "out")
@@ -320,6 +328,101 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
     w2 = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "out").state_dict()
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    """A tiny BERT encoder with its pooler (as all-MiniLM-L6-v2 has), 64 learned positions."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=TINY_TEXT_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def shipped_on_tiny(name, path, model_dir, corpus, **sections):
+    """A shipped fine-tune config as it is (objective, patch method, LoRA, trainable groups, gradient
+    checkpointing, ...) with a tiny stand-in for its model and sizes a tiny model takes."""
+    cfg = yaml.safe_load((ROOT / "recipes" / "configs" / f"{name}.yaml").read_text())
+    cfg["model"] = {**cfg["model"], "name": str(model_dir), "dtype": "float32"}
+    cfg["data"] = {**cfg["data"], "corpus": str(corpus), "cache_dir": str(path.parent / "cache")}
+    cfg["eval"] = {"lengths": []}
+    cfg["output_dir"] = str(path.parent / "out")
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_unreached_parameters_are_found_and_mixtures_of_experts_left_to_ddp(bert_dir):
+    """freeze_unreached finds what the loss never depends on (the pooler under distill) and leaves the RNG
+    and the gradients as they were; a mixture of experts is not probed (DDP's find_unused_parameters)."""
+    from transformers import AutoModel
+
+    from hf_posenc.losses import TrainingLoss
+
+    model = AutoModel.from_pretrained(bert_dir).train()
+    teacher = AutoModel.from_pretrained(bert_dir).eval()
+    probe = {"input_ids": torch.arange(3, 40)[None], "attention_mask": torch.ones(1, 37, dtype=torch.long)}
+    rng = torch.get_rng_state()
+    frozen = _recipe().freeze_unreached(TrainingLoss(model, objective="distill", causal=False), "cpu", probe, teacher)
+    assert frozen == ["pooler.dense.weight", "pooler.dense.bias"]
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == frozen
+    assert checks.routes_to_experts(tiny_config("mixtral", num_local_experts=4, num_experts_per_tok=2))
+    assert checks.routes_to_experts(tiny_config("qwen2_moe", num_experts=4))
+    assert not checks.routes_to_experts(tiny_config("llama"))
+
+
+def test_shipped_encoder_distill_config_trains_in_two_processes_like_one(tmp_path, bert_dir, text_file):
+    """The MiniLM healing config (distill on hidden states: the pooler gets no gradient) under accelerate
+    launch with ddp.yaml and 2 processes: was "Parameter indices which did not receive grad" at step 2. The
+    pooler is frozen (and said so), and the run equals one process with the same global batch."""
+    # blocks of one length: the loss of a batch of mixed lengths is a mean per process, then over processes
+    small = dict(data={"seq_len": 32, "short_share": 0.0}, train={"steps": 3, "save_every": 2, "warmup_steps": 1})
+    one = shipped_on_tiny("minilm_sinusoidal_heal_finetune", tmp_path / "one" / "c.yaml", bert_dir, text_file, **small)
+    run_recipe(one, "--train.batch_size", "4")
+    two = shipped_on_tiny("minilm_sinusoidal_heal_finetune", tmp_path / "two" / "c.yaml", bert_dir, text_file, **small)
+    proc = two_processes(two, "--train.batch_size", "2", launcher="accelerate")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "MULTI_CPU on 2 processes" in proc.stdout
+    assert "not trained: 2 parameter(s) the distill objective never reaches (pooler.dense.weight, pooler.dense.bias)" \
+        in proc.stdout
+    log1, log2 = ckpt.read_log(tmp_path / "one" / "out"), ckpt.read_log(tmp_path / "two" / "out")
+    assert [r["step"] for r in log2] == [1, 2, 3]
+    assert [r["loss"] for r in log2] == pytest.approx([r["loss"] for r in log1], rel=2e-5)
+    from transformers import AutoModel
+
+    w0 = AutoModel.from_pretrained(bert_dir).state_dict()
+    w1, w2 = (hp.from_pretrained(tmp_path / run / "out").state_dict() for run in ("one", "two"))
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert torch.equal(w2["pooler.dense.weight"], w0["pooler.dense.weight"])      # untouched, as one process leaves it
+    assert not torch.equal(w2["encoder.layer.0.attention.self.query.weight"],
+                           w0["encoder.layer.0.attention.self.query.weight"])
+
+
+def test_shipped_causal_config_with_lora_trains_in_two_processes(tmp_path, tiny_dir, text_file):
+    """The 16k YaRN config with the LoRA its comment offers, LongLoRA's trainable embeddings and norms and
+    gradient checkpointing, on a tiny Llama under torchrun with 2 processes, a checkpoint on the way."""
+    cfg = shipped_on_tiny("smollm2_yarn_16k_finetune", tmp_path / "c.yaml", tiny_dir, text_file,
+                          data={"seq_len": 64, "short_len": 16},
+                          train={"steps": 3, "save_every": 2, "warmup_steps": 1, "grad_accum": 2, "lr": 1e-2,
+                                 "trainable": ["embeddings", "norms"],
+                                 "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}})
+    proc = two_processes(cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "MULTI_CPU on 2 processes" in proc.stdout and "not trained" not in proc.stdout
+    out = tmp_path / "out"
+    assert [r["step"] for r in ckpt.read_log(out)] == [1, 2, 3]
+    assert ckpt.latest_checkpoint(out)[1] == 3
+    base, trained = tiny_model_like(tiny_dir).state_dict(), AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert not torch.equal(trained["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(trained["model.norm.weight"], base["model.norm.weight"])
 
 
 # ------------------------------------------------------------------------------------------- bad input

@@ -28,7 +28,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin,
+                               set_seed)
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -65,6 +66,9 @@ def main(argv=None):
                                                                 sync_with_dataloader=False),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         log_with=cfg.train.report_to, project_dir=cfg.output_dir,
+        # routed experts: a step may leave an expert without a gradient, which DDP must look for every step
+        # (other parameters the objective never reaches are frozen instead: freeze_unreached)
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)] if plan.routed_experts else None,
     )
     set_seed(cfg.train.seed)
 
@@ -96,9 +100,6 @@ def main(argv=None):
     select_trainable(model, cfg.train.trainable)
     if cfg.train.lora:
         model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
-    n_train, n_total = select_trainable(model, "all")
-    accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
-                      f"trainable parameters: {n_train:,} of {n_total:,}")
     # The objective inside the module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)
     chunk = cfg.train.loss_chunk if plan.causal else 0
     why = chunk and output_logits_mismatch(model)
@@ -107,6 +108,16 @@ def main(argv=None):
         chunk = 0
     objective = TrainingLoss(model, objective=cfg.train.objective, causal=plan.causal, chunk=chunk,
                              temperature=cfg.train.temperature)
+    if wraps_in_ddp(accelerator) and not plan.routed_experts:
+        probe = train_data.collate(pad_id)([dataset[0]])
+        unreached = freeze_unreached(objective, accelerator.device, probe, teacher)
+        if unreached:
+            accelerator.print(f"not trained: {len(unreached)} parameter(s) the {cfg.train.objective} objective never "
+                              f"reaches ({', '.join(unreached[:4])}{', ...' if len(unreached) > 4 else ''}), frozen "
+                              f"(DDP needs a gradient for every trained parameter; one process skips them alike)")
+    n_train, n_total = select_trainable(model, "all")
+    accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
+                      f"trainable parameters: {n_train:,} of {n_total:,}")
 
     # 5. Evaluation before training (optional).
     before = evaluate(model, tokenizer, cfg, plan, teacher) if accelerator.is_main_process else {}
@@ -213,6 +224,36 @@ def main(argv=None):
         accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
     accelerator.end_training()
     return final
+
+
+def wraps_in_ddp(accelerator) -> bool:
+    """Whether `accelerator.prepare` wraps the model in DistributedDataParallel (several processes, no
+    FSDP / DeepSpeed): DDP then needs every trainable parameter to receive a gradient at every step."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.multi_device or accelerator.distributed_type == DistributedType.MULTI_CPU
+
+
+def freeze_unreached(objective: torch.nn.Module, device, probe: dict, teacher=None, tokens: int = 16) -> list[str]:
+    """Freeze the trainable parameters the objective's loss never depends on (an encoder's pooler under
+    distill, which matches hidden states; a head the loss does not use), found by one forward and backward
+    on the first `tokens` tokens of a training block; returns their names. Nothing changes in what trains:
+    AdamW and gradient clipping skip a parameter without a gradient, so one process leaves them as they are,
+    and frozen, DDP leaves them too instead of stopping at the second step ("Parameter indices which did
+    not receive grad"). The RNG state (dropout) is restored and the gradients cleared afterwards.
+    Models whose use of parameters depends on the data (routed experts) are not probed: DDP looks for
+    unused parameters at every step there (Plan.routed_experts)."""
+    objective.to(device)
+    ids, mask = (probe[k][:, :tokens].to(device) for k in ("input_ids", "attention_mask"))
+    trainable = [(n, p) for n, p in objective.named_parameters() if p.requires_grad]
+    with torch.random.fork_rng(devices=[]):
+        objective(ids, mask, teacher=teacher).backward()
+    unreached = [n.removeprefix("model.") for n, p in trainable if p.grad is None]
+    for n, p in trainable:
+        if p.grad is None:
+            p.requires_grad_(False)
+        p.grad = None
+    return unreached
 
 
 def window_positions(plan: Plan, batch: dict, cfg: Config, accelerator, step: int, micro: int):

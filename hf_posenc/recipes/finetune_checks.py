@@ -33,6 +33,17 @@ class Plan:
     short_len: Optional[int]
     causal: bool
     positions: PositionScheme = dataclasses.field(default_factory=Contiguous)   # resolved: target set
+    routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
+
+
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def routes_to_experts(config) -> bool:
+    """Whether a model routes tokens to some of its experts (Mixtral, Qwen-MoE, DeepSeek, ...): then a
+    step may leave an expert without a gradient, and DDP must look for unused parameters every step."""
+    text = config.get_text_config()
+    return any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in EXPERT_COUNTS)
 
 
 def check_config(cfg: Config) -> Plan:
@@ -87,7 +98,7 @@ def check_config(cfg: Config) -> Plan:
                 check_length(model, length)
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
-    return Plan(original, target, seq_len, short_len, causal, positions)
+    return Plan(original, target, seq_len, short_len, causal, positions, routes_to_experts(config))
 
 
 def check_positions(cfg: Config, model, context: int, window: int) -> PositionScheme:
