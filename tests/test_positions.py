@@ -201,6 +201,12 @@ def test_pose_without_room_to_skip_trains_bit_identically_to_contiguous(tmp_path
                            a["model.layers.0.self_attn.q_proj.weight"])
     card = (tmp_path / "c" / "out" / "README.md").read_text()
     assert "`pose target=256`" in card and "distances up to 255" in card
+    # the folder is a plain yarn checkpoint: stock transformers loads it with the same logits
+    stock = tiny_model_from(tmp_path / "c" / "out")
+    assert stock.config.rope_parameters["rope_type"] == "yarn"
+    ids = token_ids(200, vocab=256)
+    with torch.no_grad():
+        torch.testing.assert_close(stock(ids).logits, skipped.eval()(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_the_recipe_loss_is_a_forward_with_the_schemes_ids(tmp_path, tiny_dir, text_file):

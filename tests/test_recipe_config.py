@@ -69,8 +69,8 @@ def test_a_string_flag_is_the_text_given():
 
 
 def test_both_recipes_take_their_shipped_configs_with_flags_over_them(tmp_path):
-    raw = yaml.safe_load((CONFIGS / "smollm2_yarn_32k_finetune.yaml").read_text())
-    cfg = finetune_config.parse_config(["--config", "smollm2_yarn_32k_finetune", "--train.lr", "1e-4",
+    raw = yaml.safe_load((CONFIGS / "smollm2_pose_128k_finetune.yaml").read_text())
+    cfg = finetune_config.parse_config(["--config", "smollm2_pose_128k_finetune", "--train.lr", "1e-4",
                                         "--posenc.max_position_embeddings", "65536", "--eval.lengths", "512", "1024"])
     expected = {**raw, "train": {**raw["train"], "lr": 1e-4}, "eval": {**raw["eval"], "lengths": [512, 1024]},
                 "posenc": {**raw["posenc"], "max_position_embeddings": 65536}}

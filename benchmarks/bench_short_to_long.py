@@ -1,0 +1,238 @@
+"""Train long on short: SmolLM2-135M (8k) taken to 32k with YaRN x4, fine-tuned on 2048-token windows with
+each position scheme (hf_posenc/positions.py), against the training-free methods, on two held-out plays.
+
+Rows (--rows): `none` (unpatched), `yarn` (x4, no training), `dca` (no training), and fine-tunes written
+NAME=POSITIONS: `contiguous=contiguous` (the control: the same text, steps and tokens, ids 0..n-1),
+`pose=pose chunks=2`, `cream=cream`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
+(40 plays: Hamlet and Richard III held out) with only train.positions changed (and --train-args for all).
+
+For each row and play (--plays): one pass over the first 32768 tokens gives the perplexity of the first
+2048 / 8192 / 32768 tokens and the late-token loss (mean NLL of tokens 24576-32767) given the whole prefix;
+a second pass over tokens 16384-32767 gives the same tokens' loss given only the 16k window they sit in.
+A model that uses its context past 16k has the first below the second. Then the passkey at 32768 (5 depths,
+one trial each, seed 0: the trials of bench_long_context.py). Each fine-tune's wall time, tokens/s and peak
+memory come from its log.
+
+Every cell is saved as it completes (--out); a rerun goes on where the last one stopped (a fine-tune
+resumes from its last checkpoint). Long: run it in the background.
+
+    nice python benchmarks/bench_short_to_long.py                       # everything
+    python benchmarks/bench_short_to_long.py --only train               # the fine-tunes only
+    python benchmarks/bench_short_to_long.py --report --figure docs/short_to_long.png   # tables + figure
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import common
+import hf_posenc as hp
+from hf_posenc import checkpoints as ckpt
+from hf_posenc import eval as hpe
+from hf_posenc import positions
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "recipes" / "configs" / "smollm2_pose_32k_cpu_finetune.yaml"
+ROWS = ["none", "yarn", "dca", "contiguous=contiguous", "pose=pose chunks=2", "cream=cream"]
+TARGET, LENGTHS, LATE, WINDOW = 32768, [2048, 8192, 32768], 24576, 16384
+
+
+def row_name(row: str) -> str:
+    return row.partition("=")[0]
+
+
+def finetune(row: str, args) -> dict:
+    """Run (or resume) the fine-tune of `row`; its wall time, tokens/s and peak memory from its log."""
+    name, _, positions = row.partition("=")
+    out = Path(args.runs) / name
+    done = (out / "config.json").exists() and (out / "README.md").exists()
+    if not done:
+        command = [sys.executable, str(ROOT / "recipes" / "finetune.py"), "--config", str(CONFIG),
+                   "--train.positions", positions, "--output_dir", str(out), *args.train_args]
+        if out.exists():
+            command.append("--resume")
+        print("$", " ".join(command), flush=True)
+        subprocess.run(command, check=True)
+    log = ckpt.read_log(out)
+    steps = [r for r in log if "tokens_per_s" in r]
+    return {"folder": str(out), "positions": positions, "steps": len(steps),
+            "tokens": sum(r["tokens"] for r in steps),
+            "seconds": sum(r["tokens"] / r["tokens_per_s"] for r in steps),
+            "tokens_per_s": sum(r["tokens"] for r in steps) / sum(r["tokens"] / r["tokens_per_s"] for r in steps),
+            "peak_mem_mb": max(r["peak_mem_mb"] for r in steps)}
+
+
+def load_row(row: str, args, dtype: torch.dtype):
+    """The model of a row: the unpatched SmolLM2, patched with yarn / dca, or a fine-tuned folder."""
+    name = row_name(row)
+    if "=" in row:
+        return hp.from_pretrained(str(Path(args.runs) / name), dtype=dtype, attn_implementation="sdpa").eval()
+    model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").eval()
+    if name != "none":
+        hp.patch(model, name, max_position_embeddings=TARGET)
+    return model
+
+
+@torch.no_grad()
+def perplexity_cell(model, ids: list[int]) -> dict:
+    full = hpe.token_nll(model, torch.tensor([ids[:TARGET]]))[0].double()   # entry t scores token t + 1
+    window = hpe.token_nll(model, torch.tensor([ids[TARGET - WINDOW:TARGET]]))[0].double()
+    late = slice(LATE - 1, TARGET - 1)
+    return {"perplexity": {str(n): math.exp(full[:n - 1].mean().item()) for n in LENGTHS},
+            "late_loss_full": full[late].mean().item(),
+            "late_loss_16k": window[LATE - 1 - (TARGET - WINDOW):].mean().item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", nargs="+", default=ROWS)
+    parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"])
+    parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
+                        help="recipe overrides for every fine-tune, last on the line (--train-args --train.lr 5e-5)")
+    parser.add_argument("--only", choices=["train", "perplexity", "passkey"], help="one part only")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
+    parser.add_argument("--runs", default="runs/short_to_long", help="where the fine-tunes are written")
+    parser.add_argument("--out", default="benchmarks/results/short_to_long.json")
+    parser.add_argument("--report", action="store_true", help="print the table of --out (and draw --figure)")
+    parser.add_argument("--figure", help="with --report: perplexity against length, every row (PNG)")
+    parser.add_argument("--schemes-figure", metavar="PNG",
+                        help="draw the ids each scheme gives one 2048-token window (target 32768) and stop")
+    args = parser.parse_args()
+    if args.schemes_figure:
+        return schemes_figure(args.schemes_figure)
+    for row in args.rows:
+        if "=" in row:
+            positions.scheme(row.partition("=")[2])
+        elif row not in ("none", "yarn", "dca"):
+            parser.error(f"a row is none, yarn, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
+    args.dtype = common.dtype_name(args.dtype)
+    results, save = common.results_file(args.out, {"target": TARGET, "lengths": LENGTHS, "late": LATE,
+                                                   "window": WINDOW, "dtype": args.dtype,
+                                                   "train_args": args.train_args, "depths": args.depths},
+                                        ["finetune", "perplexity", "passkey"])
+    if args.report:
+        return report(results, args.figure)
+    results.setdefault("machine", f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa")
+    print(results["machine"], flush=True)
+
+    if args.only in (None, "train"):   # 1. the fine-tunes
+        for row in [r for r in args.rows if "=" in r and row_name(r) not in results["finetune"]]:
+            results["finetune"][row_name(row)] = finetune(row, args)
+            save()
+            print(f"finetune {row}: {results['finetune'][row_name(row)]}", flush=True)
+    dtype = getattr(torch, args.dtype)
+    if args.only in (None, "perplexity"):   # 2. perplexity and late-token loss, each (row, play)
+        _, tokenizer = common.smollm2(args.dtype)
+        docs = common.plays(tokenizer, args.plays, TARGET)
+        for row in args.rows:
+            todo = [p for p in docs if f"{row_name(row)} {p}" not in results["perplexity"]]
+            if not todo or ("=" in row and row_name(row) not in results["finetune"]):
+                continue
+            model = load_row(row, args, dtype)
+            for play in todo:
+                start = time.perf_counter()
+                cell = perplexity_cell(model, docs[play])
+                results["perplexity"][f"{row_name(row)} {play}"] = {**cell, "seconds": time.perf_counter() - start}
+                save()
+                print(f"{row_name(row)} {play}: {cell}", flush=True)
+    if args.only in (None, "passkey"):   # 3. the passkey at 32768
+        _, tokenizer = common.smollm2(args.dtype)
+        trials = hpe.make_trials("passkey", tokenizer, lengths=[TARGET], depths=args.depths, trials=1, seed=0)
+        for row in args.rows:
+            if row_name(row) in results["passkey"] or ("=" in row and row_name(row) not in results["finetune"]):
+                continue
+            model = load_row(row, args, dtype)
+            scores = hpe.score_trials(model, trials, progress=False)
+            summary = hpe.summarize(trials, scores)
+            results["passkey"][row_name(row)] = {"found": sum(bool(s["correct"]) for s in scores),
+                                                 "trials": len(trials), "mean_logprob": summary["mean_logprob"]}
+            save()
+            print(f"passkey {row_name(row)}: {results['passkey'][row_name(row)]}", flush=True)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    plays = sorted({key.split(" ", 1)[1] for key in results["perplexity"]})
+    rows = list(dict.fromkeys(key.split(" ", 1)[0] for key in [*results["perplexity"], *results["passkey"]]))
+    lines = [f"{results.get('machine', '')}", "",
+             "| row | play | ppl@2048 | ppl@8192 | ppl@32768 | late loss, full prefix | late loss, 16k window "
+             "| passkey@32768 |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        key = results["passkey"].get(row)
+        passkey = f"{key['found']}/{key['trials']}" if key else ""
+        for play in plays:
+            cell = results["perplexity"].get(f"{row} {play}")
+            if cell is None:
+                continue
+            p = cell["perplexity"]
+            lines.append(f"| {row} | {play} | {p['2048']:.2f} | {p['8192']:.2f} | {p['32768']:.2f} | "
+                         f"{cell['late_loss_full']:.3f} | {cell['late_loss_16k']:.3f} | "
+                         f"{passkey} |")
+    if results["finetune"]:
+        lines += ["", "| fine-tune | positions | steps | tokens | wall (s) | tokens/s | peak memory (MB) |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | `{f['positions']}` | {f['steps']} | {f['tokens']} | {f['seconds']:.0f} | "
+                  f"{f['tokens_per_s']:.0f} | {f['peak_mem_mb']:.0f} |" for name, f in results["finetune"].items()]
+    return "\n".join(lines)
+
+
+def report(results: dict, figure: str | None) -> None:
+    print(table(results))
+    if figure:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        plays = sorted({key.split(" ", 1)[1] for key in results["perplexity"]})
+        fig, axes = plt.subplots(1, len(plays), figsize=(6 * len(plays), 4.2), squeeze=False)
+        for ax, play in zip(axes[0], plays):
+            for key, cell in results["perplexity"].items():
+                if key.endswith(" " + play):
+                    ax.plot(LENGTHS, [cell["perplexity"][str(n)] for n in LENGTHS], marker="o",
+                            label=key.split(" ", 1)[0])
+            ax.axvline(8192, color="grey", linestyle=":", linewidth=1)
+            ax.set(xscale="log", xticks=LENGTHS, xticklabels=[str(n) for n in LENGTHS], xlabel="first n tokens",
+                   ylabel="perplexity", title=f"SmolLM2-135M to 32k, {play} (held out)")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(figure, dpi=110)
+        print(f"figure: {figure}")
+
+
+def schemes_figure(path: str, window: int = 2048, seed: int = 0) -> None:
+    """Position id against token index in one window, for each scheme (two draws each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(positions.SCHEMES)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.3), sharey=True)
+    for ax, name in zip(axes, names):
+        scheme = positions.scheme(name, target=TARGET)
+        for index, style in ((1, "-"), (2, "--")):
+            ax.plot(scheme.position_ids(window, seed=seed, index=index).numpy(), style, linewidth=1.6,
+                    label=f"window {index}")
+        ax.axhline(8192, color="grey", linestyle=":", linewidth=1)
+        ax.set(title=scheme.spec.replace(f" target={TARGET}", ""), xlabel=f"token in the {window}-token window")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("position id")
+    fig.suptitle(f"The ids of two {window}-token windows, target {TARGET} (dotted: SmolLM2's original 8192)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"figure: {path}")
+
+
+if __name__ == "__main__":
+    main()
