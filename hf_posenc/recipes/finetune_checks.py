@@ -87,7 +87,10 @@ def check_config(cfg: Config) -> Plan:
                           f"data.seq_len={seq_len} must be <= {original}")
     short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
     if short_len is not None and not 2 <= short_len < seq_len:
-        raise ConfigError(f"data.short_len={short_len} must be in 2..{seq_len - 1} (below data.seq_len)")
+        default = "" if cfg.data.short_len else f" (its default: the original context)"
+        raise ConfigError(f"data.short_len={short_len}{default} must be in 2..{seq_len - 1} (below data.seq_len="
+                          f"{seq_len}); set data.short_len below {seq_len}, or data.short_share 0 for no short "
+                          f"sequences")
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
     if exact:
