@@ -445,13 +445,13 @@ def run_recipe(name: str, argv: list[str]) -> None:
     if name == "finetune":
         from .recipes import finetune
 
-        code = finetune.cli(argv)
+        code = finetune.cli(argv, prog=f"hf-posenc {name}")
         if code:
             raise SystemExit(code)
     else:
         from .recipes import evaluate
 
-        evaluate.main(argv)
+        evaluate.main(argv, prog=f"hf-posenc {name}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -121,3 +121,11 @@ def figures(results: dict, out: str | Path, context: int) -> list[Path]:
                                                           title=f"{model}: {task} accuracy"))
             written.append(plots.plot_retrieval_depths(runs, out / f"{task}_depths.png", title=f"{model}: {task} accuracy"))
     return written
+
+
+def written_line(out: str | Path, figures: Sequence[Path] = ()) -> str:
+    """The last line of an evaluation: where its results, summary and figures are."""
+    out = Path(out)
+    names = ", ".join(Path(f).name for f in figures)
+    return (f"wrote {out / 'results.json'} and {out / 'summary.md'}"
+            + (f"; figures in {out}/: {names}" if figures else "; no figures (plots: false)"))

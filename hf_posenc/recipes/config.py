@@ -57,6 +57,20 @@ def parse(schema: type, argv: list[str] | None = None, *, usage: str, about: str
     return build(schema, values)
 
 
+def program(script: str, prog: str | None = None) -> str:
+    """The command as the user typed it, for `usage:`: `prog` when a front end gives it (`hf-posenc finetune`),
+    else how this process started: `python -m hf_posenc.recipes.finetune` (also under accelerate launch -m),
+    or the script's path as typed (`recipes/finetune.py`)."""
+    if prog:
+        return prog
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if started is not None and started.name == f"{script}.py":
+        if started.resolve().parent == Path(__file__).resolve().parent:
+            return f"python -m hf_posenc.recipes.{script}"
+        return str(sys.argv[0])
+    return f"recipes/{script}.py"
+
+
 def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, list[str]]]]:
     """(--config's value, [(flag, the values after it), ...]); `--key=value` is one value."""
     file, flags, i = None, [], 0
@@ -108,8 +122,9 @@ def read_file(value: str, shipped: Callable[[str], bool] = lambda name: True) ->
         raise ConfigError(f"config file {value} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {value} is not valid YAML: {yaml_problem(err)}") from None
-    if raw is None:
-        return {}
+    if raw is None:   # not the defaults by surprise (the fine-tune recipe's: a 400-step SmolLM2 run)
+        raise ConfigError(f"config file {value} is empty: give its sections (model:, data:, train:, ...; "
+                          f"recipes/configs/ has examples), or leave --config out and give --section.field flags")
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {value} must be a mapping of keys (sections and fields: "
                           f"model: ..., output_dir: ...), got {raw!r}")

@@ -102,13 +102,13 @@ OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do n
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid")
-USAGE = "evaluate.py [--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"
+USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # after the command
 
 
-def parse_args(argv: list[str] | None = None) -> EvalConfig:
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalConfig:
     """YAML (--config) first, then the command line over it (hf_posenc/recipes/config.py); every value
     checked (`check_args`)."""
-    args = recipe_config.parse(EvalConfig, argv, usage=USAGE, about=(__doc__ or "").split("\n\n")[0],
+    args = recipe_config.parse(EvalConfig, argv, usage=f"{recipe_config.program('evaluate', prog)} {USAGE}", about=(__doc__ or "").split("\n\n")[0],
                                shipped=lambda name: name.startswith("eval_"))
     check_args(args)
     return args
@@ -330,10 +330,11 @@ def previous_results(path: Path, config: dict, args: EvalConfig) -> dict:
     return {}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """The recipe's entry: a refusal is one line `error: ...` on stderr and exit code 2."""
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """The recipe's entry: a refusal is one line `error: ...` on stderr and exit code 2. `prog`: the command
+    `usage:` names (default: as this process started)."""
     with cli.refusals():
-        return run(parse_args(argv))
+        return run(parse_args(argv, prog))
 
 
 def run(args: EvalConfig) -> dict:
@@ -392,9 +393,9 @@ def run(args: EvalConfig) -> dict:
 
     save()
     (out / "summary.md").write_text(report.summary(results, context))
-    if args.plots:
-        report.figures(results, out, context)
+    drawn = report.figures(results, out, context) if args.plots else []
     print((out / "summary.md").read_text())
+    print(report.written_line(out, drawn))
     return results
 
 

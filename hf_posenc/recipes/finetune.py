@@ -53,9 +53,9 @@ from hf_posenc.recipes.finetune_model import (
 )
 
 
-def main(argv=None):
+def main(argv=None, prog=None):
     # 1. Config, and every check that can fail, before anything is loaded or written.
-    cfg = parse_config(argv)
+    cfg = parse_config(argv, prog)
     plan = check_config(cfg)
 
     # 2. The Accelerator (process group, device, mixed precision, trackers).
@@ -343,9 +343,10 @@ def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
 REFUSALS = (hp.PosEncError, OSError)
 
 
-def cli(argv=None) -> int:
+def cli(argv=None, prog=None) -> int:
+    """The command line (`prog`: the command `usage:` names, default as this process started)."""
     try:
-        main(argv)
+        main(argv, prog)
     except REFUSALS as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2

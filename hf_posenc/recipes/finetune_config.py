@@ -203,19 +203,19 @@ class Config:
         return dataclasses.asdict(self)
 
 
-USAGE = "finetune.py --config FILE.yaml [--section.field VALUE ...] [--resume] [--overwrite_output_dir]"
+USAGE = "--config FILE.yaml [--section.field VALUE ...] [--resume] [--overwrite_output_dir]"   # after the command
 ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; accelerate launch for several "
          "processes).")
 
 
-def parse_config(argv: list[str] | None = None) -> Config:
+def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
     """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
     `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/config.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:   # not a 400-step SmolLM2 run by surprise
         raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
                           "overrides; --help lists every field")
-    return recipe_config.parse(Config, argv, usage=USAGE, about=ABOUT,
+    return recipe_config.parse(Config, argv, usage=f"{recipe_config.program('finetune', prog)} {USAGE}", about=ABOUT,
                                shipped=lambda name: name.endswith("_finetune"))
 
 
