@@ -74,7 +74,12 @@ def global_layer_types(config: PreTrainedConfig) -> list[str | None]:
     types = rope_layer_types(config)
     if types == [None]:
         return types
-    return [t for t in types if not any(hint in t for hint in _LOCAL_LAYER_HINTS)] or types
+    return [t for t in types if not is_local_layer_type(t)] or types
+
+
+def is_local_layer_type(layer_type: str | None) -> bool:
+    """Whether a layer type only ever attends inside a window (sliding, chunked, local attention)."""
+    return layer_type is not None and any(hint in layer_type for hint in _LOCAL_LAYER_HINTS)
 
 
 def get_rope_parameters(config: PreTrainedConfig, layer_type: str | None) -> dict:

@@ -293,9 +293,15 @@ def test_models_it_cannot_serve_are_refused():
     cohere = tiny_model("cohere")
     with pytest.raises(hp.MethodNotApplicableError, match="interleaved"):
         hp.patch(cohere, "dca")
-    gemma3 = tiny_model("gemma3_text", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
-    with pytest.raises(hp.UnsupportedModelError, match="one per layer type"):
+    # per-layer-type RoPE: the full-attention layers are remapped (tests/test_remapped_layer_types.py); a model
+    # with none, or whose sliding window reaches past the original context, is refused
+    gemma3 = tiny_model("gemma3_text", layer_types=["sliding_attention", "sliding_attention"], sliding_window=16)
+    with pytest.raises(hp.MethodNotApplicableError, match="attends within a window"):
         hp.patch(gemma3, "dca")
+    gemma3 = tiny_model("gemma3_text", layer_types=["sliding_attention", "full_attention"], sliding_window=2 * CTX)
+    with pytest.raises(hp.MethodNotApplicableError, match="longer than the model's original context"):
+        hp.patch(gemma3, "dca")
+    assert not is_patched(gemma3)
     flex = build()
     flex.config._attn_implementation = "flex_attention"
     with pytest.raises(hp.MethodNotApplicableError, match="attn_implementation='flex_attention'"):

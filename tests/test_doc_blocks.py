@@ -30,6 +30,9 @@ def tiny_load_model(name, **kwargs):
         config = transformers.AutoConfig.for_model("bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                    intermediate_size=64, vocab_size=100, max_position_embeddings=512)
         return transformers.AutoModel.from_config(config).eval()
+    if name == "google/gemma-3-1b-pt":  # per-layer-type RoPE: sliding and full-attention layers
+        return tiny_model("gemma3_text", max_position_embeddings=32768, sliding_window=512,
+                          layer_types=["sliding_attention", "full_attention"])
     raise AssertionError(f"a doc block loads {name!r}; give it a tiny stand-in here")
 
 

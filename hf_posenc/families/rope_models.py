@@ -13,6 +13,7 @@ from .. import _compat, attention
 from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
+from ..methods.remapped import LayerTypeNoRotation, RemappedAttention, RemappedConfig
 from ..plan import PatchPlan
 from ..record import Original, PatchRecord, detach
 from ..registry import register_family
@@ -70,8 +71,6 @@ class RopeModels:
 
     def check_length(self, model: torch.nn.Module, length: int) -> None:
         """`hp.check_length`: only Self-Extend bounds a RoPE model's input (its longest grouped position)."""
-        from ..methods.remapped import RemappedAttention
-
         compute = next((m for m in model.modules() if isinstance(m, RemappedAttention)), None)
         if compute is not None:
             compute.check_length(length)
@@ -138,28 +137,40 @@ class RopeModels:
 
     def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:
         """ALiBi / relative bias: the rotary modules rotate by nothing (cos 1, sin 0) and each attention
-        module gets the method's child. XPos: rotation kept, q and k scaled in the attention call. The
+        module gets the method's child. XPos: rotation kept, q and k scaled in the attention call. DCA /
+        Self-Extend on a model with one RoPE per layer type: only the layer types they remap (default the
+        full-attention ones) rotate by nothing and get the remapped computation; the others keep theirs. The
         config records a rope_type stock transformers refuses, so a saved checkpoint never loads silently
         without the patch."""
         config = _homogeneous_text_config(model)
         layer_types = _compat.rope_layer_types(config)
-        if layer_types != [None]:
+        per_layer_type = isinstance(method, RemappedConfig)  # dca / self_extend remap some layer types only
+        if layer_types != [None] and not per_layer_type:
             raise UnsupportedModelError(
                 f"method {method.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
                 f"has one per layer type ({layer_types})"
             )
         method.check_rope_model(config)
         method = method.resolve(config.max_position_embeddings)
+        if per_layer_type:
+            method = method.for_model(config)  # the layer types it remaps: None on one RoPE for all layers
+        targets = list(getattr(method, "layer_types", None) or [None])
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(config)]
-        native = _compat.get_rope_parameters(config, None)
-        new_config.rope_parameters = rope.base_parameters(native) | {
-            "rope_type": rope.CUSTOM_ROPE_TYPE_PREFIX + method.name}
+        for lt in targets:  # the others (sliding layers) keep their RoPE
+            native = _compat.get_rope_parameters(config, lt)
+            _compat.set_rope_parameters(new_config, lt, rope.base_parameters(native) | {
+                "rope_type": rope.CUSTOM_ROPE_TYPE_PREFIX + method.name})
         new_config.max_position_embeddings = method.max_position_embeddings
         plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=self._record(method, config))
         if method.removes_positions:
-            dim = _compat.rotary_dim(config, None)
-            plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
+            if targets == [None]:
+                dim = _compat.rotary_dim(config, None)
+                plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
+            else:
+                dims = {lt: _compat.rotary_dim(config, lt) for lt in targets}
+                plan.swaps += [(parent, name, LayerTypeNoRotation(old, dims))
+                               for parent, name, old in self.rotary_modules(model)]
         rotary = self.rotary_modules(model)[0][2]  # dca / self_extend rotate q and k with it themselves
         attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan

@@ -16,6 +16,7 @@ a left-padded row is attended exactly as the same row alone.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -25,7 +26,7 @@ from torch import nn
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
 from ..config import AttentionMethodConfig
-from ..errors import MethodNotApplicableError
+from ..errors import InvalidParameterError, MethodNotApplicableError, ParameterTypeError
 from .rope import apply_rotary
 
 QUERY_BLOCK = 512  # queries per kernel call: a masked part costs at most this many rows x its keys
@@ -215,23 +216,135 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 @dataclass
 class RemappedConfig(AttentionMethodConfig):
     """What dca and self_extend share as methods: one `RemappedAttention` computes attention for every
-    layer (the positions are the same in each), built once the model is checked."""
+    remapped layer (the positions are the same in each), built once the model is checked.
+
+    `layer_types`: on a model with one RoPE per attention type (Gemma 3: sliding-window layers and
+    full-attention layers), the types whose attention is remapped; default the ones that attend over the
+    whole context. The other layers keep their own attention and RoPE: a sliding window inside the original
+    context never sees a distance the model was not trained on. Not given on a model with one RoPE."""
 
     mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
+
+    layer_types: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layer_types is not None:
+            value = (self.layer_types,) if isinstance(self.layer_types, str) else self.layer_types
+            if (not isinstance(value, (list, tuple)) or not value
+                    or not all(isinstance(t, str) and t for t in value)):
+                raise ParameterTypeError(f"layer_types must be a non-empty list of str, got {self.layer_types!r}")
+            if len(set(value)) != len(value):
+                raise InvalidParameterError(f"layer_types lists a type twice: {list(value)}")
+            self.layer_types = tuple(value)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if out["layer_types"] is None:  # one RoPE for all layers: the record reads as before layer_types existed
+            del out["layer_types"]
+        else:
+            out["layer_types"] = list(out["layer_types"])
+        return out
+
+    def for_model(self, config) -> RemappedConfig:
+        """The method with `layer_types` resolved against the text config `config`: None on a model with one
+        RoPE for all layers, else the RoPE layer types it remaps (checked: known, not windowed)."""
+        available = _compat.rope_layer_types(config)
+        if available == [None]:
+            if self.layer_types is not None:
+                raise InvalidParameterError(
+                    f"layer_types={list(self.layer_types)} given, but this {config.model_type} model has one RoPE for "
+                    f"all layers; leave layer_types unset")
+            return self
+        chosen = list(self.layer_types) if self.layer_types is not None else [
+            t for t in _compat.global_layer_types(config) if not _compat.is_local_layer_type(t)]
+        unknown = [t for t in chosen if t not in available]
+        if unknown:
+            raise InvalidParameterError(
+                f"layer_types {unknown} not in this {config.model_type} model's RoPE layer types {available}")
+        local = [t for t in chosen if _compat.is_local_layer_type(t)]
+        if local:
+            raise InvalidParameterError(
+                f"layer_types {local}: those layers attend within a sliding window (sliding_window="
+                f"{getattr(config, 'sliding_window', None)}), which method {self.name!r} would drop; they stay as "
+                f"they are. Choose among the full-attention types "
+                f"{[t for t in available if not _compat.is_local_layer_type(t)]}")
+        if not chosen:
+            raise MethodNotApplicableError(
+                f"method {self.name!r} remaps full-attention layers; every layer type of this {config.model_type} "
+                f"model ({available}) attends within a window")
+        return dataclasses.replace(self, layer_types=tuple(chosen))
 
     def computation(self, rotary: nn.Module, original: int) -> RemappedAttention:
         """The attention computation of the resolved method, with the model's rotary module."""
         raise NotImplementedError
 
     def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
-        if "compute" not in site.shared:
-            check_model(self.name, site.config, site.inner, site.causal)
-            site.shared["compute"] = self.computation(site.rotary, site.config.max_position_embeddings)
-        return PositionalAttention(causal=module.is_causal, layout=site.layout, compute=site.shared["compute"])
+        """The remapped computation on the layers of `layer_types` (every layer on a model with one RoPE),
+        one per layer type shared by its layers; the other layers' own attention on the others."""
+        if self.layer_types is not None:
+            layer_type = module_layer_type(site.config, module)
+            if layer_type not in self.layer_types:
+                return PositionalAttention(causal=module.is_causal, layout=site.layout)  # the layer as it was
+        else:
+            layer_type = None
+        key = ("compute", layer_type)
+        if key not in site.shared:
+            check_model(self.name, site.config, site.inner, site.causal, self.layer_types)
+            rotary = site.rotary if layer_type is None else LayerTypeRotary(site.rotary, layer_type)
+            site.shared[key] = self.computation(rotary, site.config.max_position_embeddings)
+        return PositionalAttention(causal=module.is_causal, layout=site.layout, compute=site.shared[key])
 
 
-def check_model(name: str, config, inner: str, causal: bool) -> None:
-    """What a remapped-attention method needs of the model, checked before the patch."""
+def module_layer_type(config, module: nn.Module) -> str:
+    """The attention type of one attention module of a model with per-layer-type RoPE."""
+    layer_type = getattr(module, "layer_type", None)
+    if layer_type is None and isinstance(getattr(module, "layer_idx", None), int):
+        layer_type = (getattr(config, "layer_types", None) or [None] * (module.layer_idx + 1))[module.layer_idx]
+    if layer_type is None:
+        raise MethodNotApplicableError(
+            f"this {config.model_type} model has one RoPE per layer type, but its attention module "
+            f"{type(module).__name__} names no layer type (layer_type / layer_idx)")
+    return layer_type
+
+
+class LayerTypeRotary(nn.Module):
+    """The rotary module of a model with one RoPE per layer type, for one of them: (x, position_ids) ->
+    (cos, sin), as a remapped computation calls it."""
+
+    def __init__(self, rotary: nn.Module, layer_type: str):
+        super().__init__()
+        self.rotary, self.layer_type = rotary, layer_type
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        return self.rotary(x, position_ids, self.layer_type)
+
+    def extra_repr(self) -> str:
+        return f"layer_type={self.layer_type!r}"
+
+
+class LayerTypeNoRotation(nn.Module):
+    """In place of a rotary module with one RoPE per layer type: cos 1, sin 0 for the layer types a remapped
+    method rotates itself (their q and k reach the attention call, and the KV cache, un-rotated), the
+    module's own cos / sin for the others."""
+
+    def __init__(self, rotary: nn.Module, rotary_dims: dict[str, int]):
+        super().__init__()
+        self.rotary, self.rotary_dims = rotary, dict(rotary_dims)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None, *args, **kwargs):
+        if layer_type in self.rotary_dims:
+            shape = (*position_ids.shape, self.rotary_dims[layer_type])
+            return x.new_ones(shape), x.new_zeros(shape)
+        return self.rotary(x, position_ids, layer_type, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"unrotated={self.rotary_dims}"
+
+
+def check_model(name: str, config, inner: str, causal: bool, layer_types: tuple[str, ...] | None = None) -> None:
+    """What a remapped-attention method needs of the model, checked before the patch. `layer_types`: the RoPE
+    layer types it remaps on a model with one RoPE per layer type (None: one RoPE, every layer)."""
     if not causal:
         raise MethodNotApplicableError(
             f"method {name!r} is built for decoder-only (causal) models; this {config.model_type} model attends "
@@ -244,13 +357,25 @@ def check_model(name: str, config, inner: str, causal: bool) -> None:
         raise MethodNotApplicableError(
             f"method {name!r} rotates q and k in the rotate-half layout; {config.model_type} rotates interleaved pairs")
     window = getattr(config, "sliding_window", None)
-    local = [t for t in getattr(config, "layer_types", None) or [] if t != "full_attention"]
-    if window is not None or local:
-        raise MethodNotApplicableError(
-            f"method {name!r} replaces full causal attention; this {config.model_type} model attends within a "
-            f"sliding window (sliding_window={window}, layer types {sorted(set(local)) or 'all'}), which it would drop")
-    rope_type = _compat.get_rope_parameters(config, None).get("rope_type", "default")
-    if rope_type in ("dynamic", "longrope"):
-        raise MethodNotApplicableError(
-            f"method {name!r} reads cos / sin from the model's rotary module at fixed positions; this checkpoint's "
-            f"rope_type={rope_type!r} changes them with the input length")
+    if layer_types is None:
+        local = [t for t in getattr(config, "layer_types", None) or [] if t != "full_attention"]
+        if window is not None or local:
+            raise MethodNotApplicableError(
+                f"method {name!r} replaces full causal attention; this {config.model_type} model attends within a "
+                f"sliding window (sliding_window={window}, layer types {sorted(set(local)) or 'all'}), which it would "
+                f"drop")
+    else:
+        kept = sorted({t for t in getattr(config, "layer_types", None) or [] if t not in layer_types})
+        original = config.max_position_embeddings
+        if any(_compat.is_local_layer_type(t) for t in kept) and window is not None and window > original:
+            raise MethodNotApplicableError(
+                f"method {name!r} remaps the {list(layer_types)} layers and keeps the sliding layers {kept} as they "
+                f"are; but their window (sliding_window={window}) is longer than the model's original context "
+                f"{original}, so past it they would see distances the model was not trained on")
+    for layer_type in layer_types or [None]:
+        rope_type = _compat.get_rope_parameters(config, layer_type).get("rope_type", "default")
+        if rope_type in ("dynamic", "longrope"):
+            raise MethodNotApplicableError(
+                f"method {name!r} reads cos / sin from the model's rotary module at fixed positions; this "
+                f"checkpoint's rope_type={rope_type!r}{'' if layer_type is None else f' ({layer_type})'} changes "
+                f"them with the input length")
