@@ -10,6 +10,10 @@ vLLM take it whole (`attention_factor`, default 0.1 ln s + 1 from Peng et al. 20
 multiplies its flag by its own 0.1 ln s + 1. The outputs here spell it out in each engine's terms,
 so every engine computes the same scale as the patched model.
 
+On a model with one RoPE per attention type (Gemma 3), llama.cpp's flags and GGUF rope keys reach the
+full-attention layers only (its gemma3 loader keeps the sliding layers at their own base and scale), so a
+patch of the full-attention layers exports as it does for a model with one RoPE.
+
 Only methods an engine computes as hf_posenc does are exported; the others are refused with the
 reason: the dynamic methods (engines' `dynamic` measures from a different context, and none has
 dynamic YaRN) and every attention method (ALiBi, relative bias, XPos, DCA, Self-Extend, learned ->
@@ -36,6 +40,13 @@ STOCK_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, RopeMethodC
 TABLE_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, LearnedMethodConfig) and c.stock_checkpoint)
 # ... and those llama.cpp's rope options express (llama3 / longrope need per-frequency factor tensors)
 LLAMA_CPP_METHODS = ("base", "ntk", "linear", "yarn")
+# Models with one RoPE per attention type whose llama.cpp loader keeps the sliding-window layers at their own
+# RoPE base and scale, so that llama.cpp's rope options (flags, GGUF rope keys) reach the full-attention layers
+# only: transformers' text model_type -> llama.cpp's architecture. llama.cpp's src/llama-model.cpp sets
+# rope_freq_base_train_swa = 10000 and rope_freq_scale_train_swa = 1 for LLM_ARCH_GEMMA3, and its
+# get_rope_freq_base / get_rope_freq_scale return those for the sliding layers, the context's (flags, GGUF
+# keys) for the others; src/models/gemma3.cpp rotates each layer with them.
+LLAMA_CPP_OWN_SWA_ROPE = {"gemma3_text": "gemma3"}
 
 
 class ExportError(PosEncError, ValueError):
@@ -110,7 +121,8 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
     if record is None:
         return []
     text = model.config.get_text_config()
-    params = _single_rope_parameters(text, "llama.cpp")
+    arch = LLAMA_CPP_OWN_SWA_ROPE.get(text.model_type)  # None: llama.cpp's loader takes one RoPE for all layers
+    params, layer_type = _llama_cpp_rope_parameters(model, record, "llama.cpp", arch)
     args = ["--rope-freq-base", _num(params["rope_theta"]), "--ctx-size", str(text.max_position_embeddings)]
     rope_type = params.get("rope_type", "default")
     if rope_type == "linear":
@@ -124,16 +136,46 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
                  "--yarn-orig-ctx", str(params["original_max_position_embeddings"]),
                  "--yarn-beta-fast", _num(params.get("beta_fast", 32.0)),
                  "--yarn-beta-slow", _num(params.get("beta_slow", 1.0)),
-                 "--yarn-attn-factor", _num(yarn_attention_factor(model) / (1 + 0.1 * math.log(factor)))]
+                 "--yarn-attn-factor", _num(yarn_attention_factor(model, layer_type) / (1 + 0.1 * math.log(factor)))]
     return args
 
 
-def _single_rope_parameters(text, engine: str) -> dict:
+def _llama_cpp_rope_parameters(model: torch.nn.Module, record: PatchRecord, engine: str,
+                               arch: str | None) -> tuple[dict, str | None]:
+    """The rope_parameters llama.cpp's rope options (flags or GGUF keys) set, and their layer type (None: one
+    RoPE for all layers). On a model with one RoPE per attention type, llama.cpp's options reach the
+    full-attention layers only where its loader for the architecture `arch` keeps the sliding layers at their
+    own base and scale (LLAMA_CPP_OWN_SWA_ROPE); the patch must then leave the sliding layers as they were."""
+    text = model.config.get_text_config()
     layer_types = _compat.rope_layer_types(text)
-    if layer_types != [None]:
+    if layer_types == [None]:
+        return text.rope_parameters, None
+    if arch not in LLAMA_CPP_OWN_SWA_ROPE.values():
         raise MethodNotApplicableError(
-            f"{engine} takes one RoPE for all layers; this model has one per attention type ({layer_types})")
-    return text.rope_parameters
+            f"{engine} takes one RoPE for all layers of a {arch or text.model_type} model; this model has one per "
+            f"attention type ({layer_types}). llama.cpp keeps the sliding layers at their own RoPE for "
+            f"{', '.join(sorted(set(LLAMA_CPP_OWN_SWA_ROPE.values())))} only")
+    local = [t for t in layer_types if _compat.is_local_layer_type(t)]
+    full = [t for t in layer_types if t not in local]
+    original = record.original.rope_parameters
+    touched = [t for t in local if _compat.get_rope_parameters(text, t) != original.get(t)]
+    if touched or len(full) != 1:
+        raise MethodNotApplicableError(
+            f"llama.cpp's {arch} loader keeps the sliding layers at their own RoPE base and scale and applies its rope "
+            f"options to the full-attention layers only; this patch "
+            + (f"rescales the sliding layers {touched} too: patch the full-attention layers only (the default "
+               f"layer_types)" if touched else f"has {len(full)} full-attention layer types {full}, not one"))
+    params = _compat.get_rope_parameters(text, full[0])
+    if params.get("rope_type") == "yarn":
+        factor = float(params["factor"])
+        attention = yarn_attention_factor(model, full[0])
+        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+            raise MethodNotApplicableError(
+                f"llama.cpp's {arch} graph multiplies every layer's cos and sin by --yarn-attn-factor, the sliding "
+                f"layers' too; this YaRN patch's attention factor {attention:.6g} differs from YaRN's default "
+                f"0.1 ln s + 1 = {1 + 0.1 * math.log(factor):.6g}, so the sliding layers would be scaled as well. "
+                f"Leave attention_factor at its default to export it")
+    return params, full[0]
 
 
 def _num(value: float) -> str:
@@ -151,7 +193,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     if record is None:
         return {}
     text = model.config.get_text_config()
-    params = _single_rope_parameters(text, "GGUF")
+    params, layer_type = _llama_cpp_rope_parameters(model, record, "GGUF", arch)
     out: dict[str, object] = {f"{arch}.context_length": int(text.max_position_embeddings),
                               f"{arch}.rope.freq_base": float(params["rope_theta"])}
     rope_type = params.get("rope_type", "default")
@@ -161,7 +203,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
         factor = float(params["factor"])
         defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
         differ = {k: params[k] for k, v in defaults.items() if k in params and params[k] != v}
-        attention = yarn_attention_factor(model)
+        attention = yarn_attention_factor(model, layer_type)
         if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
             differ["attention_factor"] = attention
         if differ:
@@ -252,8 +294,11 @@ def _check_same_model(model, values: dict, arch: str, source: Path) -> None:
     if record is None or base is None:
         return
     original = record.original.rope_parameters
-    theta = (original.get("rope_theta") if "rope_theta" in original
-             else next(iter(original.values()), {}).get("rope_theta"))
+    if "rope_theta" in original:
+        theta = original.get("rope_theta")
+    else:  # one RoPE per attention type: the file's freq_base is the full-attention layers' (gemma3)
+        full = [t for t in original if not _compat.is_local_layer_type(t)] or list(original)
+        theta = (original.get(full[0]) or {}).get("rope_theta") if full else None
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise ExportError(f"{source}: {arch}.rope.freq_base is {base!r}, not a number: not a readable GGUF file")
     if theta is not None and not math.isclose(float(base), float(theta), rel_tol=1e-5):
