@@ -1,13 +1,15 @@
-"""Dual Chunk Attention's chunk sizes: hf_posenc's defaults (the paper's positions, chunk c - w, queries
-capped at c - 1) against the sizes of the authors' released code (ChunkLlama: chunk 3c/4 - w, queries capped
-at 3c/4), w = c / 16, on the first tokens of Shakespeare plays, SmolLM2-135M, perplexity of the first n tokens
-(one pass per variant: DCA does not depend on the input length).
+"""Dual Chunk Attention's chunk sizes: hf_posenc's defaults (the paper's positions, w = c / 16, chunk c - w,
+successive- and inter-chunk queries at c - 1) against the sizes of the authors' released code (ChunkLlama,
+since 2024-04: w = c / 8, chunk 3c/4 - w, those queries at 3c/4, `min(r + chunk_len, chunk_size)`), on the
+first tokens of Shakespeare plays, SmolLM2-135M, perplexity of the first n tokens (one pass per variant: DCA
+does not depend on the input length). The released code also multiplies q and k by 0.05 ln(L / c) + 1 once
+the input is longer than c; that scaling is not emulated here.
 
     python benchmarks/bench_dca_chunks.py --plays hamlet --lengths 4096 8192 16384 32768
 
 The released code's cap is not a parameter of hf_posenc's `dca` (every position there follows the paper):
-this script sets it on the patched model's shared `DualChunkAttention` (its `original`, the bound every query
-position stays below)."""
+this script sets it on the patched model's shared `DualChunkAttention` (its `original`: every query position
+stays below it, so the released code's queries at 3c/4 need original = 3c/4 + 1)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,12 @@ VARIANTS = ("paper", "released")
 
 def patched(model, variant: str, context: int, target: int):
     """Patch `model` with DCA as `variant` sizes it; returns the attention module its layers share."""
-    window = context // 16
+    window = context // 8
     sizes = {} if variant == "paper" else {"chunk_size": context * 3 // 4 - window, "local_window": window}
     hp.patch(model, "dca", max_position_embeddings=target, **sizes)
     compute = next(m for m in model.modules() if isinstance(m, DualChunkAttention))
     if variant == "released":
-        compute.original = context * 3 // 4
+        compute.original = context * 3 // 4 + 1   # queries capped at original - 1 = 3c/4, as the released code
     return compute
 
 
@@ -50,7 +52,9 @@ def main() -> None:
     model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     docs = common.plays(tokenizer, args.plays, lengths[-1])
-    results, save = common.results_file(args.out, {k: v for k, v in vars(args).items() if k != "out"}, ["perplexity"])
+    settings = {**{k: v for k, v in vars(args).items() if k != "out"},
+                "released": "w = c/8, chunk 3c/4 - w, queries at 3c/4"}   # (earlier files: w = c/16, queries 3c/4 - 1)
+    results, save = common.results_file(args.out, settings, ["perplexity"])
     results["machine"] = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
     print(results["machine"], flush=True)
     for variant in args.variants:

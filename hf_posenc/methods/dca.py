@@ -11,12 +11,13 @@ Every query and key position is < c, so every relative distance is one the model
 input length. The three parts are merged as one softmax over all keys (log-sum-exp merge). An input of at
 most s tokens is one chunk: the model as it was.
 
-Defaults: w = c / 16 and s = c - w. c / 16 is the local window of the authors' released code
-(ChunkLlama's `replace_with_chunkllama`: 256 for Llama 2's 4096); s = c - w is the largest chunk whose
-successive-chunk positions s + w - 1 stay < c. (That code takes smaller chunks, s = 3c / 4 - w, and clamps
-the successive and inter-chunk query at s + w = 3c / 4 instead of c - 1; on 32768 tokens of Hamlet, SmolLM2
-at 4x its context, the two score alike: perplexity 33.78 and 33.70, benchmarks/RESULTS.md. Here every
-position follows the paper.)
+Defaults: w = c / 16 and s = c - w. c / 16 is the local window the authors' released code (ChunkLlama's
+`replace_with_chunkllama`) first took (256 for Llama 2's 4096); s = c - w is the largest chunk whose
+successive-chunk positions s + w - 1 stay < c. Since 2024-04 that code takes w = c / 8, smaller chunks
+s = 3c / 4 - w, places the successive and inter-chunk queries at 3c / 4 (`min(r + chunk_len, chunk_size)`)
+instead of c - 1, and multiplies q and k by 0.05 ln(L / c) + 1 once an input of L tokens is longer than c.
+Here every position follows the paper, with no such scaling; benchmarks/bench_dca_chunks.py runs the released
+sizes beside the defaults (benchmarks/RESULTS.md: on Hamlet at 4x SmolLM2's context the two score alike).
 
 DCA keeps the checkpoint's own RoPE, so it is not stacked on a frequency method (ntk, yarn, ...): hp.patch
 refuses a model that is already patched. A checkpoint that ships a static scaling (yarn, llama3, ...) keeps
