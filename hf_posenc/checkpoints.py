@@ -29,6 +29,12 @@ def complete_checkpoints(output_dir: str) -> list[Path]:
     return [f for f in folders if (f / "done").exists()]
 
 
+def incomplete_checkpoints(output_dir: str) -> list[int]:
+    """The steps of checkpoint folders without a `done` mark (a save cut short by a kill or a Ctrl-C)."""
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    return [int(f.name.split("_")[1]) for f in folders if f.is_dir() and not (f / "done").exists()]
+
+
 MANIFEST = "manifest.json"
 
 
@@ -93,6 +99,12 @@ class LossLog:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def seconds_per_step(output_dir: str) -> float | None:
+    """The median time of a logged step (from its tokens and tokens/s), or None when none is logged."""
+    times = sorted(r["tokens"] / r["tokens_per_s"] for r in read_log(output_dir) if r.get("tokens_per_s"))
+    return times[len(times) // 2] if times else None
 
 
 def read_log(output_dir: str) -> list[dict]:

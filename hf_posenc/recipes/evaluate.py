@@ -294,6 +294,54 @@ def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -
             "best": best["variant"], "patch": f"hp.patch(model, {call})"}
 
 
+def passes(args: EvalConfig, inputs: dict) -> list[int]:
+    """The length of every forward pass one variant's measures make (for the estimate of the run's time)."""
+    ev, out = args.eval, []
+    if inputs["lengths"]:   # one pass per document gives every length (a pass per length when it cannot)
+        out += [max(ev.perplexity_lengths)] * len(inputs["lengths"])
+    out += [ev.curve_length] * len(inputs["curve"])
+    for window in ev.strided_windows:
+        stride = ev.strided_stride or window // 2
+        out += [window] * (max(0, -(-(len(inputs["strided"]) - window) // stride)) + 1)
+    for task, trials in inputs["trials"].items():
+        lengths = ev.passkey_lengths if task == "passkey" else ev.needle_lengths
+        out += [n for n in lengths for _ in range(len(trials) // len(lengths))]
+    return out
+
+
+def seconds_per_token(model, lengths: tuple[int, int]) -> tuple[float, float]:
+    """(a, b): a pass of n tokens takes about n * (a + b * n) seconds, from one timed forward at each of two
+    lengths (the attention's share grows with n)."""
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    per_token = []
+    for n in lengths:
+        ids = (torch.arange(n, device=device)[None] * 7 + 3) % vocab
+        with torch.no_grad():
+            start = time.perf_counter()
+            model(input_ids=ids, use_cache=False)
+            per_token.append((time.perf_counter() - start) / n)
+    (n1, n2), (t1, t2) = lengths, per_token
+    b = max(0.0, (t2 - t1) / (n2 - n1)) if n2 != n1 else 0.0
+    return max(t1 - b * n1, 0.0), b
+
+
+def estimate_line(model, args: EvalConfig, inputs: dict, evaluations: int, grid_points: int) -> str:
+    """What the run is about to do and about how long it takes, from two timed forwards of this model here."""
+    from hf_posenc.recipes.finetune import duration
+
+    lengths = passes(args, inputs)
+    tune = args.eval.tune_length or max(args.eval.perplexity_lengths, default=0)
+    longest = max(lengths + [tune, 2])
+    probe = (min(256, longest), min(1024, longest))
+    a, b = seconds_per_token(model, probe)
+    seconds = evaluations * sum(n * (a + b * n) for n in lengths)
+    seconds += grid_points * len(inputs["tune"]) * tune * (a + b * tune)
+    return (f"to do: {evaluations} evaluation(s) x {len(lengths)} forward passes of up to {longest} tokens"
+            + (f", {grid_points} grid point(s)" if grid_points else "")
+            + f"; roughly {duration(seconds)} here (from timed passes of {probe[0]} and {probe[1]} tokens)")
+
+
 def check_lengths(model, args: EvalConfig, plan: list[tuple[str, str, int]]) -> None:
     """Every variant takes the longest input asked of it (a learned table may not): refused before any
     measure runs."""
@@ -330,11 +378,22 @@ def previous_results(path: Path, config: dict, args: EvalConfig) -> dict:
     return {}
 
 
+class Interrupted(Exception):
+    """Ctrl-C: the message says what results.json holds and how to continue."""
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
-    """The recipe's entry: a refusal is one line `error: ...` on stderr and exit code 2. `prog`: the command
-    `usage:` names (default: as this process started)."""
-    with cli.refusals():
-        return run(parse_args(argv, prog))
+    """The recipe's entry: a refusal is one line `error: ...` on stderr and exit code 2; Ctrl-C one line
+    saying what was saved and how to continue, exit code 130. `prog`: the command `usage:` names (default:
+    as this process started)."""
+    try:
+        with cli.refusals():
+            return run(parse_args(argv, prog))
+    except KeyboardInterrupt:
+        print("\ninterrupted before the first evaluation: nothing was saved", file=sys.stderr)
+    except Interrupted as stop:
+        print(f"\n{stop}", file=sys.stderr)
+    raise SystemExit(130)
 
 
 def run(args: EvalConfig) -> dict:
@@ -368,8 +427,35 @@ def run(args: EvalConfig) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1, default=str))
 
-    # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)
     plan = variant_plan(args)
+    todo = [label for label, *_ in plan if label not in results["variants"]]
+    points = sum(len(hpe.expand_grid(spec)) for label, spec, _ in grids if label not in results["grid"])
+    print(estimate_line(model, args, inputs, len(todo) + len(grids), points), file=sys.stderr)
+    try:
+        evaluate_all(model, args, inputs, results, plan, grids, save, device)
+    except KeyboardInterrupt:
+        done = [*results["variants"], *(f"grid {label}" for label in results["grid"])]
+        raise Interrupted(
+            f"interrupted: {results_path} holds {len(done)} finished evaluation(s) ({', '.join(done)}); run the "
+            f"same command again to do the rest (resume: true skips what is saved)" if done else
+            "interrupted during the first evaluation: nothing was saved") from None
+    save()
+    (out / "summary.md").write_text(report.summary(results, context))
+    drawn = report.figures(results, out, context) if args.plots else []
+    print((out / "summary.md").read_text())
+    print(report.written_line(out, drawn))
+    return results
+
+
+def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, plan: list, grids: list, save,
+                 device: str) -> None:
+    """The grids (the best point of each joins `plan`), then every variant; results saved after each. A
+    pass of at least half the longest input shows a bar over the model's layers."""
+    from hf_posenc.demo import pass_progress
+
+    targets = args.eval.max_position_embeddings
+    long_pass = max(512, max_length(args) // 2)
+    # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)
     for label, spec, target in grids:
         if label not in results["grid"]:
             results["grid"][label] = search_grid(model, args, inputs, spec, target)
@@ -385,18 +471,11 @@ def run(args: EvalConfig) -> dict:
             continue
         print(f"== {label}", file=sys.stderr)
         start = time.perf_counter()
-        with hpe.variant(model, spec, target) as params:
+        with hpe.variant(model, spec, target) as params, pass_progress(model, label, min_tokens=long_pass):
             res = {"params": params, "describe": describe(model), **evaluate_variant(model, args, inputs)}
         res.update(seconds=round(time.perf_counter() - start, 1), date=datetime.date.today().isoformat(), device=device)
         results["variants"][label] = res
         save()
-
-    save()
-    (out / "summary.md").write_text(report.summary(results, context))
-    drawn = report.figures(results, out, context) if args.plots else []
-    print((out / "summary.md").read_text())
-    print(report.written_line(out, drawn))
-    return results
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def main(argv=None, prog=None):
     # 1. Config, and every check that can fail, before anything is loaded or written.
     cfg = parse_config(argv, prog)
     plan = check_config(cfg)
+    RUN.update(output_dir=cfg.output_dir, steps=cfg.train.steps, step=None, bar=None, main=True)
 
     # 2. The Accelerator (process group, device, mixed precision, trackers).
     accelerator = Accelerator(
@@ -70,7 +71,9 @@ def main(argv=None, prog=None):
         # (other parameters the objective never reaches are frozen instead: freeze_unreached)
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)] if plan.routed_experts else None,
     )
+    RUN["main"] = accelerator.is_main_process
     set_seed(cfg.train.seed)
+    accelerator.print(run_summary(cfg, plan, accelerator.num_processes))
 
     # 3. Data: tokenized and packed once (main process first, cached on disk), then a DataLoader. Before
     #    the output folder is written and the weights load: a corpus of nothing is refused here.
@@ -140,6 +143,11 @@ def main(argv=None, prog=None):
     if cfg.resume:
         start_step = resume(accelerator, cfg.output_dir)
     log = ckpt.LossLog(cfg.output_dir, start_step, accelerator.is_main_process)
+    if start_step and start_step < cfg.train.steps:
+        pace = ckpt.seconds_per_step(cfg.output_dir)
+        if pace:
+            accelerator.print(f"the {cfg.train.steps - start_step} steps left take about "
+                              f"{duration(pace * (cfg.train.steps - start_step))} (the pace of the steps logged)")
 
     def micro_batches(consumed):
         epoch, skip = divmod(consumed, len(dataloader))
@@ -154,6 +162,7 @@ def main(argv=None, prog=None):
     objective.train()
     bar = tqdm(total=cfg.train.steps, initial=start_step, disable=not accelerator.is_local_main_process,
                desc="finetune")
+    RUN.update(bar=bar, step=start_step)
     for step in range(start_step + 1, cfg.train.steps + 1):
         started, losses, tokens = time.perf_counter(), [], 0
         for micro in range(cfg.train.grad_accum):
@@ -184,6 +193,11 @@ def main(argv=None, prog=None):
         bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}",
                         mem=f"{record['peak_mem_mb']:.0f}MB")
         bar.update()
+        RUN["step"] = step
+        if step == start_step + 1 and step < cfg.train.steps:   # the first step of this run: how long the rest takes
+            took = time.perf_counter() - started
+            accelerator.print(f"step {step} took {duration(took)}: the {cfg.train.steps - step} steps left take about "
+                              f"{duration(took * (cfg.train.steps - step))}")
 
         # 9. Periodic checkpoint (the full state: model, optimizer, scheduler, RNGs, sampler).
         if step % cfg.train.save_every == 0 or step == cfg.train.steps:
@@ -224,6 +238,43 @@ def main(argv=None, prog=None):
         accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
     accelerator.end_training()
     return final
+
+
+def run_summary(cfg: Config, plan: Plan, processes: int) -> str:
+    """What the run is about to do, printed before anything loads: the model, the patch, the objective, the
+    steps and tokens, the output folder, and when a time can be told (after the first step, or at once when
+    resuming a run whose steps are logged)."""
+    patch = ("no posenc patch" if not cfg.posenc else "posenc " + " ".join(
+        [cfg.posenc["method"], *(f"{k}={v}" for k, v in cfg.posenc.items() if k != "method")]))
+    context = (f"{plan.original_context} -> {plan.target_context} positions" if plan.target_context != plan.original_context
+               else f"{plan.target_context} positions")
+    trains = "LoRA adapters" if cfg.train.lora else ("all weights" if cfg.train.trainable == "all"
+                                                     else f"trainable {cfg.train.trainable}")
+    if cfg.train.lora and cfg.train.trainable != "all":
+        trains += f" + {cfg.train.trainable}"
+    sequences = cfg.train.batch_size * cfg.train.grad_accum * processes
+    per_step = sequences * plan.seq_len
+    shares = f", {cfg.data.short_share:.0%} of them cut to {plan.short_len}" if plan.short_len else ""
+    positions = f", position ids {cfg.train.positions}" if plan.positions.spreads else ""
+    lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
+             f"  {cfg.train.steps} steps x {sequences} sequences of {plan.seq_len} tokens{shares} (batch_size "
+             f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
+             f"{'es' if processes > 1 else ''}) = up to {per_step:,} tokens a step, {per_step * cfg.train.steps:,} in all",
+             f"  output: {cfg.output_dir}" + (" (resuming its run)" if cfg.resume else "")
+             + f"; checkpoints every {cfg.train.save_every} steps",
+             "  time: said after the first step" + (" (or at once from the steps logged, when resuming)"
+                                                      if cfg.resume else "")]
+    return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    """12 s, 3 min 20 s, 2 h 05 min."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def wraps_in_ddp(accelerator) -> bool:
@@ -304,7 +355,9 @@ def evaluate(model, tokenizer, cfg: Config, plan: Plan, teacher=None) -> dict:
 
 
 def resume(accelerator, output_dir) -> int:
-    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning)."""
+    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning). A
+    newer one left half-written (the run stopped while saving it: no `done` mark) is named."""
+    incomplete = ckpt.incomplete_checkpoints(output_dir)
     for path in reversed(ckpt.complete_checkpoints(output_dir)):
         step = int(path.name.split("_")[1])
         problem = ckpt.checkpoint_problem(path)
@@ -314,11 +367,18 @@ def resume(accelerator, output_dir) -> int:
             except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
                 problem = f"{path} cannot be loaded ({type(err).__name__}: {one_line(err)[:300]})"
         if problem is None:
+            skipped = [n for n in incomplete if n > step]
+            if skipped:
+                accelerator.print(f"step {', '.join(map(str, skipped))} incomplete (the run stopped while saving "
+                                  f"it), resuming from step {step}")
             accelerator.print(f"resumed from {path} (step {step})")
             return step
         message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
         accelerator.print(message)
         print(message, file=sys.stderr)
+    if incomplete:
+        accelerator.print(f"step {', '.join(map(str, incomplete))} incomplete (the run stopped while saving it), "
+                          f"resuming from step 0")
     accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
     return 0
 
@@ -342,15 +402,62 @@ def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
 # What a refusal from the checks can raise: one `error: ...` line and exit code 2, no traceback.
 REFUSALS = (hp.PosEncError, OSError)
 
+# Where the run is, for the line an interruption prints: output_dir, steps, the last finished step (None:
+# training has not started), the progress bar, and whether this is the main process.
+RUN: dict = {}
+
+
+def interrupted_line(run: dict) -> str:
+    """One line: what an interrupted run saved, and how to continue it."""
+    if not run.get("output_dir"):
+        return "interrupted before the run started: nothing was written"
+    out, step = run["output_dir"], run.get("step")
+    saved, saved_step = ckpt.latest_checkpoint(out)
+    where = ("before training started" if step is None
+             else f"after step {step} of {run['steps']}" if step else f"during step 1 of {run['steps']}")
+    if saved is None:
+        return (f"interrupted {where}: no checkpoint saved yet in {out}/checkpoints; run the same command with "
+                f"--overwrite_output_dir to start again")
+    return (f"interrupted {where}: the last checkpoint is step {saved_step} ({saved}); continue with the same "
+            f"command and --resume")
+
 
 def cli(argv=None, prog=None) -> int:
-    """The command line (`prog`: the command `usage:` names, default as this process started)."""
+    """The command line (`prog`: the command `usage:` names, default as this process started). Ctrl-C (and,
+    in a launched process, the launcher's SIGTERM) ends it with one line saying what was saved and how to
+    resume, exit code 130, on the main process only."""
+    import signal
+
+    RUN.clear()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if _launched() else None
     try:
         main(argv, prog)
     except REFUSALS as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C (or the launcher's SIGTERM) adds nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if RUN.get("bar") is not None:
+            RUN["bar"].close()
+        if RUN.get("main", True):
+            print(f"\n{interrupted_line(RUN)}", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _launched() -> bool:
+    """Started by torchrun / accelerate launch (which stop their processes with SIGTERM)."""
+    import threading
+
+    return "LOCAL_RANK" in os.environ and threading.current_thread() is threading.main_thread()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
