@@ -90,6 +90,36 @@ def parse_params(pairs: list[str]) -> dict:
     return params
 
 
+@dataclass(frozen=True)
+class Refused:
+    """Parameters a method refuses, and words the error message must hold (a contract's `refused`)."""
+
+    params: dict[str, Any]
+    error: str
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a method declares for the contract suite (tests/test_contracts.py), which runs the same checks on
+    every registered method: refusals leave the model untouched, patch / unpatch and `hp.patched` restore it bit
+    for bit, save -> `hp.from_pretrained` (and stock transformers where `stock_checkpoint`) gives the same
+    logits, the record round-trips, serving exports agree with the saved config, cached generation equals the
+    full forward.
+
+    `examples`: parameters `hp.patch` takes (at least one; the first runs on every family the suite picks, the
+    others on the reference family of each mechanism), completed for a model by the method's
+    `variant_defaults(example, 2 * original, hp.describe(model))` as an evaluation variant is.
+    `refused`: parameters it refuses (at least one), each with words of the error.
+    `unchanged_within`: a share of the original context: inputs up to that many tokens give the unpatched
+    model's logits with the first example (dynamic scaling inside the original context, DCA inside a chunk).
+    `reference`: the test that checks the method against its paper or transformers ("tests/test_x.py::test_y")."""
+
+    examples: tuple[dict[str, Any], ...]
+    refused: tuple[Refused, ...]
+    unchanged_within: float | None = None
+    reference: str | None = None
+
+
 @dataclass
 class MethodConfig:
     """Fields every method shares: the target context, or the factor over the original one."""
@@ -109,6 +139,8 @@ class MethodConfig:
     # Why a fine-tune cannot give this method's model position ids spread over a longer target (train.positions,
     # hf_posenc/positions.py), or None when it can: the ids must be what sets every distance the model sees
     skipped_positions: ClassVar[str | None] = None
+    # what the contract suite runs the method with (tests/test_contracts.py); every registered method declares one
+    contract: ClassVar[Contract | None] = None
 
     max_position_embeddings: int | None = None
     factor: float | None = None

@@ -10,7 +10,7 @@ from typing import ClassVar
 from torch import nn
 
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig
+from ..config import AttentionMethodConfig, Contract, Refused
 from .bias import AlibiBias
 
 
@@ -23,6 +23,12 @@ class AlibiConfig(AttentionMethodConfig):
     name: ClassVar[str] = "alibi"
     mechanisms: ClassVar[tuple[str, ...]] = ("learned", "rope")
     summary: ClassVar[str] = "ALiBi: positions removed, a fixed linear distance penalty per head on the scores"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": 0.5}, "factor must be >= 1"),
+                 Refused({"max_position_embeddings": 1.5}, "max_position_embeddings must be an int")),
+        reference="tests/test_attention_methods.py::test_alibi_bias_given_to_sdpa_is_minus_slope_times_distance",
+    )
     adds_bias: ClassVar[bool] = True
 
     def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:

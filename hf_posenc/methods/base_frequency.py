@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig, check_number
+from ..config import Contract, Refused, RopeMethodConfig, check_number
 from ..errors import InvalidParameterError
 
 
@@ -20,6 +20,12 @@ class BaseConfig(RopeMethodConfig):
 
     name: ClassVar[str] = "base"
     summary: ClassVar[str] = "new rope_theta (adjusted base frequency), theta= or factor= times the old base"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"theta": 50000.0}),
+        refused=(Refused({"theta": 0}, "theta must be > 0"),
+                 Refused({"theta": 50000.0, "factor": 3.0}, "disagree")),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
 
     theta: float | None = None

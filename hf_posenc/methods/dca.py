@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import check_number
+from ..config import Contract, Refused, check_number
 from ..errors import InvalidParameterError
 from .remapped import Part, RemappedAttention, RemappedConfig, split
 
@@ -45,6 +45,14 @@ class DcaConfig(RemappedConfig):
 
     name: ClassVar[str] = "dca"
     summary: ClassVar[str] = "Dual Chunk Attention: intra / successive / inter-chunk positions < original, any length"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"chunk_size": 40, "local_window": 8}),
+        refused=(Refused({"chunk_size": 0}, "chunk_size must be > 0"),
+                 Refused({"chunk_size": 10**6}, "above the model's original context"),
+                 Refused({"chunk_size": 16, "local_window": 16}, "must be smaller than chunk_size")),
+        unchanged_within=0.9,  # the default chunk: the original context less original / 16
+        reference="tests/test_dca.py::test_dca_matches_the_papers_position_matrices",
+    )
 
     chunk_size: int | None = None
     local_window: int | None = None

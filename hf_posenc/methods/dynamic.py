@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..config import Contract, Refused
 from .rope import LengthFollowingConfig
 
 
@@ -17,6 +18,13 @@ class DynamicConfig(LengthFollowingConfig):
 
     name: ClassVar[str] = "dynamic"
     summary: ClassVar[str] = "dynamic NTK, measured from the original context"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"exact_cache": True}),
+        refused=(Refused({"factor": 2, "exact_cache": 1}, "exact_cache must be a bool"),
+                 Refused({}, "needs max_position_embeddings=")),
+        unchanged_within=1.0,
+        reference="tests/test_rope.py::test_dynamic_measures_from_the_original_context",
+    )
 
     def parameters_at_length(self, base: dict, original: int, seq_len: int) -> dict:
         # transformers' "dynamic" formula, read against the original context (the scratch config that

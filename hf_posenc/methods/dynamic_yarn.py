@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..config import Contract, Refused
 from .rope import LengthFollowingConfig
 from .yarn import check_yarn_fields, yarn_parameters
 
@@ -17,6 +18,12 @@ class DynamicYarnConfig(LengthFollowingConfig):
 
     name: ClassVar[str] = "dynamic_yarn"
     summary: ClassVar[str] = "YaRN with s = max(1, L / original), exact inside the original context"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"exact_cache": True}),
+        refused=(Refused({"factor": 2, "beta_slow": 0}, "beta_slow must be > 0"),),
+        unchanged_within=1.0,
+        reference="tests/test_rope.py::test_dynamic_yarn_at_length_L_is_yarn_with_factor_L_over_original",
+    )
 
     beta_fast: float = 32.0
     beta_slow: float = 1.0

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import check_number
+from ..config import Contract, Refused, check_number
 from ..errors import InvalidParameterError
 from .learned import GrownTableConfig
 
@@ -47,6 +47,13 @@ class HierarchicalConfig(GrownTableConfig):
 
     name: ClassVar[str] = "hierarchical"
     summary: ClassVar[str] = "longer learned table, position i*n+j = a u_i + (1-a) u_j (Su 2020), up to n^2 (trainable)"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"alpha": 0.1}),
+        refused=(Refused({"factor": 2, "alpha": 0.5}, "alpha=0.5 makes position"),
+                 Refused({"factor": 1000}, "hierarchical positions reach n^2")),
+        unchanged_within=1.0,
+        reference="tests/test_hierarchical.py::test_rows_follow_the_formula_and_keep_the_first_n_exactly",
+    )
 
     alpha: float = 0.4
 

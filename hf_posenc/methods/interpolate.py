@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 
+from ..config import Contract, Refused
 from .learned import GrownTableConfig
 
 
@@ -31,6 +32,11 @@ class InterpolateConfig(GrownTableConfig):
 
     name: ClassVar[str] = "interpolate"
     summary: ClassVar[str] = "longer learned table, linearly interpolated from the old one (trainable)"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": 0}, "factor must be > 0"), Refused({}, "needs max_position_embeddings=")),
+        reference="tests/test_sinusoidal.py::test_interpolation_reads_the_old_table_at_the_scaled_position",
+    )
 
     def grow(self, rows: torch.Tensor, length: int) -> torch.Tensor:
         return interpolate_rows(rows, length)

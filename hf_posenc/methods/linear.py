@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig
+from ..config import Contract, Refused, RopeMethodConfig
 
 
 @dataclass
@@ -15,6 +15,11 @@ class LinearConfig(RopeMethodConfig):
 
     name: ClassVar[str] = "linear"
     summary: ClassVar[str] = "position interpolation (PI): positions / s"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": -1}, "factor must be > 0"),),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
 
     def rope_parameters(self, base: dict, original: int, dim: int) -> dict:

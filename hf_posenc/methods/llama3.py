@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig, check_number
+from ..config import Contract, Refused, RopeMethodConfig, check_number
 from ..errors import InvalidParameterError
 
 
@@ -16,6 +16,12 @@ class Llama3Config(RopeMethodConfig):
 
     name: ClassVar[str] = "llama3"
     summary: ClassVar[str] = "Llama 3.1 scaling: low frequencies / s, high kept, smooth between"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": 2, "low_freq_factor": 4, "high_freq_factor": 1},
+                         "high_freq_factor must be > low_freq_factor"),),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
 
     low_freq_factor: float = 1.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import MAX_POSITIONS, RopeMethodConfig, check_number
+from ..config import MAX_POSITIONS, Contract, Refused, RopeMethodConfig, check_number
 from ..errors import InvalidParameterError, ParameterTypeError
 from .rope import optional_fields
 
@@ -19,6 +19,12 @@ class LongRopeConfig(RopeMethodConfig):
 
     name: ClassVar[str] = "longrope"
     summary: ClassVar[str] = "LongRoPE: per-frequency factors, short and long sets"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),  # long_factor: a ramp from 1 to s over the model's rotary pairs
+        refused=(Refused({"factor": 2}, "needs long_factor="),
+                 Refused({"factor": 2, "long_factor": [1.0, 2.0]}, "long_factor has 2 values")),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
     length_dependent: ClassVar[bool] = True  # switches between the two sets with the input length
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig
+from ..config import Contract, Refused, RopeMethodConfig
 from .rope import ntk_theta
 
 
@@ -16,6 +16,12 @@ class NTKConfig(RopeMethodConfig):
 
     name: ClassVar[str] = "ntk"
     summary: ClassVar[str] = "NTK-aware scaling: theta * s^(d/(d-2))"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": 0.5}, "factor must be >= 1"),
+                 Refused({"max_position_embeddings": 32}, "shorter than the model's original context")),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
 
     def rope_parameters(self, base: dict, original: int, dim: int) -> dict:

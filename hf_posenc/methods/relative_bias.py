@@ -10,7 +10,7 @@ from typing import ClassVar
 from torch import nn
 
 from ..attention import AttentionSite, PositionalAttention
-from ..config import MAX_POSITIONS, AttentionMethodConfig, check_number
+from ..config import MAX_POSITIONS, AttentionMethodConfig, Contract, Refused, check_number
 from ..errors import InvalidParameterError
 from .bias import RelativeBias
 
@@ -24,6 +24,11 @@ class RelativeBiasConfig(AttentionMethodConfig):
     name: ClassVar[str] = "relative_bias"
     mechanisms: ClassVar[tuple[str, ...]] = ("learned", "rope")
     summary: ClassVar[str] = "learned per-head bias per clipped distance [-k, k] (or T5 log buckets), starts at 0"
+    contract: ClassVar[Contract] = Contract(
+        examples=({"k": 8}, {"buckets": 16, "max_distance": 64}),
+        refused=(Refused({"k": 0}, "k must be > 0"), Refused({"buckets": 32}, "need both buckets= and max_distance=")),
+        reference="tests/test_attention_methods.py::test_t5_buckets_match_transformers_t5",
+    )
     adds_bias: ClassVar[bool] = True
 
     k: int = 128

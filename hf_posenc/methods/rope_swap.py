@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, check_number
+from ..config import AttentionMethodConfig, Contract, Refused, check_number
 from ..errors import InvalidParameterError
 from .rope import RotaryQK
 
@@ -26,6 +26,13 @@ class RopeSwapConfig(AttentionMethodConfig):
     name: ClassVar[str] = "rope"
     mechanisms: ClassVar[tuple[str, ...]] = ("learned",)
     summary: ClassVar[str] = "learned table removed, rotary q/k rotation (base theta) in its place"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"theta": 100.0, "partial_rotary_factor": 0.5}),
+        refused=(Refused({"theta": 1}, "theta must be > 1"),
+                 Refused({"partial_rotary_factor": 1.5}, "partial_rotary_factor is the share"),
+                 Refused({"partial_rotary_factor": 0.05}, "rotary channels come in pairs")),
+        reference="tests/test_attention_methods.py::test_swapped_rope_score_depends_only_on_the_distance",
+    )
 
     theta: float = 10000.0
     partial_rotary_factor: float = 1.0

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import check_number
+from ..config import Contract, Refused, check_number
 from ..errors import InvalidParameterError, SequenceTooLongError
 from . import remapped
 from .remapped import Part, RemappedAttention, RemappedConfig, split
@@ -46,6 +46,13 @@ class SelfExtendConfig(RemappedConfig):
 
     name: ClassVar[str] = "self_extend"
     summary: ClassVar[str] = "Self-Extend: neighbour positions within a window, grouped positions floor(i/G) beyond"
+    contract: ClassVar[Contract] = Contract(
+        examples=({"group_size": 4}, {}),
+        refused=(Refused({"group_size": 0}, "group_size must be >= 1"), Refused({}, "needs group_size="),
+                 Refused({"group_size": 2, "window": 10**6}, "must be smaller than the model's original context")),
+        unchanged_within=0.25,  # the default window: original / 4
+        reference="tests/test_self_extend.py::test_self_extend_matches_the_papers_position_matrices",
+    )
 
     group_size: int | None = None
     window: int | None = None

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LearnedMethodConfig, check_bool, check_number
+from ..config import Contract, LearnedMethodConfig, Refused, check_bool, check_number
 from ..errors import CheckpointMismatchError, InvalidParameterError
 from .learned import table_rows
 
@@ -192,6 +192,14 @@ class SinusoidalConfig(LearnedMethodConfig):
 
     name: ClassVar[str] = "sinusoidal"
     summary: ClassVar[str] = "fixed sinusoidal positions in place of a learned table, any length; init raw/scaled/fit"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"init": "raw"}, {"init": "scaled", "keep_learned": 2},
+                  {"init": "fit", "trainable": True}),
+        refused=(Refused({"factor": 2, "init": "learned"}, "init must be one of"),
+                 Refused({"factor": 2, "keep_learned": 10**6}, "keeps every position"),
+                 Refused({"factor": 2, "trainable": True, "init": "raw"}, "trainable=True needs init='fit'")),
+        reference="tests/test_sinusoidal.py::test_table_is_the_paper_formula",
+    )
 
     init: str = "fit"
     base: float = 10000.0

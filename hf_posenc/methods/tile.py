@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 
+from ..config import Contract, Refused
 from .learned import GrownTableConfig
 
 
@@ -23,6 +24,12 @@ class TileConfig(GrownTableConfig):
 
     name: ClassVar[str] = "tile"
     summary: ClassVar[str] = "longer learned table, the old rows repeated (Longformer's init; trainable)"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"factor": 2, "window": 3}, "unknown parameter(s) ['window']"),),
+        unchanged_within=1.0,
+        reference="tests/test_sinusoidal.py::test_tiling_repeats_the_rows",
+    )
 
     def grow(self, rows: torch.Tensor, length: int) -> torch.Tensor:
         return tile_rows(rows, length)

@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, check_number
+from ..config import AttentionMethodConfig, Contract, Refused, check_number
 from ..errors import InvalidParameterError, MethodNotApplicableError
 
 
@@ -64,6 +64,11 @@ class XposConfig(AttentionMethodConfig):
     name: ClassVar[str] = "xpos"
     mechanisms: ClassVar[tuple[str, ...]] = ("rope",)
     summary: ClassVar[str] = "XPos: RoPE plus a per-dimension exponential decay with distance"
+    contract: ClassVar[Contract] = Contract(
+        examples=({},),
+        refused=(Refused({"gamma": 0}, "gamma must be > 0"), Refused({"scale_base": 0.5}, "past the float range")),
+        reference="tests/test_attention_methods.py::test_xpos_score_depends_only_on_the_distance",
+    )
     removes_positions: ClassVar[bool] = False
     skipped_positions: ClassVar[str | None] = (
         "its decay counts distance by the order of the tokens inside attention while the rotation reads the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import RopeMethodConfig, check_bool, check_number
+from ..config import Contract, Refused, RopeMethodConfig, check_bool, check_number
 from ..errors import InvalidParameterError
 from .rope import optional_fields
 
@@ -47,6 +47,12 @@ class YarnConfig(RopeMethodConfig):
 
     name: ClassVar[str] = "yarn"
     summary: ClassVar[str] = "YaRN: per-dimension interpolation ramp + attention factor"
+    contract: ClassVar[Contract] = Contract(
+        examples=({}, {"beta_fast": 16.0, "attention_factor": 1.2, "truncate": False}),
+        refused=(Refused({"factor": 2, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be > beta_slow"),
+                 Refused({"factor": 2, "truncate": "yes"}, "truncate must be a bool")),
+        reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+    )
     stock_checkpoint: ClassVar[bool] = True
 
     beta_fast: float = 32.0
