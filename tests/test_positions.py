@@ -322,3 +322,37 @@ def test_auto_dtype_takes_bf16_autocast_only_where_the_hardware_runs_it(monkeypa
     monkeypatch.setattr(_compat, "native_bfloat16", lambda device=None: (native, "probe"))
     assert mixed_precision("auto") == expected
     assert mixed_precision("float32") == "no"
+
+
+def test_the_chunked_loss_takes_the_same_ids_as_the_full_one():
+    from hf_posenc.losses import chunked_lm_loss, lm_loss
+
+    model = hp.patch(tiny_model(max_position_embeddings=64), "yarn", max_position_embeddings=256)
+    ids = token_ids(48, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, 40:] = 0
+    positions = P.scheme("cream", target=256).batch_position_ids(mask, seed=0, first_index=0)
+    full = lm_loss(model, ids, mask, positions)
+    torch.testing.assert_close(chunked_lm_loss(model, ids, mask, 16, positions), full, rtol=1e-5, atol=1e-6)
+    assert (full - lm_loss(model, ids, mask)).abs() > 1e-6          # the ids matter (a little, at random init)
+
+
+def test_pose_trains_with_lora_trainable_norms_and_short_windows(tmp_path, tiny_dir, text_file):
+    pytest.importorskip("peft")
+    config = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file), "short_share": 0.3,
+                                                               "short_len": 32},
+                          train={**POSE, "steps": 3, "trainable": ["embeddings", "norms"],
+                                 "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}})
+    calls = []
+    forward = TrainingLoss.forward
+
+    def spy(self, input_ids, attention_mask, teacher=None, position_ids=None):
+        calls.append((attention_mask.sum(1).tolist(), position_ids.clone()))
+        return forward(self, input_ids, attention_mask, teacher=teacher, position_ids=position_ids)
+
+    with mock.patch.object(TrainingLoss, "forward", spy):
+        final = run_recipe(config)
+    assert hp.describe(final)["method"] == "yarn"
+    rows = [(n, ids[:n]) for lengths, batch_ids in calls for n, ids in zip(lengths, batch_ids)]
+    assert any(n == 32 and torch.equal(ids, torch.arange(32)) for n, ids in rows)    # short windows: 0..n-1
+    assert any(n == 64 and int(ids.max()) > 63 for n, ids in rows)                     # full windows: spread
