@@ -48,6 +48,7 @@ TINY = {
     "camembert": (MASKED, _ROBERTA),
     "data2vec-text": (MASKED, _ROBERTA),
     "roberta-prelayernorm": (MASKED, _ROBERTA),
+    "xmod": (MASKED, dict(_ROBERTA, languages=["en_XX"], default_language="en_XX")),
     "distilbert": (MASKED, dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=N,
                                 vocab_size=VOCAB)),
 }
