@@ -2,18 +2,24 @@
 same checks, from what the method declares in its own module (`contract`, hf_posenc.config.Contract):
 
 - each refused example is refused with its words, and leaves model and config as they were, bit for bit;
-- patch then unpatch, and `hp.patched` left by an exception, give the model back bit for bit;
-- save -> `hp.from_pretrained` gives the same logits, and the hf_posenc record round-trips;
+- the patch changes the logits past what it keeps; unpatch, and `hp.patched` left by an exception, give the
+  model back bit for bit;
+- save -> `hp.from_pretrained` gives the same logits (and unpatched, the model before the patch), and the
+  hf_posenc record round-trips;
 - stock transformers loads the saved folder as the same model where the method claims `stock_checkpoint`,
   and refuses it loudly where it does not;
 - serving exports (`hp.serving_overrides`, `hp.llama_cpp_args`) agree with the saved rope_parameters;
 - cached generation equals the full forward (causal models);
 - inputs inside `unchanged_within` of the original context give the unpatched model's logits.
 
-Pairs: every method with all its examples on the reference family of each mechanism it applies to (llama for
-RoPE, gpt2 for learned tables; `contract`, runs by default), plus its first example on the families whose
-stable hash of (model_type, method) falls in SWEEP_PERCENT (`slow` too). A pair depends on its own names only,
-so adding a method or a family never drops another pair. One method: `pytest -m contract -k <method>`."""
+Pairs: every method with all its examples on the reference families of each mechanism it applies to (llama
+for RoPE; gpt2 and bert for learned tables), and with its first example on every other family of that
+mechanism with a tiny model. The pairs whose stable hash of (model_type, method) falls outside SWEEP_PERCENT
+are marked `slow` (except for the patch / unpatch check, which needs no save): `-m "not slow"` is the quick run
+(~35 s on two busy cores), a default run takes every pair (~85 s). A pair depends on its own names only, so
+adding a method or a family never drops or moves another pair. Every test is marked `contract`. One method:
+`pytest -m contract -k <method>` (-k matches substrings: `-k yarn` takes dynamic_yarn too, `-k "[yarn-"` only
+yarn)."""
 
 from __future__ import annotations
 
@@ -43,9 +49,10 @@ from hf_posenc.registry import FAMILIES, METHODS, register_method
 pytestmark = pytest.mark.contract
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_FAMILY = {"rope": "llama", "learned": "gpt2"}  # every method runs all its examples here
-# the share of the other (model_type, method) pairs the slow sweep runs; HF_POSENC_CONTRACT_SWEEP=100 runs all
-SWEEP_PERCENT = int(os.environ.get("HF_POSENC_CONTRACT_SWEEP", "25"))
+# every method runs all its examples on these: a RoPE decoder; a learned-table decoder and encoder
+REFERENCE_FAMILIES = {"rope": ("llama",), "learned": ("gpt2", "bert")}
+# the share of the non-reference (model_type, method) pairs `-m "not slow"` keeps; the rest are marked `slow`
+SWEEP_PERCENT = 25
 
 
 # -- the families: registered model types and their tiny models --------------------------------------
@@ -82,7 +89,7 @@ class Case:
     method: str
     model_type: str
     example: int  # index into the method's contract.examples
-    slow: bool
+    tier: str  # "reference", "sweep" (a default run) or "slow"
 
     @property
     def id(self) -> str:
@@ -94,17 +101,19 @@ class Case:
 
     @property
     def reference(self) -> bool:
-        return not self.slow
+        return self.tier == "reference"
 
 
-def swept(model_type: str, method: str) -> bool:
-    """Whether the slow sweep runs `method` on `model_type`: a stable hash of the two names, nothing else."""
+def tier(model_type: str, method: str) -> str:
+    """Whether a default run takes `method` on `model_type` ("sweep") or only a `slow` one: a stable hash of
+    the two names, nothing else."""
     digest = hashlib.sha256(f"{model_type}/{method}".encode()).hexdigest()
-    return int(digest[:8], 16) % 100 < SWEEP_PERCENT
+    return "sweep" if int(digest[:8], 16) % 100 < SWEEP_PERCENT else "slow"
 
 
-def cases(methods: dict[str, type[MethodConfig]] | None = None, *, every_family: bool = False) -> list[Case]:
-    """The reference pairs, and the swept ones (`every_family`: all of them, for the checks that need no save)."""
+def cases(methods: dict[str, type[MethodConfig]] | None = None) -> list[Case]:
+    """Every method with each example on its reference families, and with its first example on every other
+    family of its mechanisms that has a tiny model."""
     methods = METHODS if methods is None else methods
     kinds = mechanisms()
     out = []
@@ -113,11 +122,10 @@ def cases(methods: dict[str, type[MethodConfig]] | None = None, *, every_family:
         if not isinstance(contract, Contract):
             continue  # test_every_method_declares_a_contract says what to add
         for mechanism in cls.mechanisms:
-            reference = REFERENCE_FAMILY[mechanism]
-            out += [Case(name, reference, i, slow=False) for i in range(len(contract.examples))]
-            out += [Case(name, t, 0, slow=True) for t, kind in sorted(kinds.items())
-                    if kind == mechanism and t != reference and has_tiny_model(t)
-                    and (every_family or swept(t, name))]
+            references = REFERENCE_FAMILIES[mechanism]
+            out += [Case(name, r, i, "reference") for r in references for i in range(len(contract.examples))]
+            out += [Case(name, t, 0, tier(t, name)) for t, kind in sorted(kinds.items())
+                    if kind == mechanism and t not in references and has_tiny_model(t)]
     return out
 
 
@@ -136,19 +144,21 @@ KNOWN_FAILURES = {
 }
 
 
-def params_of(cases: list[Case]) -> list:
+def params_of(cases: list[Case], slow: bool = True) -> list:
+    """pytest params of `cases`: the slow tier marked `slow` (unless slow=False), known failures xfail."""
     def marks(case: Case) -> list:
         known = KNOWN_FAILURES.get((case.model_type, case.method))
-        return [pytest.mark.slow] * case.slow + ([pytest.mark.xfail(reason=known, strict=False)] if known else [])
+        tier = [pytest.mark.slow] if case.tier == "slow" and slow else []
+        return tier + ([pytest.mark.xfail(reason=known, strict=False)] if known else [])
 
     return [pytest.param(c, id=c.id, marks=marks(c)) for c in cases]
 
 
 ALL = params_of(CASES)
-WIDE = params_of(cases(every_family=True))
+CHEAP = params_of(CASES, slow=False)  # every pair in a default run: the checks that need no save
 CAUSAL = params_of([c for c in CASES if auto_class(c.model_type) is AutoModelForCausalLM])
 UNCHANGED = params_of([c for c in CASES if c.example == 0 and c.cls.contract.unchanged_within is not None])
-REFUSED = [pytest.param(name, i, id=f"{name}-{REFERENCE_FAMILY[cls.mechanisms[0]]}-refused{i}")
+REFUSED = [pytest.param(name, i, id=f"{name}-{REFERENCE_FAMILIES[cls.mechanisms[0]][0]}-refused{i}")
            for name, cls in sorted(METHODS.items()) if isinstance(cls.__dict__.get("contract"), Contract)
            for i in range(len(cls.contract.refused))]
 
@@ -341,12 +351,14 @@ def test_pairs_are_chosen_by_name_not_by_position():
     """Every method meets its reference families with all examples; the sweep is a fixed function of the names."""
     for name, cls in METHODS.items():
         for mechanism in cls.mechanisms:
-            got = {c.example for c in CASES if c.method == name and c.model_type == REFERENCE_FAMILY[mechanism]}
-            assert got == set(range(len(cls.contract.examples) if cls.contract else 0)), name
-    sweep = {(c.model_type, c.method) for c in CASES if c.slow}
+            for reference in REFERENCE_FAMILIES[mechanism]:
+                got = {c.example for c in CASES if c.method == name and c.model_type == reference}
+                assert got == set(range(len(cls.contract.examples) if cls.contract else 0)), name
     declared = {m: cls for m, cls in METHODS.items() if isinstance(cls.__dict__.get("contract"), Contract)}
-    assert sweep == {(t, m) for m, cls in declared.items() for t, kind in mechanisms().items()
-                     if kind in cls.mechanisms and t != REFERENCE_FAMILY[kind] and has_tiny_model(t) and swept(t, m)}
+    others = {(t, m) for m, cls in declared.items() for t, kind in mechanisms().items()
+              if kind in cls.mechanisms and t not in REFERENCE_FAMILIES[kind] and has_tiny_model(t)}
+    assert {(c.model_type, c.method) for c in CASES if not c.reference} == others
+    assert all(c.tier == tier(c.model_type, c.method) for c in CASES if not c.reference)
     reversed_methods = dict(reversed(list(METHODS.items())))
     assert set(cases(reversed_methods)) == set(CASES)
 
@@ -357,7 +369,7 @@ def test_pairs_are_chosen_by_name_not_by_position():
 def test_refused_parameters_leave_model_and_config_untouched(method, index):
     cls = METHODS[method]
     refused = cls.contract.refused[index]
-    model = build(REFERENCE_FAMILY[cls.mechanisms[0]])
+    model = build(REFERENCE_FAMILIES[cls.mechanisms[0]][0])
     before = snapshot(model)
     with pytest.raises(hp.PosEncError) as raised:
         hp.patch(model, method, **refused.params)
@@ -366,9 +378,9 @@ def test_refused_parameters_leave_model_and_config_untouched(method, index):
     assert_same(before, snapshot(model))
 
 
-@pytest.mark.parametrize("case", WIDE)
+@pytest.mark.parametrize("case", CHEAP)
 def test_patch_changes_the_model_and_unpatch_restores_it_bit_for_bit(case):
-    """On every family the method applies to (this check needs no save). The patch changes the logits past
+    """The patch changes the logits past
     what it promises to keep (for a learned table: up to the table's end, as far as the unpatched model runs)."""
     model = build(case.model_type)
     before = snapshot(model)
