@@ -262,7 +262,7 @@ def contract_problems(cls: type[MethodConfig]) -> list[str]:
     if contract is None:
         return [
             f"method {cls.name!r} declares no contract: tests/test_contracts.py runs every registered method from "
-            f"what it declares. Add to {where} (see docs/ARCHITECTURE.md, 'Adding a method'):\n"
+            f"what it declares. Add to {where} (see docs/ARCHITECTURE.md, 'The contract every method declares'):\n"
             f"    contract: ClassVar[Contract] = Contract(\n"
             f"        examples=({{...}},),  # parameters hp.patch takes, e.g. {{'factor': 2}}; at least one\n"
             f"        refused=(Refused({{...}}, \"words of the error\"),),  # refused parameters; at least one\n"
