@@ -111,12 +111,14 @@ class Contract:
     `variant_defaults(example, 2 * original, hp.describe(model))` as an evaluation variant is.
     `refused`: parameters it refuses (at least one), each with words of the error.
     `unchanged_within`: a share of the original context: inputs up to that many tokens give the unpatched
-    model's logits with the first example (dynamic scaling inside the original context, DCA inside a chunk).
+    model's logits with the first example (dynamic scaling inside the original context, DCA inside a chunk), bit
+    for bit, or within `unchanged_tolerance` (absolute and relative) for a method that computes them another way.
     `reference`: the test that checks the method against its paper or transformers ("tests/test_x.py::test_y")."""
 
     examples: tuple[dict[str, Any], ...]
     refused: tuple[Refused, ...]
     unchanged_within: float | None = None
+    unchanged_tolerance: float = 0.0
     reference: str | None = None
 
 
