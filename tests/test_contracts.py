@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import os
 import re
 import warnings
 from pathlib import Path
@@ -90,7 +89,7 @@ class Case:
     method: str
     model_type: str
     example: int  # index into the method's contract.examples
-    tier: str  # "reference", "sweep" (a default run) or "slow"
+    tier: str  # "reference", "sweep" (kept by -m "not slow") or "slow"
 
     @property
     def id(self) -> str:
@@ -106,8 +105,8 @@ class Case:
 
 
 def tier(model_type: str, method: str) -> str:
-    """Whether a default run takes `method` on `model_type` ("sweep") or only a `slow` one: a stable hash of
-    the two names, nothing else."""
+    """Whether the quick run (-m "not slow") takes `method` on `model_type` ("sweep") or only a full one ("slow"):
+    a stable hash of the two names, nothing else."""
     digest = hashlib.sha256(f"{model_type}/{method}".encode()).hexdigest()
     return "sweep" if int(digest[:8], 16) % 100 < SWEEP_PERCENT else "slow"
 

@@ -1,7 +1,8 @@
 """Dual Chunk Attention (issue 14): the attention computation against a reference written from the paper
 (explicit query / key position matrices, one softmax over an L x L score matrix), then through tiny models
 of several RoPE families: the unpatched model inside a chunk, cached generation = full forward with left
-padding, a padded row = the row alone, the SDPA kernel with no L x L tensor, save / reload, refusals."""
+padding, a padded row = the row alone, the SDPA kernel with no L x L tensor, refusals (save / reload:
+tests/test_contracts.py)."""
 
 from __future__ import annotations
 
@@ -241,17 +242,7 @@ def test_forward_backward_is_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_save_and_reload(tmp_path):
-    model = build()
-    hp.patch(model, "dca", chunk_size=24, local_window=4)
-    model.save_pretrained(tmp_path)
-    again = hp.from_pretrained(tmp_path)
-    assert hp.describe(again)["params"] == {"chunk_size": 24, "local_window": 4}
-    batch = ids(100, batch=2)
-    with torch.no_grad():
-        assert torch.equal(model(batch).logits, again(batch).logits)
-    with pytest.raises((KeyError, RuntimeError, ValueError)):  # stock transformers has no such RoPE
-        AutoModelForCausalLM.from_pretrained(tmp_path)
+# Save / reload and stock transformers' refusal: tests/test_contracts.py.
 
 
 def test_defaults_are_the_papers():

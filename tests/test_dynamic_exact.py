@@ -9,7 +9,6 @@ import pytest
 import torch
 from test_dca import ids
 from tiny import tiny_model
-from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
 from hf_posenc.methods.rope import NoRotation
@@ -64,20 +63,7 @@ def test_inside_the_original_context_it_is_the_unpatched_model():
     assert isinstance(model.model.rotary_emb, NoRotation)
 
 
-def test_save_reload_and_unpatch(tmp_path):
-    model = hp.patch(tiny_model(), "dynamic_yarn", factor=4.0, exact_cache=True)
-    model.save_pretrained(tmp_path)
-    again = hp.from_pretrained(tmp_path)
-    assert hp.describe(again)["params"]["exact_cache"] is True
-    batch = ids(150, batch=2)
-    with torch.no_grad():
-        assert torch.equal(model(batch).logits, again(batch).logits)
-    with pytest.raises((KeyError, RuntimeError, ValueError)):
-        AutoModelForCausalLM.from_pretrained(tmp_path)
-    hp.unpatch(model)
-    assert not is_patched(model) and model.config._attn_implementation == "sdpa"
-    with torch.no_grad():
-        assert torch.equal(model(batch).logits, tiny_model()(batch).logits)
+# Save / reload (exact_cache kept), stock transformers' refusal, unpatch: tests/test_contracts.py.
 
 
 @pytest.mark.parametrize("value", ["yes", 1])

@@ -1,9 +1,9 @@
 """The generic RoPE adapter across the causal-LM families of transformers it is tested on:
-parity with transformers' own RoPE functions and with the papers' formulas, stock save/load round
-trips, checkpoints stock transformers cannot express, unpatch and factor-1 identity.
+parity with transformers' own RoPE functions and with the papers' formulas, refusals, factor-1 identity.
 
-Everything here builds tiny models from config (no hub) and runs them on one thread; the save/load
-round trips take a rotating subset of methods per family. The whole file takes ~15-30 s on two cores."""
+Everything here builds tiny models from config (no hub) and runs them on one thread. The checks every method
+shares (save / reload, stock loading, unpatch) run from tests/test_contracts.py. The file takes ~10-20 s on two
+cores."""
 
 import math
 
@@ -19,8 +19,6 @@ from tiny import tiny_config, token_ids
 CTX = 64  # the tiny models' original context (tiny.TINY)
 LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
 STOCK = ["base", "ntk", "linear", "yarn", "llama3", "longrope"]  # expressible as stock rope_parameters
-DYNAMIC = ["dynamic", "dynamic_yarn"]  # recorded in config.hf_posenc only
-ALL = STOCK + DYNAMIC
 
 # model_type -> config overrides on top of tiny.TINY (and the attention implementation to use).
 FAMILIES = {
@@ -261,75 +259,8 @@ def test_refused_methods_leave_the_model_untouched(family, method):
     assert torch.equal(logits(model, ids), baseline(family, ids))
 
 
-def rotation(methods, per_family):
-    """The slow save/load tests: Llama with every method, each other family with `per_family` of
-    them, rotating so that every method meets many families."""
-    pairs = {("llama", m) for m in methods}
-    for i, family in enumerate(FAMILIES):
-        usable = supported(family, methods)
-        pairs |= {(family, usable[(i + k) % len(usable)]) for k in range(min(per_family, len(usable)))}
-    return sorted(pairs, key=lambda pair: (list(FAMILIES).index(pair[0]), methods.index(pair[1])))
-
-
-ROUND_TRIPS = rotation(STOCK, 3)
-DYNAMIC_TRIPS = rotation(DYNAMIC, 1)
-
-
-@pytest.mark.parametrize(("family", "method"), ROUND_TRIPS)
-def test_stock_round_trip(family, method, tmp_path):
-    model = build(family)
-    dim = rotary_dim(model.config, native_parameters(model.config, scaled_key(model.config)))
-    hp.patch(model, method, **method_params(method, dim))
-    ids = token_ids(LONG)
-    out = logits(model, ids)
-    assert not torch.equal(out, baseline(family, ids))
-    model.save_pretrained(tmp_path)
-
-    stock = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
-    assert torch.equal(logits(stock, ids), out)
-
-    loaded = hp.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
-    assert torch.equal(logits(loaded, ids), out)
-    assert hp.describe(loaded)["method"] == method
-    hp.unpatch(loaded)
-    assert torch.equal(logits(loaded, ids), baseline(family, ids))
-
-
-@pytest.mark.parametrize(("family", "method"), DYNAMIC_TRIPS)
-def test_length_dependent_checkpoint_needs_hf_posenc(family, method, tmp_path):
-    model = build(family)
-    hp.patch(model, method, factor=2.0)
-    ids = token_ids(LONG)
-    out = logits(model, ids)
-    assert not torch.equal(out, baseline(family, ids))
-    model.save_pretrained(tmp_path)
-
-    # stock transformers refuses the marker rope_type instead of building a different model
-    with pytest.raises(KeyError, match=f"hf_posenc_{method}"):
-        AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=attn_of(family))
-
-    loaded = hp.from_pretrained(tmp_path, attn_implementation=attn_of(family)).eval()
-    assert hp.describe(loaded)["method"] == method
-    assert torch.equal(logits(loaded, ids), out)
-    short = token_ids(CTX)
-    assert torch.equal(logits(loaded, short), baseline(family, short))
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_method_changes_logits_and_unpatch_restores_them(family):
-    model = build(family)
-    key = scaled_key(model.config)
-    dim = rotary_dim(model.config, native_parameters(model.config, key))
-    original = model.config.to_dict()
-    ids = token_ids(LONG)
-    before = baseline(family, ids)
-    assert torch.equal(logits(model, ids), before)
-    for method in supported(family, ALL):
-        hp.patch(model, method, **method_params(method, dim))
-        assert not torch.equal(logits(model, ids), before), method
-        hp.unpatch(model)
-        assert torch.equal(logits(model, ids), before), method
-        assert model.config.to_dict() == original, method
+# Save / reload (hp.from_pretrained and stock transformers), length-dependent checkpoints stock transformers
+# refuses, and patch / unpatch on every family: tests/test_contracts.py, for every method on every family.
 
 
 @pytest.mark.parametrize("family", FAMILIES)
