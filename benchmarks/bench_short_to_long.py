@@ -63,11 +63,9 @@ def finetune(row: str, args) -> dict:
         subprocess.run(command, check=True)
     log = ckpt.read_log(out)
     steps = [r for r in log if "tokens_per_s" in r]
-    return {"folder": str(out), "positions": positions, "steps": len(steps),
-            "tokens": sum(r["tokens"] for r in steps),
-            "seconds": sum(r["tokens"] / r["tokens_per_s"] for r in steps),
-            "tokens_per_s": sum(r["tokens"] for r in steps) / sum(r["tokens"] / r["tokens_per_s"] for r in steps),
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in steps)}
+    tokens, seconds = sum(r["tokens"] for r in steps), sum(r["tokens"] / r["tokens_per_s"] for r in steps)
+    return {"folder": str(out), "positions": positions, "steps": len(steps), "tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_mem_mb": max(r["peak_mem_mb"] for r in steps)}
 
 
 def load_row(row: str, args, dtype: torch.dtype):

@@ -153,9 +153,6 @@ class Contiguous(PositionScheme):
     def check_window(self, window: int) -> None:
         pass   # no target involved
 
-    def draw(self, n, rng):
-        return np.arange(n)
-
     def position_ids(self, n, *, seed, index):
         return torch.arange(n)
 
@@ -324,12 +321,6 @@ class PositionIdsCollator:
         return batch
 
 
-def describe_schemes() -> list[dict]:
-    """Every scheme, its summary and its parameters with defaults (for --help and the docs)."""
-    return [{"name": name, "summary": cls.summary,
-             "parameters": {f.name: f.default for f in dataclasses.fields(cls)}} for name, cls in SCHEMES.items()]
-
-
 def relative_distances(ids: torch.Tensor) -> torch.Tensor:
     """The distances id_j - id_i (i < j) one window's ids put in front of attention (for checks and plots)."""
     ids = ids.flatten()
@@ -338,4 +329,4 @@ def relative_distances(ids: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["PositionScheme", "Contiguous", "Pose", "Cream", "Randomized", "SCHEMES", "scheme",
-           "PositionIdsCollator", "describe_schemes", "register_scheme", "window_rng"]
+           "PositionIdsCollator", "register_scheme", "relative_distances", "window_rng"]

@@ -243,12 +243,9 @@ def saved(case, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: intra-op threads cost far more than the arithmetic on two busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def saved_models(one_thread):
+    """One thread for the tiny models (conftest.one_thread); the saved folders dropped after the module."""
     yield
-    torch.set_num_threads(threads)
     _SAVED.clear()
 
 

@@ -132,13 +132,7 @@ def prefix(key):
     return "" if key is None else f"{key}_"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: starting intra-op threads costs far more than the arithmetic (~100x on 2 busy cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 _BASELINES = {}

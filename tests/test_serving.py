@@ -89,11 +89,13 @@ def test_llama_cpp_flags_spell_yarn_in_llama_cpps_terms():
     assert float(ntk[1]) == pytest.approx(10000 * 4 ** (16 / 14), rel=1e-6) and "--rope-scaling" not in ntk
 
 
-def write_tiny_gguf(path, theta=10000.0):
-    """A small llama-architecture GGUF: a float tensor and a raw Q8_0 block, plus the usual keys."""
-    writer = gguf.GGUFWriter(path, arch="llama")
+def write_tiny_gguf(path, theta=10000.0, *, arch="llama", keys=lambda writer: None):
+    """A small GGUF (llama architecture unless `arch`): a float tensor and a raw Q8_0 block, plus the usual
+    keys and what `keys(writer)` adds."""
+    writer = gguf.GGUFWriter(path, arch=arch)
     writer.add_context_length(64)
     writer.add_rope_freq_base(theta)
+    keys(writer)
     writer.add_block_count(2)
     writer.add_string("general.name", "tiny")
     writer.add_array("general.languages", ["en", "fr"])

@@ -14,6 +14,7 @@ import pytest
 
 import hf_posenc as hp
 from hf_posenc import serving
+from test_serving import write_tiny_gguf
 from tiny import tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -55,20 +56,11 @@ def test_gguf_metadata_equals_the_single_rope_models(method, params):
 def write_gemma3_gguf(path, theta=FULL_THETA):
     """A small gemma3-architecture GGUF with its sliding-window keys (and a swa rope base, which some llama.cpp
     architectures read): a float tensor and a raw Q8_0 block."""
-    writer = gguf.GGUFWriter(path, arch="gemma3")
-    writer.add_context_length(64)
-    writer.add_rope_freq_base(theta)
-    writer.add_float32("gemma3.rope.freq_base_swa", 10000.0)
-    writer.add_uint32("gemma3.attention.sliding_window", 16)
-    writer.add_block_count(2)
-    writer.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32).reshape(4, 16))
-    q8 = np.arange(34 * 2, dtype=np.uint8).reshape(2, 34)
-    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    def sliding(writer):
+        writer.add_float32("gemma3.rope.freq_base_swa", 10000.0)
+        writer.add_uint32("gemma3.attention.sliding_window", 16)
+
+    return write_tiny_gguf(path, theta, arch="gemma3", keys=sliding)
 
 
 def test_write_gguf_changes_the_rope_keys_only(tmp_path):
