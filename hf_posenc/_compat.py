@@ -35,9 +35,13 @@ GENERIC_ROTARY = GPTNeoXRotaryEmbedding
 
 # rope_type names transformers computes itself (their math is transformers'), "default" included.
 STOCK_ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
-# Families whose rotary pairs are interleaved channels (2i, 2i + 1) rather than (i, i + d/2).
+# Families whose rotary module returns complex frequencies (freqs_cis, multiplied into q and k seen as complex
+# numbers) rather than a (cos, sin) pair.
+COMPLEX_ROTARY_MODEL_TYPES = ("llama4_text", "llama4")
+# Families whose rotary pairs are interleaved channels (2i, 2i + 1) rather than (i, i + d/2) (complex
+# frequencies pair adjacent channels too).
 INTERLEAVED_ROTARY_MODEL_TYPES = ("cohere", "cohere2", "cohere2_moe", "deepseek_v3", "glm4_moe_lite", "mistral4",
-                                  "youtu", "blt", "axk1")
+                                  "youtu", "blt", "axk1", *COMPLEX_ROTARY_MODEL_TYPES)
 # Layer types that only ever attend inside a window: rescaling them gains nothing.
 _LOCAL_LAYER_HINTS = ("sliding", "chunked", "local")
 

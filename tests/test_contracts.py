@@ -132,16 +132,9 @@ def cases(methods: dict[str, type[MethodConfig]] | None = None) -> list[Case]:
 CASES = cases()
 
 
-# Pairs the package gets wrong today (found by this suite; hf_posenc/families and attention.py are to fix them):
-# each is expected to fail until then, and reported as XPASS once it works.
-KNOWN_FAILURES = {
-    **{(t, m): f"{m} on {t}: the forward fails (the rotary module it swaps for no rotation returns what "
-               f"{t}'s attention cannot apply); the patch should be refused or work"
-       for t in ("deepseek_v3", "llama4_text") for m in ("alibi", "relative_bias")},
-    **{("phi3", m): f"{m} on phi3: patched, but save_pretrained fails (Phi3Config's check refuses the "
-                    f"hf_posenc_{m} rope_type); the patch should be refused, as the frequency methods are"
-       for m in ("alibi", "relative_bias", "xpos", "dca", "self_extend")},
-}
+# Pairs the package gets wrong today, each expected to fail (reported as XPASS once it works): none now. A pair
+# added here must name what fails and what the package should do instead.
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def params_of(cases: list[Case], slow: bool = True) -> list:

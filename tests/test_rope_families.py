@@ -47,7 +47,10 @@ FAMILIES = {
     # multi-head latent attention: RoPE on a qk_rope_head_dim slice, kept apart from the rest of the head
     "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
                     "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16,
-                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8},
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
+                    # MLA expands k and v to every head, so DeepSeek's configs have as many kv heads as heads
+                    # (stock transformers' SDPA fails on any float or padding mask otherwise)
+                    "num_key_value_heads": 4},
     "olmo3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},  # nested, one theta
     "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 2,  # complex-valued rotary, chunked layers
                     "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 16},

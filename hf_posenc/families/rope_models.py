@@ -116,12 +116,7 @@ class RopeModels:
         for lt in layer_types:
             _compat.set_rope_parameters(new_config, lt, rope.stock_parameters(method, natives[lt], original, dims[lt]))
         new_config.max_position_embeddings = method.max_position_embeddings
-        refused = _compat.rope_validation_error(new_config)
-        if refused and not _compat.rope_validation_error(config):
-            raise MethodNotApplicableError(
-                f"method {method.name!r} cannot be written into this {config.model_type} model's config: its own RoPE "
-                f"check refuses the result ({refused}), so the patched model could not be saved or loaded back"
-            )
+        _check_config_accepts(method, config, new_config)
 
         plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=self._record(method, config))
         rebuilt: dict[int, torch.nn.Module] = {}
@@ -162,11 +157,14 @@ class RopeModels:
             _compat.set_rope_parameters(new_config, lt, rope.base_parameters(native) | {
                 "rope_type": rope.CUSTOM_ROPE_TYPE_PREFIX + method.name})
         new_config.max_position_embeddings = method.max_position_embeddings
+        _check_config_accepts(method, config, new_config)
         plan = PatchPlan(model=model, new_config=new_root, config_map=config_map, record=self._record(method, config))
         if method.removes_positions:
             if targets == [None]:
                 dim = _compat.rotary_dim(config, None)
-                plan.swaps += [(parent, name, rope.NoRotation(dim)) for parent, name, _ in self.rotary_modules(model)]
+                complex_frequencies = config.model_type in _compat.COMPLEX_ROTARY_MODEL_TYPES
+                plan.swaps += [(parent, name, rope.NoRotation(dim, complex_frequencies))
+                               for parent, name, _ in self.rotary_modules(model)]
             else:
                 dims = {lt: _compat.rotary_dim(config, lt) for lt in targets}
                 plan.swaps += [(parent, name, LayerTypeNoRotation(old, dims))
@@ -257,6 +255,17 @@ def _homogeneous_text_config(model: torch.nn.Module):
             f"by layer; hf_posenc does not rescale such models yet"
         )
     return config
+
+
+def _check_config_accepts(method: MethodConfig, config, new_config) -> None:
+    """Refuse a patch whose rope_parameters the family's own config check refuses (Phi-3 takes only its own rope
+    types): transformers runs that check in save_pretrained, so the patched model could not be saved."""
+    refused = _compat.rope_validation_error(new_config)
+    if refused and not _compat.rope_validation_error(config):
+        raise MethodNotApplicableError(
+            f"method {method.name!r} cannot be written into this {config.model_type} model's config: its own RoPE "
+            f"check refuses the result ({refused}), so the patched model could not be saved or loaded back"
+        )
 
 
 def _parameters_at(method, natives, original, seq_len, layer_type):

@@ -181,15 +181,18 @@ class RotaryQK(nn.Module):
 
 class NoRotation(nn.Module):
     """In place of a model's rotary module: cos = 1, sin = 0, so the model's own rotation leaves q and k
-    as they are (ALiBi / relative bias on a RoPE model)."""
+    as they are (ALiBi / relative bias on a RoPE model). `complex_frequencies`: the model multiplies q and k
+    by complex frequencies (Llama 4's freqs_cis, one per pair) instead: 1 + 0j."""
 
-    def __init__(self, rotary_dim: int):
+    def __init__(self, rotary_dim: int, complex_frequencies: bool = False):
         super().__init__()
-        self.rotary_dim = rotary_dim
+        self.rotary_dim, self.complex_frequencies = rotary_dim, complex_frequencies
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+        if self.complex_frequencies:
+            return torch.ones(*position_ids.shape, self.rotary_dim // 2, dtype=torch.complex64, device=x.device)
         shape = (*position_ids.shape, self.rotary_dim)
         return x.new_ones(shape), x.new_zeros(shape)
 
     def extra_repr(self) -> str:
-        return f"rotary_dim={self.rotary_dim}"
+        return f"rotary_dim={self.rotary_dim}" + (", complex_frequencies=True" if self.complex_frequencies else "")
