@@ -3,10 +3,15 @@
     import hf_posenc as hp
     hp.patch(model, "yarn", max_position_embeddings=32768)
     hp.describe(model)
+
+The public names load on first use (PEP 562): `import hf_posenc` costs no torch or transformers import, so
+`hf-posenc --help` and the recipes' `--help` answer at once. The errors are plain Python and load here.
 """
 
-from . import configs
-from .api import describe, from_pretrained, patch, patched, unpatch
+from __future__ import annotations
+
+import importlib
+
 from .errors import (
     AlreadyPatchedError,
     CheckpointMismatchError,
@@ -22,18 +27,6 @@ from .errors import (
     UnknownMethodError,
     UnsupportedModelError,
 )
-from .families.learned_tables import check_length
-from .loading import load_model, load_tokenizer
-from .registry import list_methods
-from .serving import llama_cpp_args, serving_overrides, write_gguf
-
-from . import _compat as _compat_
-from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX as _PREFIX
-from .registry import METHODS as _METHODS
-
-# transformers warns "Missing validation function" at every config load / save for a rope_type it does not
-# know: hf_posenc's own markers get a validator (an attention method or a dynamic one records one)
-_compat_.register_custom_rope_types(_PREFIX + name for name in _METHODS)
 
 __version__ = "0.1.0"
 
@@ -45,7 +38,46 @@ __all__ = [
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
 ]
 
+# public name -> the module that defines it (None: the name is the submodule itself)
+_LAZY = {
+    "patch": ".api", "unpatch": ".api", "patched": ".api", "describe": ".api", "from_pretrained": ".api",
+    "list_methods": ".registry", "load_model": ".loading", "load_tokenizer": ".loading", "configs": None,
+    "serving_overrides": ".serving", "llama_cpp_args": ".serving", "write_gguf": ".serving",
+    "check_length": ".families.learned_tables",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _register_rope_types()
+    where = _LAZY[name]
+    value = importlib.import_module(f".{name}" if where is None else where, __name__)
+    if where is not None:
+        value = getattr(value, name)
+    globals()[name] = value   # later lookups skip __getattr__
+    return value
+
 
 def __dir__() -> list[str]:
     """The public face for tab completion: `__all__` (submodules stay importable: `import hf_posenc.eval`)."""
     return sorted([*__all__, "__version__"])
+
+
+_registered = False
+
+
+def _register_rope_types() -> None:
+    """Give hf_posenc's own rope_types (`hf_posenc_<method>`, recorded by attention and dynamic methods) a
+    validator in transformers, which otherwise warns "Missing validation function" at every load and save of
+    such a config. Runs (once) when the first torch-side public name is used, before any patch, load or save
+    through `hp.*`; it imports the registry, hence torch and transformers."""
+    global _registered
+    if _registered:
+        return
+    _registered = True   # first: the imports below may ask this module for a public name again
+    from . import _compat
+    from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX
+    from .registry import METHODS
+
+    _compat.register_custom_rope_types(CUSTOM_ROPE_TYPE_PREFIX + name for name in METHODS)

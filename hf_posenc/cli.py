@@ -18,10 +18,11 @@ from typing import NoReturn
 
 import yaml
 
-from . import api, assets, card, loading
-from .config import parse_params
+from . import assets
 from .errors import MethodNotApplicableError, PosEncError
-from .registry import list_methods
+
+# torch and transformers load inside the commands that need them (api, loading, card, registry, ...), so that
+# `hf-posenc --help` and a refused argument answer at once (tests/test_help_speed.py)
 
 INPUT_ERRORS = (PosEncError, ValueError, OSError, yaml.YAMLError)  # what a user's input can cause
 
@@ -71,6 +72,8 @@ def model_ref(ref: str, gguf_file: str | None = None) -> str:
         raise UsageError("the model is empty; give a hub id, a folder, a .gguf file, or smollm2 / minilm")
     given, ref = ref, assets.resolve_alias(ref)
     if ref.endswith(".gguf") or gguf_file:  # without the gguf package: the install command, not an ImportError
+        from . import loading
+
         loading.require_gguf(given, ref if not gguf_file else os.path.join(ref, gguf_file))
     path = Path(ref).expanduser()
     # hub ids are NAME or ORG/NAME; anything else is a path
@@ -142,6 +145,8 @@ def _input_paths(ref: str, gguf_file: str | None) -> list[Path]:
 def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple[str, str]:
     """(positional mechanism, model type) from the model's config alone (no weights), each of `methods`
     checked to apply to it: these refusals come before the weights load."""
+    from . import loading
+
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     return _check_methods(skeleton, methods), skeleton.config.model_type
 
@@ -165,6 +170,8 @@ def dry_run(ref: str, gguf_file: str | None, method: str, params: dict):
     what a table can reach, a family the method does not support, ...) is refused before the weights load.
     Returns the patched skeleton, or None for a method that needs the weights to resolve (sinusoidal's fit),
     which is checked when it runs."""
+    from . import api, loading
+
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     _check_methods(skeleton, [method])
     try:
@@ -187,6 +194,8 @@ def _names(value: str | None, flag: str, default: tuple[str, ...] | None) -> tup
 def _method_params(args) -> dict:
     """--param pairs plus --max-position-embeddings / --factor, as hp.patch keywords. A key given twice
     (two --param, or --param and its own flag) is refused: which one should win is not obvious."""
+    from .config import parse_params
+
     params, given = {}, {}
     for pair in args.param or []:
         try:
@@ -207,6 +216,8 @@ def _method_params(args) -> dict:
 
 
 def cmd_methods(args) -> None:
+    from .registry import list_methods
+
     methods = list_methods()
     if args.json:
         print(json.dumps(methods, indent=2, default=str))
@@ -218,6 +229,8 @@ def cmd_methods(args) -> None:
 
 
 def cmd_inspect(args) -> None:
+    from . import api, loading
+
     ref = model_ref(args.model, args.gguf_file)
     with reading(ref):
         info = api.describe(loading.meta_model(ref, gguf_file=args.gguf_file))
@@ -225,6 +238,7 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_patch(args) -> None:
+    from . import api, card, loading
     from .registry import get_method
 
     params = _method_params(args)
@@ -256,7 +270,7 @@ def cmd_patch(args) -> None:
 
 def _patch_to_gguf(args, ref: str, params: dict) -> None:
     """`--out X.gguf`: the input GGUF file again, the patch in its rope metadata (serving.write_gguf)."""
-    from . import serving
+    from . import api, loading, serving
 
     source = Path(ref) / args.gguf_file if args.gguf_file else Path(ref)
     if source.suffix != ".gguf" or not source.is_file():
@@ -311,7 +325,7 @@ def _lengths(value: str | None) -> list[int] | None:
 
 
 def cmd_plot(args) -> None:
-    from . import analysis
+    from . import analysis, api, loading
     from .registry import get_method
 
     asked = [w for w in args.what.split(",") if w]
