@@ -13,21 +13,12 @@ from collections.abc import Iterator
 import torch
 import transformers
 
-from . import families  # noqa: F401  (registers the family adapters)
 from . import _compat, attention, loading
-from .config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
-from .errors import (
-    AlreadyPatchedError,
-    CheckpointMismatchError,
-    CheckpointRecordError,
-    MethodNotApplicableError,
-    NotPatchedError,
-    ParameterTypeError,
-)
-from .methods.learned import ORIGINAL_TABLE
-from .plan import UNDO_ATTR, is_patched, undo
+from .config import AttentionMethodConfig, MethodConfig
+from .errors import AlreadyPatchedError, CheckpointMismatchError, CheckpointRecordError, NotPatchedError, ParameterTypeError
+from .plan import UNDO_ATTR, is_patched, refuse_unpatch, undo
 from .record import PatchRecord, attach, detach, read_record
-from .registry import as_model, find_family, get_method, methods_for
+from .registry import as_model, find_family, get_method, plan_patch
 
 
 def _method_config(method: str | MethodConfig, params: dict) -> MethodConfig:
@@ -51,22 +42,14 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     given, model = model, as_model(model, "patch")
     cfg = _method_config(method, params)
     record = read_record(model.config)
-    # a model swapped to rotary positions (learned -> rope) takes a RoPE scaling method on top
-    stacked = (record is not None and record.method_class().writes_rope_parameters and UNDO_ATTR in model.__dict__
-               and isinstance(cfg, RopeMethodConfig))
+    # a patch in memory that the method may go on top of (a RoPE method on a learned -> rope swap)
+    stacked = record is not None and UNDO_ATTR in model.__dict__ and cfg.stacks_on(record.method_class())
     if is_patched(model) and not stacked:
         raise AlreadyPatchedError(
             f"this model is already patched (method {getattr(record, 'method', None)!r}); to re-patch, call "
             f"hp.unpatch(model) first, then hp.patch(model, {cfg.name!r}, ...)"
         )
-    family = find_family(model)
-    if family.mechanism not in cfg.mechanisms:
-        raise MethodNotApplicableError(
-            f"method {cfg.name!r} applies to {'/'.join(cfg.mechanisms)} positions, but this "
-            f"{model.config.model_type} model uses {family.mechanism} positions; methods that apply: "
-            f"{', '.join(methods_for(family.mechanism))}"
-        )
-    plan = family.plan(model, cfg)
+    plan = plan_patch(model, cfg)
     if stacked:
         plan.record = dataclasses.replace(plan.record, base=record)
     try:  # what save_pretrained will write: refused now rather than as a half-written config.json
@@ -101,8 +84,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
                 "are not in memory; load it with hp.from_pretrained(path) to be able to unpatch it"
             )
         raise NotPatchedError("this model carries no hf_posenc patch")
-    note = getattr(model.__dict__[UNDO_ATTR], "unpatch_note", None)  # what a loaded checkpoint cannot give back
-    undo(model)
+    note = undo(model)  # what a loaded checkpoint cannot give back
     if note:
         warnings.warn(note, stacklevel=2)
     return given
@@ -189,26 +171,28 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
     if record is None:
         return loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
     family = record.family_adapter()
-    if hasattr(family, "load_patched") and not issubclass(record.method_class(), AttentionMethodConfig):
-        return family.load_patched(path, config, record, gguf_file=gguf_file, **kwargs)  # saved tables restored
-    # the model before the patch (itself patched when this one was stacked on another), then the patch again
+    # the model before the patch (itself patched when this one was stacked on another), then the patch again; or,
+    # where the checkpoint holds the patched modules as stock transformers loads them, that model, patch rebuilt
     stock, removed = family.unpatched_config(config, record)
-    refuse_unpatch = None
+    why_not_unpatch = None
     if record.base is not None:
         attach(stock, record.base)
         model = _load(path, stock, gguf_file=gguf_file, source=source, **kwargs)
     else:
         extra = {"ignore_mismatched_sizes": True} if removed else {}
-        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES, f".{ORIGINAL_TABLE}")):
+        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES, *family.read_back(record))):
             model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
+        if family.restores_saved(record):
+            family.restore_saved(model, path, record)
+            return model
         if removed:  # the tables the patch removed, as they were before it
-            refuse_unpatch = family.restore_original(model, path, record)
+            why_not_unpatch = family.restore_original(model, path, record)
     patch(model, record.method_config())
     try:
         attention.restore_tensors(model, path)
     except RuntimeError:  # load_state_dict: a saved table of another shape than the record gives
         raise CheckpointMismatchError(_attention_disagreement(model, path, record, source)) from None
-    model.__dict__[UNDO_ATTR].refuse = refuse_unpatch
+    refuse_unpatch(model, why_not_unpatch)
     return model
 
 

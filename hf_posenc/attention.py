@@ -12,14 +12,13 @@ are untouched: the registered function only acts on modules that carry a child.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
 from . import _compat
 from .errors import CheckpointMismatchError, MethodNotApplicableError
-from .methods.bias import AlibiBias, RelativeBias, distances
 
 if TYPE_CHECKING:
     from .config import AttentionMethodConfig
@@ -31,13 +30,39 @@ PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the
 QUERY_BLOCK = 512  # queries per kernel call when a bias runs in a causal model (see BlockLayout)
 
 
+def distances(first_query: int, queries: int, keys: int, device=None) -> torch.Tensor:
+    """i - j for the queries at positions first_query .. first_query + queries - 1 and the keys at
+    positions 0 .. keys - 1, [queries, keys]. (A KV cache holds the keys before the first query; a
+    block of queries sees the keys up to its last query.)"""
+    query_positions = torch.arange(first_query, first_query + queries, device=device)
+    return query_positions[:, None] - torch.arange(keys, device=device)[None, :]
+
+
 class Block(NamedTuple):
     start: int  # the block's queries: start .. end - 1 of this call's queries
     end: int
     first: int  # the position of its first query (keys before it may sit in a KV cache)
     keys: int  # the keys it sees: positions 0 .. keys - 1
     allowed: torch.Tensor | None  # the model's mask for it: bool (True: attend) or float (added); None: all
-    rows: torch.Tensor | None  # relative tables: the row each score reads, masked places past the table
+    memo: dict  # what every layer's bias computes alike for this block in one forward (a relative table's rows)
+
+
+class ScoreBias(nn.Module):
+    """What a bias method's module gives: the additive bias of one block of queries on the attention scores.
+    Subclasses implement `forward(first_query, queries, keys, dtype)` -> [heads, queries, keys] (the bias of
+    queries at positions first_query .. + queries - 1 and keys 0 .. keys - 1), or `block_bias` itself."""
+
+    # True when the bias is the same in every layer (fixed, or one module shared by all layers): the masks are
+    # then built once a forward, not once a layer
+    same_in_every_layer: ClassVar[bool] = False
+
+    def block_bias(self, block: Block, dtype: torch.dtype) -> torch.Tensor:
+        """The block's bias [batch | 1, heads, queries, keys], with the places a bool mask forbids set to the
+        dtype's minimum (a float mask is added afterwards)."""
+        bias = self(block.first, block.end - block.start, block.keys, dtype)[None]
+        if block.allowed is not None and block.allowed.dtype == torch.bool:
+            bias = bias.masked_fill(~block.allowed, torch.finfo(dtype).min)
+        return bias
 
 
 class BlockLayout:
@@ -49,9 +74,9 @@ class BlockLayout:
     QUERY_BLOCK, each against the keys up to its last query only, which gets most of the shortcut back
     (4 blocks: 62.5 % of the score matrix computed, against 50 % for causal and 100 % in one call)."""
 
-    def __init__(self, relative: RelativeBias | None = None):
-        self.relative = relative  # a layer's table, for the row indices (the same in every layer)
+    def __init__(self):
         self._memo: tuple | None = None
+        self.shared_masks: dict = {}  # type of a bias the same in every layer -> (blocks, dtype, its masks)
 
     def blocks(self, mask: torch.Tensor | None, q_len: int, k_len: int, causal: bool, split: bool,
                device: torch.device) -> list[Block]:
@@ -66,12 +91,7 @@ class BlockLayout:
             allowed = None if mask is None else mask[..., start:end, :keys]
             if allowed is None and causal and end - start > 1:
                 allowed = distances(first, end - start, keys, device)[None, None] >= 0
-            rows = None
-            if self.relative is not None:
-                rows = self.relative.index(first, end - start, keys)
-                if allowed is not None and allowed.dtype == torch.bool:  # [batch | 1, queries, keys]
-                    rows = torch.where(allowed[:, 0], rows, self.relative.table.shape[1])
-            out.append(Block(start, end, first, keys, allowed, rows))
+            out.append(Block(start, end, first, keys, allowed, {}))
         self._memo = (mask, shape, out)
         return out
 
@@ -79,13 +99,14 @@ class BlockLayout:
 class PositionalAttention(nn.Module):
     """What one attention layer does with positions: transform q and k (`qk`), add `bias` to the scores."""
 
-    def __init__(self, *, causal: bool, bias: nn.Module | None = None, qk: nn.Module | None = None,
+    def __init__(self, *, causal: bool, bias: ScoreBias | None = None, qk: nn.Module | None = None,
                  layout: BlockLayout | None = None, compute: nn.Module | None = None):
         super().__init__()
+        if bias is not None and not isinstance(bias, ScoreBias):
+            raise TypeError(f"bias must be a hf_posenc.attention.ScoreBias, got {type(bias).__name__}")
         self.causal, self.bias, self.qk = causal, bias, qk
         self.compute = compute  # a method that computes attention itself (dca, self_extend)
         self.layout = layout or BlockLayout()
-        self._memo: tuple | None = None  # ALiBi's masks: the same in every layer
 
     def masks(self, mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor,
               split: bool) -> list[tuple[Block, torch.Tensor]]:
@@ -94,22 +115,17 @@ class PositionalAttention(nn.Module):
         finite)."""
         dtype = query.dtype
         blocks = self.layout.blocks(mask, query.shape[-2], key.shape[-2], self.causal, split, query.device)
-        if self._memo is not None and self._memo[0] is blocks and self._memo[1] == dtype:
-            return self._memo[2]
+        shared = self.layout.shared_masks.get(type(self.bias)) if self.bias.same_in_every_layer else None
+        if shared is not None and shared[0] is blocks and shared[1] == dtype:
+            return shared[2]
         out = []
         for block in blocks:
-            if isinstance(self.bias, RelativeBias):
-                bias = self.bias.gather(block.rows, dtype)  # masked places included where the mask is bool
-                bias = bias.transpose(0, 1) if bias.dim() == 4 else bias[None]
-            else:
-                bias = self.bias(block.first, block.end - block.start, block.keys, dtype)[None]
-                if block.allowed is not None and block.allowed.dtype == torch.bool:
-                    bias = bias.masked_fill(~block.allowed, torch.finfo(dtype).min)
+            bias = self.bias.block_bias(block, dtype)
             if block.allowed is not None and block.allowed.dtype != torch.bool:
                 bias = bias + block.allowed
             out.append((block, bias))
-        if isinstance(self.bias, AlibiBias):  # fixed: every layer gets the same masks
-            self._memo = (blocks, dtype, out)
+        if self.bias.same_in_every_layer:  # every layer of the forward gets the same masks
+            self.layout.shared_masks[type(self.bias)] = (blocks, dtype, out)
         return out
 
     def extra_repr(self) -> str:

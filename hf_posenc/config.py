@@ -5,7 +5,9 @@ checks them in `__post_init__` (a bad value is refused before the model is touch
 model, through the small interface of its kind below (`RopeMethodConfig`, `LearnedMethodConfig`,
 `AttentionMethodConfig`). The families call that interface; they never ask a method its name.
 `resolve(original)` fills the target context and the factor from each other once the model's original
-context is known. docs/ARCHITECTURE.md says how to add a method."""
+context is known. A method registers itself where it is defined, with `@register_method` on its class (the
+table `METHODS` lives here, below the methods; hf_posenc.registry imports every method module and looks
+them up). docs/ARCHITECTURE.md says how to add a method."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import InvalidParameterError, ParameterTypeError
+from .errors import InvalidParameterError, ParameterTypeError, PosEncError, SequenceTooLongError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch
@@ -122,6 +124,35 @@ class Contract:
     reference: str | None = None
 
 
+class RegistrationError(PosEncError, ValueError):
+    """A method class that cannot be registered: no name, not a method kind, or a name already taken."""
+
+
+# name -> method class, filled by @register_method where each method is defined (hf_posenc/methods/<name>.py)
+METHODS: dict[str, type[MethodConfig]] = {}
+
+
+def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:
+    """Class decorator: register `cls` under `cls.name` (what hp.patch, records and the command line call it).
+    A name another class already holds is refused, naming both, so two methods never shadow each other."""
+    if not (isinstance(cls, type) and issubclass(cls, MethodConfig)):
+        raise RegistrationError(f"register_method takes a MethodConfig subclass, got {cls!r}")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RegistrationError(f"{cls.__qualname__} ({cls.__module__}) needs its own `name: ClassVar[str]`, an "
+                                f"identifier (what hp.patch and saved records call it), got {name!r}")
+    if not any(isinstance(getattr(cls, "mechanisms", None), tuple) and m in ("rope", "learned")
+               for m in getattr(cls, "mechanisms", ())):
+        raise RegistrationError(f"{cls.__qualname__}.mechanisms must name 'rope' and / or 'learned', got "
+                                f"{getattr(cls, 'mechanisms', None)!r}")
+    taken = METHODS.get(name)
+    if taken is not None and taken is not cls:
+        raise RegistrationError(f"method name {name!r} of {cls.__module__}.{cls.__qualname__} is already registered by "
+                                f"{taken.__module__}.{taken.__qualname__}; choose another name")
+    METHODS[name] = cls
+    return cls
+
+
 @dataclass
 class MethodConfig:
     """Fields every method shares: the target context, or the factor over the original one."""
@@ -143,6 +174,9 @@ class MethodConfig:
     skipped_positions: ClassVar[str | None] = None
     # what the contract suite runs the method with (tests/test_contracts.py); every registered method declares one
     contract: ClassVar[Contract | None] = None
+    # Why a serving engine cannot run the patch from a config override (vLLM's --hf-overrides, llama.cpp's flags),
+    # or None when the saved rope_parameters decide (hf_posenc/serving.py reads them)
+    export_refusal: ClassVar[str | None] = None
 
     max_position_embeddings: int | None = None
     factor: float | None = None
@@ -202,6 +236,24 @@ class MethodConfig:
                 f"unknown parameter(s) {unknown} for method {cls.name!r}; allowed: {sorted(names)}"
             )
         return cls(**data)
+
+    @classmethod
+    def stacks_on(cls, below: type[MethodConfig]) -> bool:
+        """Whether this method may be patched on a model already patched with `below` (the patch below stays,
+        `hp.unpatch` peels this one off first). No by default: a patch is on an unpatched model."""
+        return False
+
+    def length_limit(self, original: int) -> int | None:
+        """The longest input the method (resolved) takes on a model of `original` context; None: any."""
+        return None
+
+    def check_length(self, length: int, original: int) -> None:
+        """Refuse an input of `length` tokens past `length_limit` (for `hp.check_length`, before a forward)."""
+        limit = self.length_limit(original)
+        if limit is not None and length > limit:
+            raise SequenceTooLongError(
+                f"an input of {length} tokens is longer than method {self.name!r} takes with its parameters on an "
+                f"original context of {original}: at most {limit} tokens")
 
     @classmethod
     def variant_defaults(cls, params: dict, target: int, info: dict) -> dict:
@@ -272,6 +324,19 @@ class RopeMethodConfig(MethodConfig):
     def check_rotary(self, dim: int) -> None:
         """Refuse a model whose rotary dimension `dim` the parameters do not fit (longrope's per-pair lists)."""
 
+    def check_layer_types(self, config, layer_types: list[str | None]) -> None:
+        """Refuse, before anything changes, a model whose RoPE layer types `layer_types` (the ones it rescales;
+        [None]: one RoPE for all layers) cannot carry the method's parameters (`config`: the text config)."""
+
+    def finish_plan(self, plan: PatchPlan, model: nn.Module, new_config, layer_types: list[str | None]) -> None:
+        """Change the family's plan further, before it is applied: `plan.swaps` holds the rebuilt rotary
+        modules; `new_config` is the text config copy. Nothing by default (exact_cache.py's re-rotation)."""
+
+    @classmethod
+    def stacks_on(cls, below: type[MethodConfig]) -> bool:
+        # a learned -> rope swap makes the model a RoPE model: a frequency method rescales its rotation
+        return below.writes_rope_parameters
+
 
 # -- learned absolute position tables (GPT-2, OPT, BERT and their kin) ------------------------------
 
@@ -284,6 +349,11 @@ class LearnedMethodConfig(MethodConfig):
 
     mechanisms: ClassVar[tuple[str, ...]] = ("learned",)
     stock_checkpoint: ClassVar[bool] = True  # the saved table is the one the module equals, under the table's name
+    export_refusal: ClassVar[str | None] = (
+        "its saved checkpoint is a plain learned position table, which an engine reads from the weights (serve the "
+        "saved folder; no config override rebuilds the table)")
+    # True when the new table has no last position (a function of the position, not rows): it lifts any limit
+    unbounded: ClassVar[bool] = False
     skipped_positions: ClassVar[str | None] = (
         "a learned table has one trained row per absolute position and no notion of distance: skipped ids would "
         "train far rows on a few scattered windows without teaching any distance; fine-tune it contiguously at "
@@ -318,6 +388,8 @@ class AttentionMethodConfig(MethodConfig):
 
     adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
     removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
+    export_refusal: ClassVar[str | None] = (
+        "it changes the attention computation itself, which engines do not load from a config")
     skipped_positions: ClassVar[str | None] = (
         "it computes the distances inside attention from the order of the tokens, not from position ids, so "
         "skipped ids would change nothing it learns")
@@ -327,9 +399,19 @@ class AttentionMethodConfig(MethodConfig):
             return dataclasses.replace(self, factor=1.0, max_position_embeddings=int(original))
         return super().resolve(original)
 
-    def length_limit(self, original: int) -> int | None:
-        """The longest input the method (resolved) takes on a model of `original` context; None: any."""
-        return None
+    def for_model(self, config, layer_types: list[str | None]) -> AttentionMethodConfig:
+        """The method (resolved) for the RoPE model whose text config is `config`, with the RoPE `layer_types`
+        ([None]: one RoPE for all layers), checked against it: by default a model with one RoPE per layer type is
+        refused; a method that acts on some layer types only says which (`rotated_layer_types`)."""
+        if layer_types != [None]:
+            raise UnsupportedModelError(
+                f"method {self.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
+                f"has one per layer type ({layer_types})")
+        return self
+
+    def rotated_layer_types(self) -> list[str | None]:
+        """The RoPE layer types whose rotation the method (after `for_model`) takes over: [None] for all layers."""
+        return [None]
 
     def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
         """The `hf_posenc.attention.PositionalAttention` child of one self-attention `module` (resolved
@@ -347,3 +429,4 @@ class AttentionMethodConfig(MethodConfig):
 
 if TYPE_CHECKING:
     from .attention import AttentionSite
+    from .plan import PatchPlan

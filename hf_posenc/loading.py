@@ -11,7 +11,7 @@ from pathlib import Path
 
 import transformers
 
-from . import _compat, assets, gguf_header
+from . import _compat, assets, gguf_header, registry, serving
 from .errors import InvalidInputError, ModelNotFoundError, ParameterTypeError, PosEncError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
@@ -159,15 +159,15 @@ def _gguf_path(name: str, gguf_file: str) -> Path:
 
 def _apply_gguf_rope_scaling(model, path: Path):
     """Patch a model loaded from a GGUF file with the rope scaling its metadata holds (transformers drops
-    it): the config goes back to the original context, then the scaling is applied as hp.patch does."""
-    from . import api, serving
-
+    it): the config goes back to the original context, then the scaling is planned and applied as hp.patch
+    does on a fresh model (the model is not patched yet, and not in training)."""
     found = serving.gguf_patch(path)
     if found is None:
         return model
     method, params = found
     model.config.get_text_config().max_position_embeddings = params.pop("original_max_position_embeddings")
-    return api.patch(model, method, **params)
+    registry.plan_patch(model, registry.get_method(method).from_dict(params)).apply()
+    return model
 
 
 def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):

@@ -40,6 +40,7 @@ class Undo:
     config_refs: list[tuple[torch.nn.Module, PreTrainedConfig]]
     previous: Undo | None = None  # the patch this one was stacked on (a RoPE method on a learned -> rope swap)
     refuse: str | None = None  # why this patch cannot be undone (a loaded checkpoint lacks what it replaced)
+    note: str | None = None  # what undoing it cannot give back, said as a warning (a loaded table patch)
 
     def apply(self, model: torch.nn.Module) -> None:
         for parent, name, original in self.swaps:
@@ -78,8 +79,8 @@ def is_patched(model: torch.nn.Module) -> bool:
     return UNDO_ATTR in model.__dict__ or getattr(getattr(model, "config", None), RECORD_ATTR, None) is not None
 
 
-def undo(model: torch.nn.Module) -> None:
-    """Undo the last patch (a stacked patch leaves the one below it in place)."""
+def undo(model: torch.nn.Module) -> str | None:
+    """Undo the last patch (a stacked patch leaves the one below it in place); returns its `note_unpatch`."""
     last = model.__dict__[UNDO_ATTR]
     if last.refuse:
         raise NotPatchedError(last.refuse)
@@ -87,3 +88,15 @@ def undo(model: torch.nn.Module) -> None:
     last.apply(model)
     if last.previous is not None:
         model.__dict__[UNDO_ATTR] = last.previous
+    return last.note
+
+
+def refuse_unpatch(model: torch.nn.Module, why: str | None) -> None:
+    """Make undoing the model's last patch raise NotPatchedError(why) (None: allowed): a loaded checkpoint
+    lacks what the patch replaced."""
+    model.__dict__[UNDO_ATTR].refuse = why
+
+
+def note_unpatch(model: torch.nn.Module, note: str) -> None:
+    """Warn with `note` when the model's last patch is undone: what undoing it cannot give back."""
+    model.__dict__[UNDO_ATTR].note = note

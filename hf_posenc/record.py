@@ -23,11 +23,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .config import METHODS
 from .errors import CheckpointRecordError, PosEncError
+from .family import FAMILIES
 
 if TYPE_CHECKING:
     from .config import MethodConfig
-    from .registry import Family
+    from .family import Family
 
 RECORD_ATTR = "hf_posenc"  # the config field that holds the record (saved in config.json)
 FORMAT_VERSION = 1  # the newest record format this code reads and the one it writes
@@ -84,9 +86,7 @@ class PatchRecord:
         return out
 
     def method_class(self) -> type[MethodConfig]:
-        from .registry import get_method
-
-        return get_method(self.method)
+        return METHODS[self.method]  # a record is checked when read: its method is registered
 
     def method_config(self) -> MethodConfig:
         """The method config the patch was made with (parameters a method no longer has are left out)."""
@@ -95,9 +95,14 @@ class PatchRecord:
         return cls.from_dict({k: v for k, v in self.params.items() if k in names})
 
     def family_adapter(self) -> Family:
-        from .registry import FAMILIES
-
         return next(f for f in FAMILIES if f.name == self.family)
+
+
+def recorded_family(config) -> str | None:
+    """The family a config's record names, unchecked (None without one): for finding the family of a model whose
+    patch removed what the family looks for. Every reader of the record itself goes through `read_record`."""
+    raw = getattr(config, RECORD_ATTR, None)
+    return raw.get("family") if isinstance(raw, dict) else None
 
 
 def attach(config, record: PatchRecord) -> None:
@@ -157,8 +162,6 @@ def _format_version(raw, source: str) -> int:
 
 
 def _parse(raw, source: str, field: str, version: int) -> PatchRecord:
-    from .registry import FAMILIES, METHODS
-
     refuse = _refuser(source, field)
     if not isinstance(raw, dict):
         refuse(f"must be a dict, got {type(raw).__name__} {str(raw)[:80]!r}")

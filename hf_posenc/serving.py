@@ -14,10 +14,12 @@ On a model with one RoPE per attention type (Gemma 3), llama.cpp's flags and GGU
 full-attention layers only (its gemma3 loader keeps the sliding layers at their own base and scale), so a
 patch of the full-attention layers exports as it does for a model with one RoPE.
 
-Only methods an engine computes as hf_posenc does are exported; the others are refused with the
-reason: the dynamic methods (engines' `dynamic` measures from a different context, and none has
-dynamic YaRN) and every attention method (ALiBi, relative bias, XPos, DCA, Self-Extend, learned ->
-rope change the attention itself)."""
+What is exported is decided from what the patched config holds, as a saved checkpoint holds it, not from
+method names: its `rope_parameters` must be rope types the engine computes as transformers does (any stock
+transformers type for vLLM; plain RoPE, linear and YaRN for llama.cpp). A method no engine can run from a
+config says why in its `export_refusal` (the dynamic methods: engines' `dynamic` measures from a different
+context, and none has dynamic YaRN; every attention method: ALiBi, relative bias, XPos, DCA, Self-Extend,
+learned -> rope change the attention itself; learned tables: the table is in the weights)."""
 
 from __future__ import annotations
 
@@ -29,17 +31,32 @@ from pathlib import Path
 import torch
 
 from . import _compat, gguf_header
-from .config import LearnedMethodConfig, RopeMethodConfig, check_bool
+from .config import LearnedMethodConfig, MethodConfig, RopeMethodConfig, check_bool
 from .errors import InvalidInputError, MethodNotApplicableError, PosEncError
 from .record import PatchRecord, read_record
 from .registry import METHODS, as_model
 
-# methods whose saved config is stock transformers (`rope_parameters` an engine reads as they are)
+# the rope types each engine computes as transformers does, from a config: vLLM builds every stock transformers
+# type; llama.cpp's rope options say a base, linear or YaRN scaling (llama3 / longrope need per-frequency tensors)
+VLLM_ROPE_TYPES = _compat.STOCK_ROPE_TYPES
+LLAMA_CPP_ROPE_TYPES = ("default", "linear", "yarn")
+
+
+def _written_rope_type(cls: type[MethodConfig]) -> str | None:
+    """The rope_type a RoPE method writes at its defaults and factor 2 (None: it needs parameters to tell)."""
+    try:
+        method = cls.from_dict({"factor": 2.0}).resolve(64)
+        return method.rope_parameters({"rope_type": "default", "rope_theta": 10000.0}, 64, 16).get("rope_type")
+    except Exception:  # noqa: BLE001  (a method that needs its own parameters to say: longrope's factor lists)
+        return None
+
+
+# For front ends that check a method before any model is loaded (the command line), by the same rule: the
+# methods whose saved config is stock transformers (rope_parameters an engine reads as they are), the
+# learned-table ones (a plain table in the weights), and the RoPE methods whose rope_type llama.cpp expresses.
 STOCK_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
-# learned-table methods: the saved checkpoint is a plain (stock) position table
 TABLE_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, LearnedMethodConfig) and c.stock_checkpoint)
-# ... and those llama.cpp's rope options express (llama3 / longrope need per-frequency factor tensors)
-LLAMA_CPP_METHODS = ("base", "ntk", "linear", "yarn")
+LLAMA_CPP_METHODS = tuple(n for n in STOCK_METHODS if _written_rope_type(METHODS[n]) in LLAMA_CPP_ROPE_TYPES)
 # Models with one RoPE per attention type whose llama.cpp loader keeps the sliding-window layers at their own
 # RoPE base and scale, so that llama.cpp's rope options (flags, GGUF rope keys) reach the full-attention layers
 # only: transformers' text model_type -> llama.cpp's architecture. llama.cpp's src/llama-model.cpp sets
@@ -53,22 +70,29 @@ class ExportError(PosEncError, ValueError):
     """A file to export from or to that cannot be used (not a GGUF file, the output is the input, ...)."""
 
 
-def _patch(model: torch.nn.Module, engine: str, allowed: tuple[str, ...], call: str) -> PatchRecord | None:
-    record = read_record(as_model(model, call).config)
+def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], call: str) -> PatchRecord | None:
+    """The model's patch record (None: unpatched), refused unless `engine` runs it from the config: no patch in it
+    (a stacked one's base included) says why not (`export_refusal`), and every rope_type it holds is one of
+    `rope_types`."""
+    model = as_model(model, call)
+    record = read_record(model.config)
     if record is None:
         return None
-    method = record.method
-    if method not in allowed:
-        why = {"dynamic": "its scaling follows the input length from the original context; engines' own "
-                          "'dynamic' measures from max_position_embeddings, so it would scale differently",
-               "dynamic_yarn": "no engine implements YaRN that follows the input length"}.get(
-            method, f"{engine} has no '{method}' rope scaling" if method in STOCK_METHODS else
-            "its saved checkpoint is a plain learned position table, which an engine reads from the weights (serve "
-            "the saved folder; no config override rebuilds the table)" if record.mechanism == "learned"
-            and method in TABLE_METHODS else
-            "it changes the attention computation itself, which engines do not load from a config")
+    chain = [record]
+    while chain[-1].base is not None:
+        chain.append(chain[-1].base)
+    why = next((r.method_class().export_refusal for r in chain if r.method_class().export_refusal), None)
+    if why is None:
+        text = model.config.get_text_config()
+        held = [_compat.get_rope_parameters(text, lt).get("rope_type", "default")
+                for lt in _compat.rope_layer_types(text)]
+        unknown = next((t for t in held if t not in rope_types), None)
+        if unknown is not None:
+            why = f"its rope_parameters have rope_type {unknown!r}, and {engine} has no {unknown!r} rope scaling"
+    if why is not None:
         raise MethodNotApplicableError(
-            f"method {method!r} cannot be exported to {engine}: {why}. Methods {engine} can run: {', '.join(allowed)}")
+            f"method {record.method!r} cannot be exported to {engine}: {why}. {engine} runs, from a config, the "
+            f"rope types {', '.join(rope_types)}")
     return record
 
 
@@ -85,7 +109,7 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
     `attention_factor` written out. `legacy=True`: as `rope_theta` + `rope_scaling`, for engines built
     on transformers 4 (vLLM releases of that time read only those). {} for an unpatched model."""
     check_bool("legacy", legacy)  # legacy="no" is truthy: a typo would silently pick the other format
-    record = _patch(model, "vLLM", STOCK_METHODS, "serving_overrides")
+    record = _patch(model, "vLLM", VLLM_ROPE_TYPES, "serving_overrides")
     if record is None:
         return {}
     text = model.config.get_text_config()
@@ -117,7 +141,7 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
     """llama.cpp command-line flags (llama-cli, llama-server) that run the patched model from the
     original GGUF file: the new rope base, or the scaling type, factor, original context, YaRN's betas
     and its attention factor in llama.cpp's terms (divided by its built-in 0.1 ln s + 1)."""
-    record = _patch(model, "llama.cpp", LLAMA_CPP_METHODS, "llama_cpp_args")
+    record = _patch(model, "llama.cpp", LLAMA_CPP_ROPE_TYPES, "llama_cpp_args")
     if record is None:
         return []
     text = model.config.get_text_config()
@@ -189,7 +213,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     reads them. YaRN's betas and attention factor are read from the file by only some of llama.cpp's
     architectures, so a YaRN patch that needs other values than llama.cpp's defaults is refused here
     (run the original file with `llama_cpp_args(model)` instead)."""
-    record = _patch(model, "GGUF", LLAMA_CPP_METHODS, "write_gguf")
+    record = _patch(model, "GGUF", LLAMA_CPP_ROPE_TYPES, "write_gguf")
     if record is None:
         return {}
     text = model.config.get_text_config()

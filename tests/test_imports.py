@@ -1,5 +1,7 @@
-"""The package's import graph has no cycles: read from the source (every import statement, the ones inside
-functions too), so a module never needs another that needs it back."""
+"""The package's import graph: read from the source (every import statement, the ones inside functions too), it
+has no cycles, and no module imports from a layer above its own (docs/ARCHITECTURE.md's layer table, LAYERS
+here). Importing a submodule runs its packages' __init__ too, so an import of `hf_posenc.families.x` counts as
+one of `hf_posenc.families` as well."""
 
 from __future__ import annotations
 
@@ -10,12 +12,36 @@ import hf_posenc
 
 PACKAGE = Path(hf_posenc.__file__).parent
 
-# Known, each broken by an import inside a function: loading applies a GGUF file's rope scaling with
-# api.patch while api loads through loading; the CLI dispatches to the evaluate recipe, which ends its
-# refusals with the CLI's helpers; a record names its family and method, which the registry holds, and the
-# registry finds a patched model's family from its record.
-KNOWN = {frozenset({"hf_posenc.loading", "hf_posenc.api"}), frozenset({"hf_posenc.cli", "hf_posenc.recipes.evaluate"}),
-         frozenset({"hf_posenc.registry", "hf_posenc.record"})}
+# Cycles the graph may still hold: the CLI dispatches to the evaluate recipe, which ends its refusals with the
+# CLI's helpers (model_ref, output_folder, refusals); both front ends, to be broken by moving those helpers to a
+# module both import.
+KNOWN = {frozenset({"hf_posenc.cli", "hf_posenc.recipes.evaluate"})}
+
+# docs/ARCHITECTURE.md's layers, bottom first: a module imports from its own layer (no cycle) or the ones below.
+# A module is in the layer of the longest prefix listed (`hf_posenc.methods` takes every method module).
+LAYERS = {
+    "errors": ("hf_posenc.errors",),
+    "interfaces": ("hf_posenc.config", "hf_posenc.family"),
+    "transformers": ("hf_posenc._compat", "hf_posenc.gguf_header", "hf_posenc.assets"),
+    "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.methods"),
+    "patch records": ("hf_posenc.record", "hf_posenc.plan"),
+    "families": ("hf_posenc.families",),
+    "patch calls": ("hf_posenc.registry", "hf_posenc.serving", "hf_posenc.loading", "hf_posenc.api",
+                    "hf_posenc.configs"),
+    "uses": ("hf_posenc.eval", "hf_posenc.analysis", "hf_posenc.metrics", "hf_posenc.losses", "hf_posenc.data",
+             "hf_posenc.train_data", "hf_posenc.positions", "hf_posenc.harness", "hf_posenc.card",
+             "hf_posenc.checkpoints"),
+    "front ends": ("hf_posenc", "hf_posenc.cli", "hf_posenc.demo", "hf_posenc.recipes"),
+}
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of `module`'s layer (by the longest listed prefix); KeyError when none lists it."""
+    best = max(((len(prefix), i) for i, prefixes in enumerate(LAYERS.values()) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    if best is None:
+        raise KeyError(module)
+    return best[1]
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -56,10 +82,19 @@ def imports(name: str, path: Path, is_package: bool, known: dict) -> set[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            # a package importing its own submodules (to re-export them) is not a cycle
-            if target and target != name and not (is_package and target.startswith(name + ".")):
-                out.add(target)
+            # importing a module runs its packages' __init__ first (not the root's: it loads names lazily)
+            parents = [target.rsplit(".", depth)[0] for depth in range(1, target.count("."))]
+            for found in (target, *parents):
+                # a package importing its own submodules (to re-export them) is not a cycle
+                if found and found != name and not (is_package and found.startswith(name + ".")) \
+                        and not name.startswith(found + "."):
+                    out.add(found)
     return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, is_package, known) for name, (path, is_package) in known.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> set[frozenset]:
@@ -89,10 +124,40 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset]:
 
 
 def test_no_import_cycles_beyond_the_known_ones():
-    known = modules()
-    graph = {name: imports(name, path, is_package, known) for name, (path, is_package) in known.items()}
-    assert "hf_posenc.api" in graph["hf_posenc.eval.variants"]  # the graph sees relative imports
-    assert cycles(graph) <= KNOWN, sorted(map(sorted, cycles(graph) - KNOWN))
+    edges = graph()
+    assert "hf_posenc.api" in edges["hf_posenc.eval.variants"]  # the graph sees relative imports
+    assert "hf_posenc.methods" in edges["hf_posenc.families.rope_models"]  # and the packages a submodule runs
+    assert cycles(edges) <= KNOWN, sorted(map(sorted, cycles(edges) - KNOWN))
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(name for name in modules() if not _has_layer(name))
+    assert not unplaced, f"modules in no layer: {unplaced}; add them to LAYERS here and to docs/ARCHITECTURE.md"
+
+
+def _has_layer(name: str) -> bool:
+    try:
+        layer(name)
+    except KeyError:
+        return False
+    return True
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    names = list(LAYERS)
+    up = sorted(f"{name} ({names[layer(name)]}) imports {target} ({names[layer(target)]})"
+                for name, targets in graph().items() if _has_layer(name)
+                for target in targets if _has_layer(target) and layer(target) > layer(name))
+    assert not up, "imports that go up a layer (docs/ARCHITECTURE.md):\n" + "\n".join(up)
+
+
+def test_the_layer_check_sees_an_import_inside_a_function(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from .api import patch\n")
+    known = {"hf_posenc.config": (module, False), "hf_posenc.api": (module, False)}
+    assert imports("hf_posenc.config", module, False, known) == {"hf_posenc.api"}
+    assert layer("hf_posenc.api") > layer("hf_posenc.config")
+    assert layer("hf_posenc.methods.yarn") == layer("hf_posenc.attention") < layer("hf_posenc.families.gpt2")
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -23,14 +23,14 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .. import _compat, attention, loading
+from .. import _compat, attention
 from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, check_number
 from ..errors import CheckpointMismatchError, CheckpointRecordError, PosEncError, SequenceTooLongError
+from ..family import Family, as_model, find_family, register_family
 from ..methods.learned import CALL_STYLES, ORIGINAL_TABLE, NoPositions, too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
-from ..plan import UNDO_ATTR, PatchPlan, Undo
+from ..plan import UNDO_ATTR, PatchPlan, Undo, note_unpatch
 from ..record import Original, PatchRecord, TableRecord, detach, read_record
-from ..registry import as_model, find_family, register_family
 
 
 # -- buffers sized by the context ------------------------------------------------------------------
@@ -81,7 +81,7 @@ class Table(NamedTuple):
 
 # -- the family ------------------------------------------------------------------------------------
 
-class LearnedTableFamily:
+class LearnedTableFamily(Family):
     mechanism = "learned"
 
     def __init__(self, spec: TableSpec):
@@ -130,16 +130,16 @@ class LearnedTableFamily:
         record = self._record(method, model, tables={path: TableRecord(**info) for path, info in infos.items()})
         return self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
 
-    def load_patched(self, path, config, record: PatchRecord, *, gguf_file: str | None = None,
-                     **kwargs) -> nn.Module:
-        """Load a checkpoint saved from a patched model and put the patch back (for `hp.from_pretrained`).
-        The weights hold the materialised table; the fitted projection of init="fit" is read next to it.
-        The table the patch replaced is not in the checkpoint: `hp.unpatch` on the result gives the model stock
-        transformers loads from the same checkpoint (the saved table, as a plain learned table), and warns so."""
-        stock_config = copy.deepcopy(config)
-        detach(stock_config)
-        with _compat.quiet_load_report((".projection.weight", ".projection.bias")):  # read below
-            model = loading.load_model(path, gguf_file=gguf_file, config=stock_config, **kwargs)
+    def restores_saved(self, record: PatchRecord) -> bool:
+        # a table method's checkpoint holds the table it made; an attention method's is replayed
+        return issubclass(record.method_class(), LearnedMethodConfig)
+
+    def restore_saved(self, model: nn.Module, path, record: PatchRecord) -> None:
+        """Put the patch back on the model stock transformers loaded from a checkpoint saved from a patched one
+        (for `hp.from_pretrained`). The weights hold the materialised table; the fitted projection of
+        init="fit" is read next to it. The table the patch replaced is not in the checkpoint: `hp.unpatch` on
+        the result gives the model stock transformers loads from the same checkpoint (the saved table, as a plain
+        learned table), and warns so."""
         method = record.method_config()
         tables = self.tables(model)
         if set(record.tables) != {t.path for t in tables}:
@@ -169,12 +169,11 @@ class LearnedTableFamily:
         plan = self._plan(model, tables, new_tables, record, tables[0].module.num_embeddings)
         plan.apply()
         # the folder holds the table the patch made (what stock transformers loads), not the one it replaced
-        model.__dict__[UNDO_ATTR].unpatch_note = (
+        note_unpatch(model, (
             f"hp.unpatch: {path} holds only the position table(s) the {method.name!r} patch made "
             f"({', '.join(t.path for t in tables)}: {tables[0].module.num_embeddings} rows), not the original "
             f"one(s), so the unpatched model is that table as a plain learned table, the model stock transformers "
-            f"loads from the folder; not the model before the patch (load the original checkpoint for that)")
-        return model
+            f"loads from the folder; not the model before the patch (load the original checkpoint for that)"))
 
     @staticmethod
     def _check_record_rows(path, record: PatchRecord, method: MethodConfig, tables: list[Table], offset: int) -> None:
@@ -201,14 +200,22 @@ class LearnedTableFamily:
 
     def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """For a patch that moved positions into attention: the config of the model before it, and the
-        tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`."""
+        tables the checkpoint holds empty (they were removed), for `hp.from_pretrained`. For a table method:
+        the saved config without the record (stock transformers loads the table the patch made)."""
         config = copy.deepcopy(config)
         detach(config)
+        if self.restores_saved(record):
+            return config, ()
         text_config = config.get_text_config()
         text_config.max_position_embeddings = record.original.max_position_embeddings
         if record.method_class().writes_rope_parameters and "rope_parameters" in vars(text_config):
             delattr(text_config, "rope_parameters")
         return config, tuple(f"{path}.weight" for path in record.tables)
+
+    def read_back(self, record: PatchRecord) -> tuple[str, ...]:
+        if self.restores_saved(record):  # the parts beside the table (init="fit"'s projection)
+            return tuple(f".{part}" for part in record.method_config().checkpoint_parts() if part != "weight")
+        return (f".{ORIGINAL_TABLE}",)  # the table an attention method removed, saved beside it
 
     def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:
         """After `hp.from_pretrained` loaded a checkpoint whose tables an attention patch removed (their
@@ -415,9 +422,7 @@ def check_length(model: nn.Module, length: int) -> None:
     limit pass."""
     model = as_model(model, "check_length")
     check_number("length", length, minimum=0, integer=True, optional=False)
-    family = find_family(model)
-    if hasattr(family, "check_length"):
-        family.check_length(model, length)
+    find_family(model).check_length(model, length)
 
 
 def register_learned_families(*specs: TableSpec) -> None:

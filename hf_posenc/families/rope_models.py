@@ -13,10 +13,9 @@ from .. import _compat, attention
 from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
-from ..methods.remapped import LayerTypeNoRotation, RemappedAttention, RemappedConfig
 from ..plan import PatchPlan
-from ..record import Original, PatchRecord, detach
-from ..registry import register_family
+from ..record import Original, PatchRecord, detach, read_record, recorded_family
+from ..family import Family, register_family
 
 # Causal-LM families of transformers 5.23 covered by tests/test_rope_families.py.
 TESTED_MODEL_TYPES = (
@@ -26,7 +25,7 @@ TESTED_MODEL_TYPES = (
 )
 
 
-class RopeModels:
+class RopeModels(Family):
     name = "rope"
     mechanism = "rope"
     model_types = TESTED_MODEL_TYPES
@@ -44,7 +43,11 @@ class RopeModels:
 
     def matches(self, model: torch.nn.Module) -> bool:
         config = getattr(model, "config", None)
-        return config is not None and _compat.has_rope(config.get_text_config()) and bool(self.rotary_modules(model))
+        if config is None:
+            return False
+        # a patch may have removed what the family looks for (ALiBi replaces the rotary module): its record says
+        return (_compat.has_rope(config.get_text_config()) and bool(self.rotary_modules(model))) \
+            or recorded_family(config) == self.name
 
     def describe(self, model: torch.nn.Module) -> dict:
         config = _homogeneous_text_config(model)
@@ -70,10 +73,11 @@ class RopeModels:
         }
 
     def check_length(self, model: torch.nn.Module, length: int) -> None:
-        """`hp.check_length`: only Self-Extend bounds a RoPE model's input (its longest grouped position)."""
-        compute = next((m for m in model.modules() if isinstance(m, RemappedAttention)), None)
-        if compute is not None:
-            compute.check_length(length)
+        """`hp.check_length`: a RoPE model takes any length unless its patch bounds it (the method's
+        `length_limit`: Self-Extend's longest grouped position)."""
+        record = read_record(model.config)
+        if record is not None:
+            record.method_config().check_length(length, record.original.max_position_embeddings)
 
     def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """The config of the model before the patch, from a loaded patched config (for
@@ -101,12 +105,7 @@ class RopeModels:
         natives = {lt: _compat.get_rope_parameters(config, lt) for lt in layer_types}
         original = self._original_context(config, natives, method)
         method = method.resolve(original)
-        if layer_types != [None] and getattr(method, "truncate", True) is False:
-            # transformers' yarn reads `truncate` from the top of rope_parameters, never from a layer type's dict
-            raise MethodNotApplicableError(
-                f"truncate=False cannot be expressed for this {config.model_type} model's per-layer-type RoPE "
-                f"({layer_types}): transformers ignores it there; leave truncate=True"
-            )
+        method.check_layer_types(config, layer_types)
         dims = {lt: _compat.rotary_dim(config, lt) for lt in layer_types}
         for lt in layer_types:
             method.check_rotary(dims[lt])
@@ -124,32 +123,21 @@ class RopeModels:
             if id(old) not in rebuilt:
                 rebuilt[id(old)] = self._rebuild(old, new_config, method, layer_types, natives, original)
             plan.swaps.append((parent, name, rebuilt[id(old)]))
-        if getattr(method, "exact_cache", False):
-            from ..methods.exact_cache import plan_exact_cache
-
-            plan_exact_cache(plan, model, new_config, layer_types)
+        method.finish_plan(plan, model, new_config, layer_types)
         return plan
 
     def _plan_attention(self, model: torch.nn.Module, method: AttentionMethodConfig) -> PatchPlan:
-        """ALiBi / relative bias: the rotary modules rotate by nothing (cos 1, sin 0) and each attention
-        module gets the method's child. XPos: rotation kept, q and k scaled in the attention call. DCA /
-        Self-Extend on a model with one RoPE per layer type: only the layer types they remap (default the
-        full-attention ones) rotate by nothing and get the remapped computation; the others keep theirs. The
-        config records a rope_type stock transformers refuses, so a saved checkpoint never loads silently
-        without the patch."""
+        """A method that `removes_positions`: the rotary modules rotate by nothing (cos 1, sin 0) on the layer
+        types it takes over (`rotated_layer_types`: all layers, or on a model with one RoPE per layer type the
+        ones it names), and each attention module gets the method's child (a bias, a q / k transform, its own
+        computation); the other layer types keep their RoPE. A method that keeps the rotation (XPos) only adds
+        the child. The config records a rope_type stock transformers refuses, so a saved checkpoint never loads
+        silently without the patch."""
         config = _homogeneous_text_config(model)
-        layer_types = _compat.rope_layer_types(config)
-        per_layer_type = isinstance(method, RemappedConfig)  # dca / self_extend remap some layer types only
-        if layer_types != [None] and not per_layer_type:
-            raise UnsupportedModelError(
-                f"method {method.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
-                f"has one per layer type ({layer_types})"
-            )
         method.check_rope_model(config)
         method = method.resolve(config.max_position_embeddings)
-        if per_layer_type:
-            method = method.for_model(config)  # the layer types it remaps: None on one RoPE for all layers
-        targets = list(getattr(method, "layer_types", None) or [None])
+        method = method.for_model(config, _compat.rope_layer_types(config))
+        targets = method.rotated_layer_types()
         new_root, config_map = _compat.copy_config_tree(model.config)
         new_config = config_map[id(config)]
         for lt in targets:  # the others (sliding layers) keep their RoPE
@@ -167,9 +155,9 @@ class RopeModels:
                                for parent, name, _ in self.rotary_modules(model)]
             else:
                 dims = {lt: _compat.rotary_dim(config, lt) for lt in targets}
-                plan.swaps += [(parent, name, LayerTypeNoRotation(old, dims))
+                plan.swaps += [(parent, name, rope.LayerTypeNoRotation(old, dims))
                                for parent, name, old in self.rotary_modules(model)]
-        rotary = self.rotary_modules(model)[0][2]  # dca / self_extend rotate q and k with it themselves
+        rotary = self.rotary_modules(model)[0][2]  # for methods that rotate q and k themselves (AttentionSite)
         attention.plan_attention(plan, model, method, new_config, rotary=rotary)
         return plan
 

@@ -10,10 +10,11 @@ from typing import ClassVar
 from torch import nn
 
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, Refused
+from ..config import AttentionMethodConfig, Contract, Refused, register_method
 from .bias import AlibiBias
 
 
+@register_method
 @dataclass
 class AlibiConfig(AttentionMethodConfig):
     """ALiBi (Press et al. 2022): the model's positions are removed and each head h adds -m_h * (i - j)

@@ -8,10 +8,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused, RopeMethodConfig, check_number
+from ..config import Contract, Refused, RopeMethodConfig, check_number, register_method
 from ..errors import InvalidParameterError
 
 
+@register_method
 @dataclass
 class BaseConfig(RopeMethodConfig):
     """Adjusted base frequency (ABF, Code Llama): a new rope_theta, given as theta= or as factor= times

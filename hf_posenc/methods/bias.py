@@ -11,9 +11,12 @@ Scores become q_i . k_j / sqrt(d) + b_h(i - j) for head h, query position i, key
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import nn
+
+from ..attention import Block, ScoreBias, distances
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -28,14 +31,6 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     if power < num_heads:
         slopes += geometric(2 * power)[0::2][: num_heads - power]
     return torch.tensor(slopes, dtype=torch.float64)
-
-
-def distances(first_query: int, queries: int, keys: int, device=None) -> torch.Tensor:
-    """i - j for the queries at positions first_query .. first_query + queries - 1 and the keys at
-    positions 0 .. keys - 1, [queries, keys]. (A KV cache holds the keys before the first query; a
-    block of queries sees the keys up to its last query.)"""
-    query_positions = torch.arange(first_query, first_query + queries, device=device)
-    return query_positions[:, None] - torch.arange(keys, device=device)[None, :]
 
 
 def clipped_index(relative: torch.Tensor, k: int) -> torch.Tensor:
@@ -62,10 +57,12 @@ def bucket_index(relative: torch.Tensor, buckets: int, max_distance: int, bidire
     return offset + torch.where(distance < exact, distance, log_scaled)
 
 
-class AlibiBias(nn.Module):
+class AlibiBias(ScoreBias):
     """-slope_h * (i - j) for every head h, [heads, queries, keys] (the causal mask removes keys after the
     query); -slope_h * |i - j| for bidirectional attention (encoders). One module serves every layer;
     the slopes are fixed."""
+
+    same_in_every_layer: ClassVar[bool] = True
 
     def __init__(self, num_heads: int, bidirectional: bool = False):
         super().__init__()
@@ -82,7 +79,7 @@ class AlibiBias(nn.Module):
         return f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"
 
 
-class RelativeBias(nn.Module):
+class RelativeBias(ScoreBias):
     """A learned bias per head for each relative position (clipped to [-k, k], or T5 buckets),
     [heads, queries, keys]. Starts at zero: the patched model starts as the model without positions."""
 
@@ -103,6 +100,19 @@ class RelativeBias(nn.Module):
 
     def forward(self, first_query: int, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
         return self.gather(self.index(first_query, queries, keys), dtype)
+
+    def block_bias(self, block: Block, dtype: torch.dtype) -> torch.Tensor:
+        # every layer's table of a model reads the same rows: computed once a forward, the masked places (a bool
+        # mask) set to the row past the table, which reads the dtype's minimum
+        key = ("relative rows", self.k, self.buckets, self.max_distance, self.bidirectional, self.table.shape[1])
+        rows = block.memo.get(key)
+        if rows is None:
+            rows = self.index(block.first, block.end - block.start, block.keys)
+            if block.allowed is not None and block.allowed.dtype == torch.bool:  # [batch | 1, queries, keys]
+                rows = torch.where(block.allowed[:, 0], rows, self.table.shape[1])
+            block.memo[key] = rows
+        bias = self.gather(rows, dtype)
+        return bias.transpose(0, 1) if bias.dim() == 4 else bias[None]
 
     def gather(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The table's values at `index` (rows, any shape), [heads, *index.shape]. Row `len(rows)`, one past

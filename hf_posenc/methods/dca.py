@@ -32,11 +32,12 @@ from typing import ClassVar
 
 import torch
 
-from ..config import Contract, Refused, check_number
+from ..config import Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError
 from .remapped import Part, RemappedAttention, RemappedConfig, split
 
 
+@register_method
 @dataclass
 class DcaConfig(RemappedConfig):
     """Dual Chunk Attention: chunks of `chunk_size` tokens (default the original context minus the local

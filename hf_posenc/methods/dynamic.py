@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused
-from .rope import LengthFollowingConfig
+from ..config import Contract, Refused, register_method
+from .length_following import LengthFollowingConfig
 
 
+@register_method
 @dataclass
 class DynamicConfig(LengthFollowingConfig):
     """Dynamic NTK: the base grows with the current length L past the *original* context L0,
@@ -25,6 +26,9 @@ class DynamicConfig(LengthFollowingConfig):
         unchanged_within=1.0,
         reference="tests/test_rope.py::test_dynamic_measures_from_the_original_context",
     )
+    export_refusal: ClassVar[str] = (
+        "its scaling follows the input length from the original context; engines' own 'dynamic' measures from "
+        "max_position_embeddings, so it would scale differently")
 
     def parameters_at_length(self, base: dict, original: int, seq_len: int) -> dict:
         # transformers' "dynamic" formula, read against the original context (the scratch config that

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused
-from .rope import LengthFollowingConfig
-from .yarn import check_yarn_fields, yarn_parameters
+from ..config import Contract, Refused, register_method
+from .length_following import LengthFollowingConfig
+from .yarn import check_truncate_layer_types, check_yarn_fields, yarn_parameters
 
 
+@register_method
 @dataclass
 class DynamicYarnConfig(LengthFollowingConfig):
     """YaRN whose factor follows the current length: s = max(1, L / L0), capped at the target factor;
@@ -24,6 +25,7 @@ class DynamicYarnConfig(LengthFollowingConfig):
         unchanged_within=1.0,
         reference="tests/test_rope.py::test_dynamic_yarn_at_length_L_is_yarn_with_factor_L_over_original",
     )
+    export_refusal: ClassVar[str] = "no engine implements YaRN that follows the input length"
 
     beta_fast: float = 32.0
     beta_slow: float = 1.0
@@ -37,3 +39,6 @@ class DynamicYarnConfig(LengthFollowingConfig):
 
     def parameters_at_length(self, base: dict, original: int, seq_len: int) -> dict:
         return yarn_parameters(self, base, original, seq_len / original, ("mscale", "mscale_all_dim"))
+
+    def check_layer_types(self, config, layer_types: list[str | None]) -> None:
+        check_truncate_layer_types(self, config, layer_types)

@@ -12,13 +12,17 @@ Lengths are counted in cache slots (a left-padded row counts its padding), as a 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .. import _compat
 from ..attention import CHILD, PREFIX, PositionalAttention, positional_attention
 from ..errors import MethodNotApplicableError
-from ..plan import PatchPlan
 from .rope import LengthDependentRotary, NoRotation, RotaryQK, apply_rotary
+
+if TYPE_CHECKING:
+    from ..plan import PatchPlan
 
 
 class ExactRotaryQK(RotaryQK):

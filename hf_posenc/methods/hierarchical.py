@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import Contract, Refused, check_number
+from ..config import Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError
 from .learned import GrownTableConfig
 
@@ -39,6 +39,7 @@ def hierarchical_rows(rows: torch.Tensor, length: int, alpha: float) -> torch.Te
     return torch.cat([rows[:length].clone(), grown.to(rows.dtype)])
 
 
+@register_method
 @dataclass
 class HierarchicalConfig(GrownTableConfig):
     """A longer learned table by hierarchical decomposition (Su 2020): position i n + j of a table of n rows

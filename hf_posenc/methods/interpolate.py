@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import Contract, Refused
+from ..config import Contract, Refused, register_method
 from .learned import GrownTableConfig
 
 
@@ -25,6 +25,7 @@ def interpolate_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
     return (source[low] * (1 - frac) + source[low + 1] * frac).to(rows.dtype)
 
 
+@register_method
 @dataclass
 class InterpolateConfig(GrownTableConfig):
     """A longer learned table by linear interpolation: position p of the new table reads the old one at

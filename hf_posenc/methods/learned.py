@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import LearnedMethodConfig
+from ..config import METHODS, LearnedMethodConfig
 from ..errors import SequenceTooLongError
 
 # How a family's model calls its table (the same signature for every style):
@@ -46,8 +46,13 @@ def too_long_message(length: int, limit: int, method: str | None) -> str:
     """The message of SequenceTooLongError: the length, the limit, and the methods that lift it.
     `method` is the hf_posenc method that made the table, None for the model's own table."""
     owner = "this model's learned position table" if method is None else f"the table hf_posenc's {method!r} made"
-    lift = (f"hp.patch(model, 'sinusoidal', max_position_embeddings=...) has no length limit; 'interpolate' or "
-            f"'tile' with max_position_embeddings >= {length} make a longer learned table")
+    # the registered table methods: those whose table has no last position, and those that grow a longer one
+    tables = sorted((name, cls) for name, cls in METHODS.items() if issubclass(cls, LearnedMethodConfig))
+    unbounded = [name for name, cls in tables if cls.unbounded]
+    grown = [name for name, cls in tables if issubclass(cls, GrownTableConfig)]
+    lift = (f"{' or '.join(f'hp.patch(model, {name!r}, max_position_embeddings=...)' for name in unbounded)} has no "
+            f"length limit; {' or '.join(map(repr, grown))} with max_position_embeddings >= {length} make a longer "
+            f"learned table")
     if method is not None:
         lift = "call hp.unpatch(model), then " + lift
     return (f"an input of {length} tokens is longer than {owner}, which holds {limit} positions (0..{limit - 1}); "

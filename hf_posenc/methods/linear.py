@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused, RopeMethodConfig
+from ..config import Contract, Refused, RopeMethodConfig, register_method
 
 
+@register_method
 @dataclass
 class LinearConfig(RopeMethodConfig):
     """Position interpolation (Chen et al. 2023): positions divided by the factor."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused, RopeMethodConfig, check_number
+from ..config import Contract, Refused, RopeMethodConfig, check_number, register_method
 from ..errors import InvalidParameterError
 
 
+@register_method
 @dataclass
 class Llama3Config(RopeMethodConfig):
     """Llama 3.1's frequency-dependent scaling: long wavelengths / s, short ones kept, a smooth ramp between."""

@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import MAX_POSITIONS, Contract, Refused, RopeMethodConfig, check_number
+from ..config import Contract, MAX_POSITIONS, Refused, RopeMethodConfig, check_number, register_method
 from ..errors import InvalidParameterError, ParameterTypeError
 from .rope import optional_fields
 
 
+@register_method
 @dataclass
 class LongRopeConfig(RopeMethodConfig):
     """LongRoPE (Ding et al. 2024): one rescale factor per frequency, `long_factor` past the original

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused, RopeMethodConfig
+from ..config import Contract, Refused, RopeMethodConfig, register_method
 from .rope import ntk_theta
 
 
+@register_method
 @dataclass
 class NTKConfig(RopeMethodConfig):
     """NTK-aware static scaling: theta' = theta * s^(d / (d - 2)), d the rotary dimension."""

@@ -10,11 +10,12 @@ from typing import ClassVar
 from torch import nn
 
 from ..attention import AttentionSite, PositionalAttention
-from ..config import MAX_POSITIONS, AttentionMethodConfig, Contract, Refused, check_number
+from ..config import AttentionMethodConfig, Contract, MAX_POSITIONS, Refused, check_number, register_method
 from ..errors import InvalidParameterError
 from .bias import RelativeBias
 
 
+@register_method
 @dataclass
 class RelativeBiasConfig(AttentionMethodConfig):
     """A learned bias per head and layer for each relative position j - i, clipped to [-k, k] (2k + 1
@@ -55,5 +56,4 @@ class RelativeBiasConfig(AttentionMethodConfig):
         bias = RelativeBias(site.heads, k=self.k, buckets=self.buckets, max_distance=self.max_distance,
                             bidirectional=not module.is_causal, dtype=site.reference.dtype,
                             device=site.reference.device)
-        site.layout.relative = site.layout.relative or bias  # every layer's table is read at the same rows
         return PositionalAttention(causal=module.is_causal, bias=bias, layout=site.layout)

@@ -246,10 +246,10 @@ class RemappedConfig(AttentionMethodConfig):
             out["layer_types"] = list(out["layer_types"])
         return out
 
-    def for_model(self, config) -> RemappedConfig:
+    def for_model(self, config, layer_types: list[str | None]) -> RemappedConfig:
         """The method with `layer_types` resolved against the text config `config`: None on a model with one
         RoPE for all layers, else the RoPE layer types it remaps (checked: known, not windowed)."""
-        available = _compat.rope_layer_types(config)
+        available = layer_types
         if available == [None]:
             if self.layer_types is not None:
                 raise InvalidParameterError(
@@ -274,6 +274,9 @@ class RemappedConfig(AttentionMethodConfig):
                 f"method {self.name!r} remaps full-attention layers; every layer type of this {config.model_type} "
                 f"model ({available}) attends within a window")
         return dataclasses.replace(self, layer_types=tuple(chosen))
+
+    def rotated_layer_types(self) -> list[str | None]:
+        return list(self.layer_types or [None])
 
     def computation(self, rotary: nn.Module, original: int) -> RemappedAttention:
         """The attention computation of the resolved method, with the model's rotary module."""
@@ -321,25 +324,6 @@ class LayerTypeRotary(nn.Module):
 
     def extra_repr(self) -> str:
         return f"layer_type={self.layer_type!r}"
-
-
-class LayerTypeNoRotation(nn.Module):
-    """In place of a rotary module with one RoPE per layer type: cos 1, sin 0 for the layer types a remapped
-    method rotates itself (their q and k reach the attention call, and the KV cache, un-rotated), the
-    module's own cos / sin for the others."""
-
-    def __init__(self, rotary: nn.Module, rotary_dims: dict[str, int]):
-        super().__init__()
-        self.rotary, self.rotary_dims = rotary, dict(rotary_dims)
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None, *args, **kwargs):
-        if layer_type in self.rotary_dims:
-            shape = (*position_ids.shape, self.rotary_dims[layer_type])
-            return x.new_ones(shape), x.new_zeros(shape)
-        return self.rotary(x, position_ids, layer_type, *args, **kwargs)
-
-    def extra_repr(self) -> str:
-        return f"unrotated={self.rotary_dims}"
 
 
 def check_model(name: str, config, inner: str, causal: bool, layer_types: tuple[str, ...] | None = None) -> None:

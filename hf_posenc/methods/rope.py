@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
 
 from .. import _compat
-from ..config import RopeMethodConfig, check_bool
+from ..config import RopeMethodConfig
 
 # Fields of a rope_parameters dict that belong to a scaling method, not to the model's base RoPE.
 SCALING_KEYS = frozenset({
@@ -69,30 +67,6 @@ def parameters_at_length(method: RopeMethodConfig, native: dict, original: int,
     if seq_len <= original:
         return None
     return method.parameters_at_length(base_parameters(native), original, seq_len), seq_len
-
-
-@dataclass
-class LengthFollowingConfig(RopeMethodConfig):
-    """What the methods whose frequencies hf_posenc sets for each input length share (dynamic, dynamic_yarn):
-    a saved config records a rope_type stock transformers refuses, and `exact_cache` (exact_cache.py) re-rotates
-    the cached keys at every step. Subclasses give `parameters_at_length`."""
-
-    length_dependent: ClassVar[bool] = True
-    follows_length: ClassVar[bool] = True
-    skipped_positions: ClassVar[str | None] = (
-        "its rotation is set by the largest position id of the input, so each skipped window would train the "
-        "rotation of a random length, not the one generation uses; train its static counterpart (yarn, ntk) "
-        "with position ids, or this method on contiguous windows")
-
-    exact_cache: bool = False  # hf_posenc/methods/exact_cache.py: cached keys re-rotated at every step
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_bool("exact_cache", self.exact_cache)
-
-    def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
-        return base | {"rope_type": CUSTOM_ROPE_TYPE_PREFIX + self.name, "factor": self.factor,
-                       "original_max_position_embeddings": original}
 
 
 class LengthDependentRotary(nn.Module):
@@ -196,3 +170,22 @@ class NoRotation(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}" + (", complex_frequencies=True" if self.complex_frequencies else "")
+
+
+class LayerTypeNoRotation(nn.Module):
+    """In place of a rotary module with one RoPE per layer type: cos 1, sin 0 for the layer types a remapped
+    method rotates itself (their q and k reach the attention call, and the KV cache, un-rotated), the
+    module's own cos / sin for the others."""
+
+    def __init__(self, rotary: nn.Module, rotary_dims: dict[str, int]):
+        super().__init__()
+        self.rotary, self.rotary_dims = rotary, dict(rotary_dims)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None, *args, **kwargs):
+        if layer_type in self.rotary_dims:
+            shape = (*position_ids.shape, self.rotary_dims[layer_type])
+            return x.new_ones(shape), x.new_zeros(shape)
+        return self.rotary(x, position_ids, layer_type, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"unrotated={self.rotary_dims}"

@@ -12,11 +12,12 @@ from torch import nn
 
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, Refused, check_number
+from ..config import AttentionMethodConfig, Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError
 from .rope import RotaryQK
 
 
+@register_method
 @dataclass
 class RopeSwapConfig(AttentionMethodConfig):
     """Rotary positions in place of a learned table: q and k of every layer rotated (RoPE, base

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import Contract, Refused, check_number
+from ..config import Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError, SequenceTooLongError
 from . import remapped
 from .remapped import Part, RemappedAttention, RemappedConfig, split
@@ -37,6 +37,16 @@ def longest_input(group_size: int, window: int, original: int) -> int:
     return group_size * (original - window + window // group_size)
 
 
+def _check_length(length: int, group_size: int, window: int, original: int) -> None:
+    longest = longest_input(group_size, window, original)
+    if length > longest:
+        raise SequenceTooLongError(
+            f"input of {length} tokens is longer than Self-Extend supports with group_size={group_size}, "
+            f"window={window} on an original context of {original}: at most {longest} tokens. "
+            f"Patch with a larger group_size")
+
+
+@register_method
 @dataclass
 class SelfExtendConfig(RemappedConfig):
     """Self-Extend: true positions within `window` tokens (default original / 4), grouped positions
@@ -60,6 +70,10 @@ class SelfExtendConfig(RemappedConfig):
 
     def length_limit(self, original: int) -> int | None:
         return longest_input(self.group_size, self.window, original) if self.group_size and self.window else None
+
+    def check_length(self, length: int, original: int) -> None:
+        if self.group_size and self.window:
+            _check_length(length, self.group_size, self.window, original)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,11 +125,7 @@ class SelfExtendAttention(RemappedAttention):
         self.longest = longest_input(group_size, window, original)
 
     def check_length(self, length):
-        if length > self.longest:
-            raise SequenceTooLongError(
-                f"input of {length} tokens is longer than Self-Extend supports with group_size={self.group_size}, "
-                f"window={self.window} on an original context of {self.original}: at most {self.longest} tokens. "
-                f"Patch with a larger group_size")
+        _check_length(length, self.group_size, self.window, self.original)
 
     def key_positions(self, length, device):
         positions = torch.arange(length, device=device)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Contract, LearnedMethodConfig, Refused, check_bool, check_number
+from ..config import Contract, LearnedMethodConfig, Refused, check_bool, check_number, register_method
 from ..errors import CheckpointMismatchError, InvalidParameterError
 from .learned import table_rows
 
@@ -179,6 +179,7 @@ class SinusoidalPositions(nn.Module):
 SINUSOIDAL_INITS = ("raw", "scaled", "fit")
 
 
+@register_method
 @dataclass
 class SinusoidalConfig(LearnedMethodConfig):
     """The sinusoidal formula (Vaswani et al. 2017) PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) in place of the
@@ -191,6 +192,7 @@ class SinusoidalConfig(LearnedMethodConfig):
     only sets the advertised context and the length of the table a saved checkpoint holds."""
 
     name: ClassVar[str] = "sinusoidal"
+    unbounded: ClassVar[bool] = True  # a function of the position: any length
     summary: ClassVar[str] = "fixed sinusoidal positions in place of a learned table, any length; init raw/scaled/fit"
     contract: ClassVar[Contract] = Contract(
         examples=({}, {"init": "raw"}, {"init": "scaled", "keep_learned": 2},

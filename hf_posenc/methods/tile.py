@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import Contract, Refused
+from ..config import Contract, Refused, register_method
 from .learned import GrownTableConfig
 
 
@@ -17,6 +17,7 @@ def tile_rows(rows: torch.Tensor, length: int) -> torch.Tensor:
     return rows[torch.arange(length, device=rows.device) % rows.shape[0]].clone()
 
 
+@register_method
 @dataclass
 class TileConfig(GrownTableConfig):
     """A longer learned table made of copies of the old rows, p -> p mod N_old (Longformer's

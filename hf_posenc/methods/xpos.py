@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, Refused, check_number
+from ..config import AttentionMethodConfig, Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError, MethodNotApplicableError
 
 
@@ -56,6 +56,7 @@ class XposScale(nn.Module):
         return f"rotary_dim={self.rotary_dim}, gamma={self.gamma}, scale_base={self.scale_base}"
 
 
+@register_method
 @dataclass
 class XposConfig(AttentionMethodConfig):
     """XPos (Sun et al. 2022): RoPE kept, and rotary pair i of q and k scaled by zeta_i^(+-position /

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import Contract, Refused, RopeMethodConfig, check_bool, check_number
-from ..errors import InvalidParameterError
+from ..config import Contract, Refused, RopeMethodConfig, check_bool, check_number, register_method
+from ..errors import InvalidParameterError, MethodNotApplicableError
 from .rope import optional_fields
 
 
@@ -31,6 +31,15 @@ def check_yarn_fields(method) -> None:
     check_bool("truncate", method.truncate)
 
 
+def check_truncate_layer_types(method, config, layer_types: list[str | None]) -> None:
+    """truncate=False on a model with one RoPE per layer type cannot be written: transformers' yarn reads
+    `truncate` from the top of rope_parameters, never from a layer type's dict."""
+    if layer_types != [None] and method.truncate is False:
+        raise MethodNotApplicableError(
+            f"truncate=False cannot be expressed for this {config.model_type} model's per-layer-type RoPE "
+            f"({layer_types}): transformers ignores it there; leave truncate=True")
+
+
 def yarn_parameters(method, base: dict, original: int, factor: float, optional: tuple[str, ...]) -> dict:
     """transformers' "yarn" rope_parameters at `factor`, from the fields of `method` (YaRN or dynamic YaRN);
     `optional`: the fields written only when set."""
@@ -40,6 +49,7 @@ def yarn_parameters(method, base: dict, original: int, factor: float, optional: 
     } | optional_fields(method, *optional)
 
 
+@register_method
 @dataclass
 class YarnConfig(RopeMethodConfig):
     """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention temperature
@@ -69,3 +79,6 @@ class YarnConfig(RopeMethodConfig):
 
     def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
         return yarn_parameters(self, base, original, self.factor, ("attention_factor", "mscale", "mscale_all_dim"))
+
+    def check_layer_types(self, config, layer_types: list[str | None]) -> None:
+        check_truncate_layer_types(self, config, layer_types)

@@ -1,0 +1,111 @@
+"""What a family is: the interface every family adapter implements, the table of registered families, and the
+lookup of a model's family. Below the families, the records (record.py names a family) and the patch calls."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import nn
+from transformers import PreTrainedConfig
+
+from .errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .config import MethodConfig
+    from .plan import PatchPlan
+    from .record import PatchRecord
+
+FAMILIES: list[Family] = []
+
+
+class Family(ABC):
+    """Knows where one architecture family keeps its positions and how to swap them. Every caller (hp.patch,
+    hp.from_pretrained, hp.describe, hp.check_length) goes through these members only."""
+
+    name: str  # what a saved record calls the family
+    mechanism: ClassVar[str]  # "rope" or "learned": the methods whose `mechanisms` name it apply
+    model_types: tuple[str, ...]  # the model_types the test suite covers
+
+    @abstractmethod
+    def matches(self, model: nn.Module) -> bool:
+        """The model keeps its positions where this family looks, or carries a patch this family made."""
+
+    @abstractmethod
+    def describe(self, model: nn.Module) -> dict:
+        """`hp.describe`'s fields of the positional mechanism (mechanism, rope_theta, length_limit, ...)."""
+
+    @abstractmethod
+    def plan(self, model: nn.Module, method: MethodConfig) -> PatchPlan:
+        """The whole patch as a plan, computed and checked before anything in the model changes."""
+
+    @abstractmethod
+    def unpatched_config(self, config, record: PatchRecord) -> tuple[PreTrainedConfig, tuple[str, ...]]:
+        """For `hp.from_pretrained` of a patched checkpoint whose patch is replayed: the config of the model before
+        the patch, from the saved `config`, and the saved tensors that do not fit that model (tables a patch
+        emptied), which `restore_original` puts back."""
+
+    def read_back(self, record: PatchRecord) -> tuple[str, ...]:
+        """Suffixes of the tensors a checkpoint of `record`'s patch holds beside the model's own, which the stock
+        load does not take and the family reads itself (so transformers' load report is not shown for them)."""
+        return ()
+
+    def restores_saved(self, record: PatchRecord) -> bool:
+        """True when the saved checkpoint holds the patched modules as stock transformers loads them (a longer
+        learned table), so `hp.from_pretrained` loads it as it is and `restore_saved` rebuilds the patch on it,
+        instead of loading the model before the patch and patching it again."""
+        return False
+
+    def restore_saved(self, model: nn.Module, path, record: PatchRecord) -> None:
+        """Rebuild the patch `record` describes on `model`, which stock transformers loaded from `path`."""
+        raise NotImplementedError(f"family {self.name!r} replays its patches; it restores none from the weights")
+
+    def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:
+        """After loading the model before the patch from `path` (`unpatched_config`): put back what the patch
+        removed from the checkpoint. Returns why `hp.unpatch` must refuse when the checkpoint lacks it."""
+        return None
+
+    def check_length(self, model: nn.Module, length: int) -> None:
+        """Refuse (SequenceTooLongError) an input of `length` tokens the model cannot take. No limit by default."""
+
+
+def register_family(family: Family) -> Family:
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a hf_posenc.family.Family, got {type(family).__name__}")
+    if any(f.name == family.name for f in FAMILIES):
+        raise ValueError(f"a family named {family.name!r} is already registered")
+    FAMILIES.append(family)
+    return family
+
+
+def supported_model_types() -> list[str]:
+    return sorted({t for family in FAMILIES for t in family.model_types})
+
+
+def as_model(model, call: str) -> nn.Module:
+    """The transformers model `call` works on: `model` itself, or the one a PEFT wrapper holds (LoRA layers
+    sit inside it, so patching it patches what the wrapper runs). Anything else is refused."""
+    if isinstance(model, nn.Module) and type(model).__module__.startswith("peft.") \
+            and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), PreTrainedConfig):
+        hint = (f"; a name or a path is loaded first: model = hp.load_model({model!r})"
+                if isinstance(model, (str, os.PathLike)) else "")
+        raise UnsupportedModelError(
+            f"hp.{call} needs a transformers model (a torch.nn.Module with a transformers config, from "
+            f"hp.load_model or AutoModel*.from_pretrained), got {type(model).__name__} {str(model)[:60]!r}{hint}"
+        )
+    return model
+
+
+def find_family(model: nn.Module) -> Family:
+    for family in FAMILIES:
+        if family.matches(model):
+            return family
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    raise UnsupportedModelError(
+        f"no positional module found in model_type {model_type!r} ({type(model).__name__}); hf_posenc supports "
+        f"models with a rotary module built from their config or a learned position table. Tested families: "
+        f"{', '.join(supported_model_types())}"
+    )

@@ -1,0 +1,159 @@
+"""Registration where a method is defined, and the seams a new method plugs into without an edit elsewhere:
+the registry, serving's exports (decided from the saved rope_parameters), a bias that is the same in every layer,
+the learned-table limit's message, the family interface."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import pkgutil
+from typing import ClassVar
+
+import pytest
+import torch
+from tiny import tiny_model, token_ids
+
+import hf_posenc as hp
+import hf_posenc.methods
+from hf_posenc import attention
+from hf_posenc.config import RopeMethodConfig
+from hf_posenc.registry import FAMILIES, METHODS, Family, RegistrationError, register_method
+from hf_posenc.methods.alibi import AlibiConfig
+from hf_posenc.methods.bias import AlibiBias
+from hf_posenc.methods.learned import too_long_message
+from hf_posenc.methods.rope import ntk_theta
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@contextlib.contextmanager
+def registered(cls):
+    register_method(cls)
+    try:
+        yield cls
+    finally:
+        del METHODS[cls.name]
+
+
+@dataclasses.dataclass
+class FixedNtkConfig(RopeMethodConfig):
+    """NTK at a fixed alpha: what `ntk` writes at factor alpha, a stock rope_parameters."""
+
+    name: ClassVar[str] = "toy_fixed_ntk"
+    stock_checkpoint: ClassVar[bool] = True
+    alpha: float = 2.0
+
+    def rope_parameters(self, base, original, dim):
+        return base | {"rope_theta": ntk_theta(base["rope_theta"], self.alpha, dim)}
+
+
+def test_every_method_module_is_imported_and_every_method_registered_where_it_is_defined():
+    modules = {f"hf_posenc.methods.{m.name}" for m in pkgutil.iter_modules(hf_posenc.methods.__path__)}
+    assert all(importlib.import_module(m) for m in modules)
+    assert {cls.__module__ for cls in METHODS.values()} <= modules
+    assert len(METHODS) == len(set(METHODS.values())) >= 18
+
+
+def test_a_name_taken_by_another_method_is_refused_naming_both():
+    @dataclasses.dataclass
+    class Other(RopeMethodConfig):
+        name: ClassVar[str] = "yarn"
+
+    with pytest.raises(RegistrationError, match=r"method name 'yarn' of .*Other is already registered by "
+                                                 r"hf_posenc\.methods\.yarn\.YarnConfig"):
+        register_method(Other)
+    assert METHODS["yarn"].__name__ == "YarnConfig"
+    assert register_method(METHODS["yarn"]) is METHODS["yarn"]  # registering the same class again is harmless
+
+
+@pytest.mark.parametrize("bad, words", [
+    (int, "takes a MethodConfig subclass"),
+    (type("NoName", (RopeMethodConfig,), {}), "needs its own `name"),
+    (type("Spaced", (RopeMethodConfig,), {"name": "two words"}), "an identifier"),
+    (type("NoMechanism", (RopeMethodConfig,), {"name": "toy_none", "mechanisms": ("bias",)}), "mechanisms must name"),
+])
+def test_a_class_that_cannot_be_a_method_is_refused(bad, words):
+    with pytest.raises(RegistrationError, match=words):
+        register_method(bad)
+    assert "toy_none" not in METHODS
+
+
+def test_families_implement_the_whole_interface():
+    assert FAMILIES and all(isinstance(f, Family) for f in FAMILIES)
+    assert FAMILIES[0].name == "rope"  # asked first: a learned table swapped to rotary positions is a RoPE model
+    with pytest.raises(TypeError):
+        Family()  # abstract: a family states matches / describe / plan / unpatched_config
+
+
+def test_a_new_rope_method_is_exported_from_what_it_saves_not_from_its_name():
+    """The toy method writes what `ntk` writes: llama.cpp and vLLM take it, with the same flags as ntk's."""
+    with registered(FixedNtkConfig):
+        model = tiny_model("llama")
+        hp.patch(model, "toy_fixed_ntk", alpha=2.0, factor=2)
+        args, overrides = hp.llama_cpp_args(model), hp.serving_overrides(model)
+        hp.unpatch(model)
+        hp.patch(model, "ntk", factor=2)
+        assert args == hp.llama_cpp_args(model)
+        assert overrides == hp.serving_overrides(model)
+
+
+def test_a_method_that_says_why_no_engine_runs_it_is_refused_with_its_words():
+    model = tiny_model("llama")
+    hp.patch(model, "dynamic", factor=2)
+    with pytest.raises(hp.MethodNotApplicableError, match="engines' own 'dynamic' measures from"):
+        hp.llama_cpp_args(model)
+    with pytest.raises(hp.MethodNotApplicableError, match="cannot be exported to vLLM"):
+        hp.serving_overrides(model)
+
+
+def test_llama_cpp_refuses_a_rope_type_it_has_no_scaling_for():
+    model = tiny_model("llama")
+    hp.patch(model, "llama3", factor=2)
+    with pytest.raises(hp.MethodNotApplicableError, match="rope_type 'llama3', and llama.cpp has no 'llama3'"):
+        hp.llama_cpp_args(model)
+    assert hp.serving_overrides(model)["rope_parameters"]["rope_type"] == "llama3"
+
+
+class CountingBias(AlibiBias):
+    """ALiBi that counts how often its bias is built."""
+
+    calls = 0
+
+    def forward(self, *args):
+        CountingBias.calls += 1
+        return super().forward(*args)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_bias_the_same_in_every_layer_is_built_once_a_forward(same, monkeypatch):
+    @register_method
+    @dataclasses.dataclass
+    class Counting(AlibiConfig):
+        name: ClassVar[str] = "toy_counting_bias"
+
+        def attention_child(self, site, module):
+            bias = CountingBias(site.heads)
+            bias.same_in_every_layer = same  # one module per layer: shared masks only when it says so
+            return attention.PositionalAttention(causal=site.causal, bias=bias, layout=site.layout)
+
+    try:
+        model = tiny_model("llama", num_hidden_layers=3)
+        hp.patch(model, "toy_counting_bias")
+        CountingBias.calls = 0
+        with torch.no_grad():
+            model(token_ids(40))
+        assert CountingBias.calls == (1 if same else 3)
+    finally:
+        del METHODS["toy_counting_bias"]
+
+
+def test_a_bias_module_must_say_what_it_is():
+    with pytest.raises(TypeError, match="hf_posenc.attention.ScoreBias"):
+        attention.PositionalAttention(causal=True, bias=torch.nn.Identity())
+
+
+def test_the_too_long_message_names_the_registered_table_methods():
+    message = too_long_message(600, 512, None)
+    assert "hp.patch(model, 'sinusoidal', max_position_embeddings=...) has no length limit" in message
+    assert "'hierarchical' or 'interpolate' or 'tile' with max_position_embeddings >= 600" in message
