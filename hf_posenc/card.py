@@ -15,8 +15,8 @@ from .errors import PosEncError
 from .record import read_record
 
 if TYPE_CHECKING:
-    from .recipes.finetune_checks import Plan
-    from .recipes.finetune_config import Config
+    from .recipes.finetune_checks import Preflight
+    from .recipes.finetune_config import FinetuneConfig
 
 # methods whose saved config stock transformers builds as patched (the others need hp.from_pretrained)
 STOCK_METHODS = serving.STOCK_METHODS + serving.TABLE_METHODS
@@ -57,17 +57,17 @@ def patch_card(model: torch.nn.Module, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def positions_line(plan: Plan) -> str:
+def positions_line(preflight: Preflight) -> str:
     """How the training windows were numbered (train.positions)."""
-    scheme = plan.positions
+    scheme = preflight.positions
     if not scheme.spreads:
-        return f"contiguous (0..n-1): the model saw distances up to {plan.seq_len - 1} in training"
-    return (f"`{scheme.spec}`: windows of {plan.seq_len} tokens given ids spread over [0, {scheme.target}) "
+        return f"contiguous (0..n-1): the model saw distances up to {preflight.seq_len - 1} in training"
+    return (f"`{scheme.spec}`: windows of {preflight.seq_len} tokens given ids spread over [0, {scheme.target}) "
             f"(hf_posenc.positions), so the training covered distances up to {scheme.target - 1}")
 
 
-def write_model_card(output_dir: str, cfg: Config, plan: Plan, describe: dict, steps: int, tokens: int,
-                     before: dict, after: dict) -> None:
+def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight, describe: dict, steps: int,
+                     tokens: int, before: dict, after: dict) -> None:
     base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
     rows = "\n".join(f"| {k} | {before.get(k, '')} | {after.get(k, '')} |" for k in sorted({*before, *after}))
     evaluation = (f"| metric | before | after |\n|---|---|---|\n{rows}\n" if rows else "not run\n")
@@ -80,11 +80,11 @@ tags: [hf_posenc, long-context]
 
 Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 
-- **Base model**: `{base}` (context {plan.original_context})
-- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {plan.target_context}
+- **Base model**: `{base}` (context {preflight.original_context})
+- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {preflight.target_context}
 - **Mechanism after patch**: `{json.dumps(describe, default=str)}`
-- **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {plan.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {plan.short_len}' if cfg.data.short_share else ''}
-- **Position ids**: {positions_line(plan)}
+- **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
+- **Position ids**: {positions_line(preflight)}
 - **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
 - **Steps**: {steps} optimizer steps, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 

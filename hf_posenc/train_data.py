@@ -17,7 +17,7 @@ from . import loading
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .recipes.finetune_checks import Plan
+    from .recipes.finetune_checks import Preflight
     from .recipes.finetune_config import DataArgs
 
 
@@ -58,7 +58,7 @@ def load_documents(args: DataArgs, corpus: Optional[str] = None):
     return docs
 
 
-def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str] = None):
+def prepare_data(args: DataArgs, tokenizer, preflight: Preflight, cache_root: Optional[str] = None):
     """Tokenized, exactly packed sequences (`hf_posenc.data.pack_exact`), cached on disk by what
     determines them (corpus, tokenizer, lengths, boundaries): a second run loads them in a second.
     For encoders, each block is framed as the tokenizer frames one input ([CLS] ... [SEP]), as the
@@ -70,11 +70,11 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     if args.bos is True and bos is None:
         raise ConfigError("data.bos is true, but the tokenizer has no BOS (nor CLS) token; use auto or false")
     if args.bos == "auto":  # a causal LM's documents start as its tokenizer starts an input (Llama, Gemma: BOS)
-        bos = next(iter(hdata.bos_prefix(tokenizer)), None) if plan.causal else None
-    head, tail = ([], []) if plan.causal else frame_ids(tokenizer)
+        bos = next(iter(hdata.bos_prefix(tokenizer)), None) if preflight.causal else None
+    head, tail = ([], []) if preflight.causal else frame_ids(tokenizer)
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
                       "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
-                      "seq_len": plan.seq_len, "short_share": args.short_share, "short_len": plan.short_len,
+                      "seq_len": preflight.seq_len, "short_share": args.short_share, "short_len": preflight.short_len,
                       "eos": eos, "bos": bos, "frame": [head, tail], "v": 3}, sort_keys=True)
     root = Path(cache_root or args.cache_dir or loading.CACHE_DIR / "data")
     folder = root / hashlib.sha1(key.encode()).hexdigest()[:16]
@@ -83,8 +83,8 @@ def prepare_data(args: DataArgs, tokenizer, plan: Plan, cache_root: Optional[str
     docs = load_documents(args)
     tokenized = hdata.tokenize(docs, tokenizer, bos=False)  # pack_exact puts the BOS
     extra = len(head) + len(tail)
-    packed = hdata.pack_exact(tokenized, plan.seq_len - extra, eos_token_id=eos, bos_token_id=bos,
-                              short_share=args.short_share, short_length=plan.short_len and plan.short_len - extra)
+    packed = hdata.pack_exact(tokenized, preflight.seq_len - extra, eos_token_id=eos, bos_token_id=bos,
+                              short_share=args.short_share, short_length=preflight.short_len and preflight.short_len - extra)
     if extra:
         blocks = [head + b + tail for b in packed["input_ids"]]
         packed = datasets.Dataset.from_dict({"input_ids": blocks, "length": [len(b) for b in blocks]})

@@ -269,7 +269,7 @@ def test_config_file_problems_name_the_file_and_line(work, capsys):
 
 
 def test_help_prints_every_field_with_its_default(capsys):
-    from hf_posenc.recipes.config import schema_fields, type_name
+    from hf_posenc.recipes.recipe_config import schema_fields, type_name
 
     with pytest.raises(SystemExit) as done:
         FC.parse_config(["--help"])

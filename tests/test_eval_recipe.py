@@ -83,7 +83,7 @@ def test_recipe_config_yaml_then_command_line(tmp_path):
                       "  curve_length: 4096\n")
     args = recipe.parse_args(["--config", str(config), "--eval.curve_length", "2048"])
     assert (args.eval.variants, args.eval.curve_length, args.model.name) == (["none", "yarn beta_fast=16"], 2048, "smollm2")
-    assert [label for label, _, _ in recipe.variant_plan(args)] == ["none", "yarn beta_fast=16 @16384",
+    assert [label for label, _, _ in recipe.variant_runs(args)] == ["none", "yarn beta_fast=16 @16384",
                                                                      "yarn beta_fast=16 @32768"]
     config.write_text("eval:\n  curve_lenght: 4096\n")
     with pytest.raises(recipe.ConfigError, match=r"section eval: unknown key\(s\) \['curve_lenght'\]"):
@@ -178,7 +178,7 @@ def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, co
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eval*.yaml")), ids=lambda p: p.name)
 def test_shipped_eval_configs_parse(path):
     args = recipe.parse_args(["--config", str(path)])
-    assert args.eval.variants and recipe.variant_plan(args)
+    assert args.eval.variants and recipe.variant_runs(args)
 
 
 def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpoint):

@@ -25,6 +25,7 @@ from hf_posenc import train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
+from hf_posenc.recipes import finetune_recipe
 from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,11 +256,11 @@ def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
     """A corpus of 64 tokens + EOS packs into one block of 64 and one of a lone EOS, which predicts
     nothing (a batch of it has a NaN loss): it is dropped. Zero document tokens is refused."""
     tok = tiny_tokenizer()
-    plan = checks.Plan(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
+    preflight = checks.Preflight(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("x" * 64)
     args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
-    packed = train_data.prepare_data(args, tok, plan)
+    packed = train_data.prepare_data(args, tok, preflight)
     assert packed["length"] == [64]
     assert hdata.pack_exact(hdata.tokenize(hdata.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
     empty = datasets.Dataset.from_dict({"input_ids": [[EOS]], "length": [1]})
@@ -369,7 +370,7 @@ def test_unreached_parameters_are_found_and_mixtures_of_experts_left_to_ddp(bert
     teacher = AutoModel.from_pretrained(bert_dir).eval()
     probe = {"input_ids": torch.arange(3, 40)[None], "attention_mask": torch.ones(1, 37, dtype=torch.long)}
     rng = torch.get_rng_state()
-    frozen = _recipe().freeze_unreached(TrainingLoss(model, objective="distill", causal=False), "cpu", probe, teacher)
+    frozen = finetune_recipe.freeze_unreached(TrainingLoss(model, objective="distill", causal=False), "cpu", probe, teacher)
     assert frozen == ["pooler.dense.weight", "pooler.dense.bias"]
     assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == frozen

@@ -18,7 +18,7 @@ from hf_posenc import data
 from hf_posenc import eval as hpe
 from hf_posenc import train_data
 from hf_posenc.errors import ConfigError
-from hf_posenc.recipes import finetune
+from hf_posenc.recipes import finetune_recipe
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
@@ -168,9 +168,9 @@ def test_eval_recipe_scores_as_the_tokenizer_frames_and_says_so(tmp_path, corpus
 @pytest.mark.parametrize("adds_bos,bos,starts", [(True, "auto", [BOS]), (False, "auto", []), (True, False, []),
                                                  (False, True, [BOS])])
 def test_finetune_data_follows_the_tokenizer_by_default(tmp_path, corpus_dir, adds_bos, bos, starts):
-    plan = checks.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
+    preflight = checks.Preflight(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
     args = FC.DataArgs(corpus=str(corpus_dir), bos=bos, cache_dir=str(tmp_path / "cache"))
-    packed = train_data.prepare_data(args, byte_tokenizer(adds_bos), plan)
+    packed = train_data.prepare_data(args, byte_tokenizer(adds_bos), preflight)
     stream = [t for block in packed["input_ids"] for t in block]
     assert stream == starts + plain_ids(TEXT) + [EOS]  # every token once, the BOS first when there is one
 
@@ -185,9 +185,9 @@ def test_finetune_bos_setting_is_checked_and_the_shipped_configs_follow_the_toke
 
 def test_finetune_evaluation_scores_documents_after_the_bos(corpus_dir):
     model = tiny_model(vocab_size=TINY_TEXT_VOCAB)
-    cfg = FC.Config(model=FC.ModelArgs(), data=FC.DataArgs(corpus=str(corpus_dir)), train=FC.TrainArgs(),
+    cfg = FC.FinetuneConfig(model=FC.ModelArgs(), data=FC.DataArgs(corpus=str(corpus_dir)), train=FC.TrainArgs(),
                    eval=FC.EvalArgs(lengths=[32], documents=1))
-    plan = checks.Plan(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
+    preflight = checks.Preflight(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
     reference = prefix_nll(model, [BOS, *plain_ids(TEXT)[:31]])
-    assert finetune.evaluate(model, byte_tokenizer(True), cfg, plan)["perplexity@32"] == pytest.approx(
+    assert finetune_recipe.evaluate(model, byte_tokenizer(True), cfg, preflight)["perplexity@32"] == pytest.approx(
         math.exp(sum(reference) / 31), rel=1e-5)

@@ -256,9 +256,9 @@ def test_a_resumed_pose_run_draws_the_same_ids_and_ends_bit_identical(tmp_path, 
 
 
 def test_each_process_draws_the_ids_of_its_own_windows():
-    from hf_posenc.recipes.finetune import window_positions
+    from hf_posenc.recipes.finetune_recipe import window_positions
 
-    plan = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8)
+    preflight = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8)
     cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=3, batch_size=2, seed=0))
     batch = {"attention_mask": torch.ones(2, 8, dtype=torch.long)}
     seen = {}
@@ -266,7 +266,7 @@ def test_each_process_draws_the_ids_of_its_own_windows():
         acc = SimpleNamespace(num_processes=2, process_index=rank)
         for step in (1, 2):
             for micro in range(3):
-                for row, ids in enumerate(window_positions(plan, batch, cfg, acc, step, micro)):
+                for row, ids in enumerate(window_positions(preflight, batch, cfg, acc, step, micro)):
                     seen.setdefault(tuple(ids.tolist()), []).append((rank, step, micro, row))
     assert len(seen) == 2 * 2 * 3 * 2        # 24 windows, 24 different draws
     plain = SimpleNamespace(positions=P.scheme("contiguous"), seq_len=8)
@@ -310,8 +310,8 @@ def test_learned_tables_are_refused_with_the_reason(tmp_path, gpt2_dir, text_fil
 def test_an_unpatched_rope_model_trains_with_a_target_inside_its_context(tmp_path, tiny_dir, text_file):
     config = write_config(tmp_path / "c.yaml", tiny_dir, posenc=None, data={"corpus": str(text_file)},
                           train={"positions": "pose"})
-    plan = checks.check_config(FC.parse_config(["--config", str(config)]))
-    assert plan.positions == P.scheme("pose", target=128)
+    preflight = checks.check_config(FC.parse_config(["--config", str(config)]))
+    assert preflight.positions == P.scheme("pose", target=128)
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "no")])

@@ -16,7 +16,7 @@ import yaml
 
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import CONFIGS
-from hf_posenc.recipes import config as rc
+from hf_posenc.recipes import recipe_config as rc
 from hf_posenc.recipes import evaluate, finetune_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_help_lists_every_field_in_process(capsys):
 
 
 HELP_COMMANDS = {   # (hf-posenc finetune --help and -m hf_posenc.recipes.finetune --help: tests/test_cli.py)
-    "recipes/finetune.py": ([sys.executable, str(ROOT / "recipes" / "finetune.py"), "--help"], finetune_config.Config),
+    "recipes/finetune.py": ([sys.executable, str(ROOT / "recipes" / "finetune.py"), "--help"], finetune_config.FinetuneConfig),
     "recipes/evaluate.py -h": ([sys.executable, str(ROOT / "recipes" / "evaluate.py"), "-h"], evaluate.EvalConfig),
     # the console script's code path, without needing `hf-posenc` on PATH (an inactive venv)
     "hf-posenc evaluate": ([sys.executable, "-m", "hf_posenc.cli", "evaluate", "--help"], evaluate.EvalConfig),

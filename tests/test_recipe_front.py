@@ -26,9 +26,9 @@ def test_help_names_the_command_typed(capsys, argv, usage):
 
 
 def test_help_of_the_modules_and_scripts_names_them(capsys, monkeypatch):
-    from hf_posenc.recipes import config as rc
+    from hf_posenc.recipes import recipe_config as rc
 
-    module = rc.__file__.replace("config.py", "finetune.py")
+    module = rc.__file__.replace("recipe_config.py", "finetune.py")
     monkeypatch.setattr("sys.argv", [module, "--help"])
     assert rc.program("finetune") == "python -m hf_posenc.recipes.finetune"
     monkeypatch.setattr("sys.argv", ["recipes/evaluate.py"])

@@ -27,16 +27,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import transformers
-from tqdm.auto import tqdm
-
 import hf_posenc as hp
-from hf_posenc import cli, data, loading
-from hf_posenc import eval as hpe
+from hf_posenc import cli
 from hf_posenc.errors import ConfigError
-from hf_posenc.eval import report
-from hf_posenc.recipes import config as recipe_config
+from hf_posenc.recipes import recipe_config
+
+# torch, transformers and the measures (hf_posenc.eval) load inside the functions that use them, once the
+# config is read: `--help` answers without them (tests/test_help_speed.py).
 
 
 @dataclass
@@ -116,6 +113,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalCo
 
 def check_args(args: EvalConfig) -> None:
     """Every value in range, before anything is loaded or written."""
+    from hf_posenc import eval as hpe
+
     def need(ok: bool, message: str) -> None:
         if not ok:
             raise ConfigError(message)
@@ -159,9 +158,21 @@ def check_args(args: EvalConfig) -> None:
          "eval.grid needs eval.tune_length (or eval.perplexity_lengths, whose longest is the default)")
 
 
+def __getattr__(name: str):
+    if name == "variant_plan":   # the old name: kept one release, with a warning
+        import warnings
+
+        warnings.warn("hf_posenc.recipes.evaluate.variant_plan is now variant_runs; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return variant_runs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_model_and_paths(args: EvalConfig) -> str:
     """The model reference (checked like the CLI's) and, from its config alone, that every variant's method
     applies to it; output_dir neither a file nor an input. Returns the reference."""
+    from hf_posenc import eval as hpe
+
     ref = cli.model_ref(args.model.name)
     inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.is_dir()]
     cli.output_folder(args.output_dir, "output_dir", inputs)
@@ -177,8 +188,10 @@ def max_length(args: EvalConfig) -> int:
                 *ev.needle_lengths])
 
 
-def variant_plan(args: EvalConfig) -> list[tuple[str, str, int]]:
+def variant_runs(args: EvalConfig) -> list[tuple[str, str, int]]:
     """(label, spec, target) for each evaluation: "none" once, the others at each target."""
+    from hf_posenc import eval as hpe
+
     targets = args.eval.max_position_embeddings
     sweep = len(targets) > 1
     return [(spec if spec == hpe.variants.NONE or not sweep else f"{spec} @{target}", spec, target)
@@ -191,6 +204,9 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
     tune_documents long enough are the tuning split, and the other perplexity measures read only the
     documents after them (held out). Each document and prompt starts as `framing` says (by default as the
     tokenizer starts an input); the sliding window puts that BOS before every window instead."""
+    from hf_posenc import data
+    from hf_posenc import eval as hpe
+
     corpus = data.load_corpus(args.data.corpus, split=args.data.split, text_column=args.data.text_column)
     bos = FRAMINGS[args.data.framing]
     prefix = data.bos_prefix(tokenizer, bos)
@@ -254,6 +270,8 @@ def describe(model) -> dict:
 
 def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
     """Every measure of one variant, and the seconds each took ("seconds_by_measure")."""
+    from hf_posenc import eval as hpe
+
     res, seconds = {}, {}
 
     def timed(name, fn):
@@ -281,6 +299,10 @@ def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
 def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -> dict:
     """Every point of one grid scored on the tuning documents (perplexity at tune_length); the best
     named as the hp.patch call that makes it."""
+    from tqdm.auto import tqdm
+
+    from hf_posenc import eval as hpe
+
     length = args.eval.tune_length or max(args.eval.perplexity_lengths)
     points = []
     for point in tqdm(hpe.expand_grid(spec), desc=f"grid {spec} @{target}", unit="point"):
@@ -312,6 +334,8 @@ def passes(args: EvalConfig, inputs: dict) -> list[int]:
 def seconds_per_token(model, lengths: tuple[int, int]) -> tuple[float, float]:
     """(a, b): a pass of n tokens takes about n * (a + b * n) seconds, from one timed forward at each of two
     lengths (the attention's share grows with n)."""
+    import torch
+
     device = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
     per_token = []
@@ -328,7 +352,7 @@ def seconds_per_token(model, lengths: tuple[int, int]) -> tuple[float, float]:
 
 def estimate_line(model, args: EvalConfig, inputs: dict, evaluations: int, grid_points: int) -> str:
     """What the run is about to do and about how long it takes, from two timed forwards of this model here."""
-    from hf_posenc.recipes.finetune import duration
+    from hf_posenc.recipes.finetune_recipe import duration
 
     lengths = passes(args, inputs)
     tune = args.eval.tune_length or max(args.eval.perplexity_lengths, default=0)
@@ -342,11 +366,13 @@ def estimate_line(model, args: EvalConfig, inputs: dict, evaluations: int, grid_
             + f"; roughly {duration(seconds)} here (from timed passes of {probe[0]} and {probe[1]} tokens)")
 
 
-def check_lengths(model, args: EvalConfig, plan: list[tuple[str, str, int]]) -> None:
+def check_lengths(model, args: EvalConfig, runs: list[tuple[str, str, int]]) -> None:
     """Every variant takes the longest input asked of it (a learned table may not): refused before any
     measure runs."""
+    from hf_posenc import eval as hpe
+
     longest = max_length(args)
-    for label, spec, target in plan:
+    for label, spec, target in runs:
         with hpe.variant(model, spec, target):
             try:
                 hp.check_length(model, longest)
@@ -397,6 +423,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
 
 def run(args: EvalConfig) -> dict:
+    import torch
+    import transformers
+
+    from hf_posenc import eval as hpe
+    from hf_posenc import loading
+    from hf_posenc.eval import report
+
     ref = check_model_and_paths(args)
     out = Path(args.output_dir)
     results_path = out / "results.json"
@@ -413,7 +446,7 @@ def run(args: EvalConfig) -> dict:
     inputs = prepare_data(args, tokenizer)
     targets = args.eval.max_position_embeddings
     grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
-    check_lengths(model, args, variant_plan(args) + [(label, point, target) for label, spec, target in grids
+    check_lengths(model, args, variant_runs(args) + [(label, point, target) for label, spec, target in grids
                                                        for point in hpe.expand_grid(spec)])
 
     results = {"config": config, "model": describe(model), "framing": inputs["framing"],
@@ -427,12 +460,12 @@ def run(args: EvalConfig) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1, default=str))
 
-    plan = variant_plan(args)
-    todo = [label for label, *_ in plan if label not in results["variants"]]
+    runs = variant_runs(args)
+    todo = [label for label, *_ in runs if label not in results["variants"]]
     points = sum(len(hpe.expand_grid(spec)) for label, spec, _ in grids if label not in results["grid"])
     print(estimate_line(model, args, inputs, len(todo) + len(grids), points), file=sys.stderr)
     try:
-        evaluate_all(model, args, inputs, results, plan, grids, save, device)
+        evaluate_all(model, args, inputs, results, runs, grids, save, device)
     except KeyboardInterrupt:
         done = [*results["variants"], *(f"grid {label}" for label in results["grid"])]
         raise Interrupted(
@@ -447,10 +480,11 @@ def run(args: EvalConfig) -> dict:
     return results
 
 
-def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, plan: list, grids: list, save,
+def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: list, grids: list, save,
                  device: str) -> None:
-    """The grids (the best point of each joins `plan`), then every variant; results saved after each. A
+    """The grids (the best point of each joins `runs`), then every variant; results saved after each. A
     pass of at least half the longest input shows a bar over the model's layers."""
+    from hf_posenc import eval as hpe
     from hf_posenc.demo import pass_progress
 
     targets = args.eval.max_position_embeddings
@@ -461,11 +495,11 @@ def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, plan: lis
             results["grid"][label] = search_grid(model, args, inputs, spec, target)
             save()
         best = results["grid"][label]["best"]
-        plan.append((f"{best} (grid best)" + (f" @{target}" if len(targets) > 1 else ""),
+        runs.append((f"{best} (grid best)" + (f" @{target}" if len(targets) > 1 else ""),
                      best, target))
 
     # 2. every variant, every measure
-    for label, spec, target in plan:
+    for label, spec, target in runs:
         if label in results["variants"]:
             print(f"{label}: done already (results.json), skipped", file=sys.stderr)
             continue

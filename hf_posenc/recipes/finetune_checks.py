@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -19,14 +20,16 @@ from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..positions import Contiguous, PositionScheme, scheme
 from ..train_data import load_documents
-from .config import one_line
-from .finetune_config import Config, DataArgs, ModelArgs, TrainArgs
-from .finetune_model import GROUPS, _model_ref, choose_attention, select_trainable
+from .recipe_config import one_line
+from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
+from .finetune_model import _model_ref, choose_attention, select_trainable
 
 
 @dataclasses.dataclass
-class Plan:
-    """What the checks found out, from the config file of the checkpoint only."""
+class Preflight:
+    """What the checks found out before anything loads, from the checkpoint's config file only: the contexts,
+    the training sequence lengths, the kind of model, the resolved position scheme. (Named so that "plan"
+    means one thing in hf_posenc: a patch as data, plan.PatchPlan.)"""
     original_context: int
     target_context: int
     seq_len: int
@@ -46,7 +49,15 @@ def routes_to_experts(config) -> bool:
     return any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in EXPERT_COUNTS)
 
 
-def check_config(cfg: Config) -> Plan:
+def __getattr__(name: str):
+    if name == "Plan":   # the old name: kept one release, with a warning
+        warnings.warn("hf_posenc.recipes.finetune_checks.Plan is now Preflight; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return Preflight
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_config(cfg: FinetuneConfig) -> Preflight:
     """Everything that can be refused before the model is loaded and before anything is written: the
     fields, the paths (an output never is, holds or lies inside an input), the corpora, and, on the
     model's skeleton (meta device, no weights), the attention implementation, the patch, the trainable
@@ -68,13 +79,13 @@ def check_config(cfg: Config) -> Plan:
     weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
     if folder.is_dir() and not cfg.model.gguf_file and not weights:
         raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
-    config = model.config
-    archs = getattr(config, "architectures", None) or []
+    model_config = model.config
+    archs = getattr(model_config, "architectures", None) or []
     causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     if cfg.train.objective == "lm" and not causal:
         raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
                           f"use train.objective=distill for encoders")
-    original = int(config.get_text_config().max_position_embeddings)
+    original = int(model_config.get_text_config().max_position_embeddings)
     check_attention(cfg.model, model)
     target, model, exact = check_posenc(cfg, ref, model, original) if cfg.posenc else (original, model, True)
     seq_len = cfg.data.seq_len or target
@@ -101,10 +112,10 @@ def check_config(cfg: Config) -> Plan:
                 check_length(model, length)
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
-    return Plan(original, target, seq_len, short_len, causal, positions, routes_to_experts(config))
+    return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config))
 
 
-def check_positions(cfg: Config, model, context: int, window: int) -> PositionScheme:
+def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> PositionScheme:
     """train.positions, resolved (its target: the patched context unless it names one), for a model whose
     distances are set by its position ids, and a window the target holds."""
     chosen = scheme(cfg.train.positions)
@@ -163,7 +174,7 @@ def check_schedule(train: TrainArgs) -> None:
                           f"({one_line(err)}); choose one of linear, cosine, constant_with_warmup, ...") from None
 
 
-def _inputs(cfg: Config, ref: str) -> list[tuple[str, str]]:
+def _inputs(cfg: FinetuneConfig, ref: str) -> list[tuple[str, str]]:
     """The local paths the run reads: the model (its folder, or the folder of its .gguf file) and the corpora."""
     try:
         name, extra = loading.resolve(ref, cfg.model.gguf_file)
@@ -176,7 +187,7 @@ def _inputs(cfg: Config, ref: str) -> list[tuple[str, str]]:
     return [(what, path) for what, path in found if Path(path).exists()]
 
 
-def check_output_dir(cfg: Config, ref: str) -> None:
+def check_output_dir(cfg: FinetuneConfig, ref: str) -> None:
     """output_dir is a folder (or nothing yet), never an input, an input's folder or inside one (resolved,
     symlinks followed), and not a previous run's unless --resume or --overwrite_output_dir says so."""
     out = Path(cfg.output_dir)
@@ -233,7 +244,7 @@ def check_attention(args: ModelArgs, model) -> None:
                           f"{one_line(err)}") from None
 
 
-def check_posenc(cfg: Config, ref: str, model, original: int):
+def check_posenc(cfg: FinetuneConfig, ref: str, model, original: int):
     """The patch, dry-run on the skeleton: (target context, patched skeleton, True); for a method that needs
     the weights to run (sinusoidal's fit), its parameters are checked and the skeleton is left unpatched
     (target, fresh skeleton, False)."""
@@ -288,7 +299,7 @@ def check_trainable(train: TrainArgs, model, ref: str) -> None:
                                   f"module names look like {[n for n in modules if n][:4]}")
 
 
-def prepare_output_dir(cfg: Config) -> None:
+def prepare_output_dir(cfg: FinetuneConfig) -> None:
     out = Path(cfg.output_dir)
     if cfg.overwrite_output_dir and not cfg.resume and out.exists():
         shutil.rmtree(out)

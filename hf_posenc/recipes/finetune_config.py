@@ -7,13 +7,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from dataclasses import field
 from typing import Optional, Union
 
 from ..errors import ConfigError, PosEncError
-from ..positions import scheme
-from . import config as recipe_config
-from .finetune_model import GROUPS
+from . import recipe_config
+
+# Plain Python only at import (torch, the position schemes and accelerate load inside the checks that need
+# them): `--help` reads these dataclasses and answers without torch (tests/test_help_speed.py).
+
+# the groups train.trainable names, as regexes over parameter names (finetune_model.select_trainable)
+GROUPS = {
+    "embeddings": r"embed|wte|wpe|position|word_embeddings|token_type",
+    "norms": r"norm|ln_|layernorm",
+    "attention": r"attn|attention|q_proj|k_proj|v_proj|o_proj",
+    "mlp": r"mlp|intermediate|\.output\.dense|fc\d|gate_proj|up_proj|down_proj",
+    "head": r"lm_head|score|classifier",
+}
 
 
 def _need(ok: bool, message: str) -> None:
@@ -153,6 +164,8 @@ class TrainArgs:
                                               f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
+        from ..positions import scheme
+
         try:
             scheme(self.positions)
         except PosEncError as err:
@@ -180,7 +193,9 @@ class EvalArgs:
 
 
 @dataclasses.dataclass
-class Config:
+class FinetuneConfig:
+    """The fine-tune recipe's config: its YAML file's sections and top-level keys."""
+
     model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the checkpoint and how it loads"})
     data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the training text and how it is packed"})
     train: TrainArgs = field(default_factory=TrainArgs, metadata={"help": "objective, optimizer, what trains"})
@@ -208,14 +223,22 @@ ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; acc
          "processes).")
 
 
-def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
+def __getattr__(name: str):
+    if name == "Config":   # the old name: kept one release, with a warning
+        warnings.warn("hf_posenc.recipes.finetune_config.Config is now FinetuneConfig; the old name goes in the "
+                      "next release", DeprecationWarning, stacklevel=2)
+        return FinetuneConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def parse_config(argv: list[str] | None = None, prog: str | None = None) -> FinetuneConfig:
     """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
     `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/config.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:   # not a 400-step SmolLM2 run by surprise
         raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "
                           "overrides; --help lists every field")
-    return recipe_config.parse(Config, argv, usage=f"{recipe_config.program('finetune', prog)} {USAGE}", about=ABOUT,
+    return recipe_config.parse(FinetuneConfig, argv, usage=f"{recipe_config.program('finetune', prog)} {USAGE}", about=ABOUT,
                                shipped=lambda name: name.endswith("_finetune"))
 
 

@@ -12,10 +12,11 @@ import torch
 
 from .. import loading
 from ..errors import ConfigError
-from .config import one_line
+from .recipe_config import one_line
+from .finetune_config import GROUPS
 
 if TYPE_CHECKING:
-    from .finetune_config import Config, ModelArgs
+    from .finetune_config import FinetuneConfig, ModelArgs
 
 
 def _model_ref(model: ModelArgs) -> str:
@@ -43,28 +44,19 @@ def mixed_precision(dtype: str) -> str:
     return "no"
 
 
-def load_model(cfg: Config):
+def load_model(cfg: FinetuneConfig):
     kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation)}
     if cfg.model.dtype != "auto":
         kwargs["dtype"] = getattr(torch, cfg.model.dtype)
     return loading.load_model(_model_ref(cfg.model), gguf_file=cfg.model.gguf_file, **kwargs)
 
 
-def load_tokenizer(cfg: Config):
+def load_tokenizer(cfg: FinetuneConfig):
     ref = _model_ref(cfg.model)
     try:
         return loading.load_tokenizer(ref, gguf_file=cfg.model.gguf_file)
     except (OSError, ValueError) as err:   # no tokenizer files beside the model, a backend missing, ...
         raise ConfigError(f"cannot load the tokenizer of {ref!r}: {one_line(err)}") from None
-
-
-GROUPS = {
-    "embeddings": r"embed|wte|wpe|position|word_embeddings|token_type",
-    "norms": r"norm|ln_|layernorm",
-    "attention": r"attn|attention|q_proj|k_proj|v_proj|o_proj",
-    "mlp": r"mlp|intermediate|\.output\.dense|fc\d|gate_proj|up_proj|down_proj",
-    "head": r"lm_head|score|classifier",
-}
 
 
 def select_trainable(model: torch.nn.Module, spec) -> tuple[int, int]:
@@ -98,11 +90,11 @@ def apply_lora(model: torch.nn.Module, lora: dict, trainable) -> torch.nn.Module
     train too (LongLoRA trains embeddings and norms alongside the adapters)."""
     import peft
 
-    config = peft.LoraConfig(r=int(lora.get("r", 8)), lora_alpha=int(lora.get("alpha", 16)),
-                             lora_dropout=float(lora.get("dropout", 0.0)),
-                             target_modules=lora.get("target_modules", "all-linear"))
+    lora_config = peft.LoraConfig(r=int(lora.get("r", 8)), lora_alpha=int(lora.get("alpha", 16)),
+                                  lora_dropout=float(lora.get("dropout", 0.0)),
+                                  target_modules=lora.get("target_modules", "all-linear"))
     extra = [] if trainable == "all" else [n for n, p in model.named_parameters() if p.requires_grad]
-    model = peft.get_peft_model(model, config)
+    model = peft.get_peft_model(model, lora_config)
     if extra:
         pattern = re.compile("|".join(f"(?:{GROUPS.get(n, n)})" for n in
                                       ([trainable] if isinstance(trainable, str) else trainable)), re.IGNORECASE)

@@ -1,0 +1,468 @@
+"""The fine-tune recipe as a class (as torchtune writes its recipes): each phase of a run is a method that a
+test can call alone on a tiny model.
+
+    recipe = FinetuneRecipe(cfg)     # every check (finetune_checks): refused before anything loads or is written
+    recipe.setup()                   # setup_accelerator, setup_data, setup_model, evaluate (before), setup_optimizer
+    final = recipe.train()           # resume, then train_step / save_checkpoint per step, save_final, cleanup
+
+The canonical accelerate loop: Accelerator -> data under main_process_first -> output folder -> model +
+patch -> prepare -> resume -> train under accumulate -> periodic save_state -> final save on the main
+process. The command line (parsing, a refusal's one line, Ctrl-C) is finetune.py; the pieces live beside
+it: the config (finetune_config.py), the checks (finetune_checks.py), the model and what trains
+(finetune_model.py); and in hf_posenc: the data (train_data.py), the checkpoints and the loss log
+(checkpoints.py), the model card (card.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from typing import Iterator, Optional
+
+# Before torch loads OpenMP: on a shared CPU, threads spinning at each barrier (the default) burn
+# the time of the other processes; MiniLM healing took 6.5 s a step instead of 0.9 at load 5 on 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs,  # noqa: E402
+                              GradientAccumulationPlugin, set_seed)
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import get_scheduler  # noqa: E402
+
+import hf_posenc as hp  # noqa: E402
+from hf_posenc import checkpoints as ckpt  # noqa: E402
+from hf_posenc import data as hdata  # noqa: E402
+from hf_posenc import train_data  # noqa: E402
+from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
+from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
+from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
+from hf_posenc.recipes.finetune_checks import Preflight, check_config, prepare_output_dir  # noqa: E402
+from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
+from hf_posenc.recipes.finetune_model import (apply_lora, disable_dropout, load_model,  # noqa: E402
+                                              load_tokenizer, mixed_precision, select_trainable)
+from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
+
+
+class FinetuneRecipe:
+    """One fine-tuning run of `cfg`. The constructor runs every check (`check_config`, or takes the
+    `preflight` a caller already has); `progress` is a dict the run keeps current (output_dir, steps, the
+    last finished step, the progress bar, whether this is the main process) for the line an interrupted
+    run prints (finetune.py)."""
+
+    def __init__(self, cfg: FinetuneConfig, preflight: Optional[Preflight] = None, progress: Optional[dict] = None):
+        self.cfg = cfg
+        self.preflight = check_config(cfg) if preflight is None else preflight
+        self.progress = {} if progress is None else progress
+        self.progress.update(output_dir=cfg.output_dir, steps=cfg.train.steps, step=None, bar=None, main=True)
+        self.teacher = None
+        self.before: dict = {}
+        self.start_step = 0
+        self.batches: Optional[Iterator[dict]] = None   # set by resume()
+
+    # ------------------------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Everything before the first step, in the order a run needs it: the data before the output
+        folder is written and the weights load (a corpus of nothing is refused first), the evaluation
+        before training on the model as patched, the optimizer last (a patch may add parameters)."""
+        self.setup_accelerator()
+        self.setup_data()
+        self.setup_model()
+        self.before = self.evaluate() if self.accelerator.is_main_process else {}
+        self.setup_optimizer()
+
+    def setup_accelerator(self) -> None:
+        """The Accelerator (process group, device, mixed precision, trackers), the seed, and the summary of
+        what the run is about to do."""
+        cfg, preflight = self.cfg, self.preflight
+        self.accelerator = Accelerator(
+            cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
+            mixed_precision=mixed_precision(cfg.model.dtype),
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=cfg.train.grad_accum,
+                                                                    sync_with_dataloader=False),
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+            log_with=cfg.train.report_to, project_dir=cfg.output_dir,
+            # routed experts: a step may leave an expert without a gradient, which DDP must look for every step
+            # (other parameters the objective never reaches are frozen instead: freeze_unreached)
+            kwargs_handlers=([DistributedDataParallelKwargs(find_unused_parameters=True)]
+                             if preflight.routed_experts else None),
+        )
+        self.progress["main"] = self.accelerator.is_main_process
+        set_seed(cfg.train.seed)
+        self.accelerator.print(run_summary(cfg, preflight, self.accelerator.num_processes))
+
+    def setup_data(self) -> None:
+        """The tokenizer; the data tokenized and packed once (main process first, cached on disk) and its
+        DataLoader; then the output folder with the run's config."""
+        cfg, accelerator = self.cfg, self.accelerator
+        self.tokenizer = load_tokenizer(cfg)
+        with accelerator.main_process_first():
+            self.dataset = train_data.prepare_data(cfg.data, self.tokenizer, self.preflight)
+        tokenizer = self.tokenizer
+        self.pad_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                       else train_data.boundary_ids(tokenizer, False)[0])
+        self.dataloader = torch.utils.data.DataLoader(self.dataset, batch_size=cfg.train.batch_size,
+                                                      shuffle=cfg.data.shuffle,
+                                                      collate_fn=train_data.collate(self.pad_id))
+        if accelerator.is_main_process:
+            prepare_output_dir(cfg)
+            with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
+                json.dump(cfg.to_dict(), f, indent=2)
+        accelerator.wait_for_everyone()
+
+    def setup_model(self) -> None:
+        """The model, the unpatched teacher (distill), the patch, what trains, and the objective inside the
+        module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)."""
+        cfg, preflight, accelerator = self.cfg, self.preflight, self.accelerator
+        model = load_model(cfg)
+        if cfg.train.objective == "distill":
+            self.teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
+            disable_dropout(model)
+        if cfg.posenc:
+            hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        select_trainable(model, cfg.train.trainable)
+        if cfg.train.lora:
+            model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
+        chunk = cfg.train.loss_chunk if preflight.causal else 0
+        why = chunk and output_logits_mismatch(model)
+        if why:
+            accelerator.print(f"warning: train.loss_chunk off for this model ({why}): the full logits are used")
+            chunk = 0
+        self.model = model
+        self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
+                                      temperature=cfg.train.temperature)
+        if wraps_in_ddp(accelerator) and not preflight.routed_experts:
+            probe = train_data.collate(self.pad_id)([self.dataset[0]])
+            unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
+            if unreached:
+                accelerator.print(f"not trained: {len(unreached)} parameter(s) the {cfg.train.objective} objective "
+                                  f"never reaches ({', '.join(unreached[:4])}{', ...' if len(unreached) > 4 else ''}), "
+                                  f"frozen (DDP needs a gradient for every trained parameter; one process skips them "
+                                  f"alike)")
+        n_train, n_total = select_trainable(model, "all")
+        accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
+                          f"trainable parameters: {n_train:,} of {n_total:,}")
+
+    def setup_optimizer(self) -> None:
+        """AdamW (YaRN's defaults in the example configs), the scheduler, accelerate's prepare, trackers."""
+        cfg, accelerator = self.cfg, self.accelerator
+        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.train.lr,
+                                      betas=tuple(cfg.train.betas), eps=cfg.train.eps,
+                                      weight_decay=cfg.train.weight_decay,
+                                      fused=accelerator.device.type == "cpu")   # CPU: one kernel, not a loop
+        self.scheduler = get_scheduler(cfg.train.scheduler, optimizer, num_warmup_steps=cfg.train.warmup_steps,
+                                       num_training_steps=cfg.train.steps)
+        self.objective, self.optimizer, self.dataloader = accelerator.prepare(self.objective, optimizer,
+                                                                              self.dataloader)
+        accelerator.register_for_checkpointing(self.scheduler)   # stepped once per optimizer step, by hand
+        if cfg.train.report_to:
+            accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+
+    # ------------------------------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Where training starts: with `resume`, the newest complete checkpoint whose files are whole is
+        loaded (a broken one is named and the one before it taken); then the loss log from that step and the
+        micro-batches it had consumed skipped. Returns the step training goes on from (0: the beginning)."""
+        cfg, accelerator = self.cfg, self.accelerator
+        self.start_step = resume(accelerator, cfg.output_dir) if cfg.resume else 0
+        self.log = ckpt.LossLog(cfg.output_dir, self.start_step, accelerator.is_main_process)
+        left = cfg.train.steps - self.start_step
+        if self.start_step and left > 0:
+            pace = ckpt.seconds_per_step(cfg.output_dir)
+            if pace:
+                accelerator.print(f"the {left} steps left take about {duration(pace * left)} (the pace of the "
+                                  f"steps logged)")
+        self.batches = self.micro_batches(self.start_step * cfg.train.grad_accum)
+        return self.start_step
+
+    def micro_batches(self, consumed: int) -> Iterator[dict]:
+        """The DataLoader's micro-batches from the `consumed`-th on, epoch after epoch (each epoch its own
+        seeded order)."""
+        epoch, skip = divmod(consumed, len(self.dataloader))
+        while True:
+            self.dataloader.set_epoch(epoch)
+            yield from (self.accelerator.skip_first_batches(self.dataloader, skip) if skip else self.dataloader)
+            epoch, skip = epoch + 1, 0
+
+    # ------------------------------------------------------------------------------------------- train
+    def train_step(self, step: int) -> dict:
+        """Optimizer step `step` (1-based): grad_accum micro-batches under accelerator.accumulate, dropout
+        seeded per micro-batch (the same draws after a resume), a non-finite loss stopped before the weights
+        change. Returns its log record (loss, tokens, lr, tokens/s, peak memory), also written to log.jsonl."""
+        cfg, accelerator, objective = self.cfg, self.accelerator, self.objective
+        started, losses, tokens = time.perf_counter(), [], 0
+        for micro in range(cfg.train.grad_accum):
+            batch = next(self.batches)
+            torch.manual_seed(ckpt.step_seed(cfg.train.seed, step, micro))
+            positions = window_positions(self.preflight, batch, cfg, accelerator, step, micro)
+            with accelerator.accumulate(objective):
+                loss = objective(batch["input_ids"], batch["attention_mask"], teacher=self.teacher,
+                                 position_ids=positions)
+                accelerator.backward(loss)
+                losses.append(loss.detach())
+                if accelerator.sync_gradients:
+                    stop_if_diverged(accelerator, losses, step, cfg, self.progress.get("bar"))
+                    if cfg.train.max_grad_norm:
+                        accelerator.clip_grad_norm_(objective.parameters(), cfg.train.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+            tokens += int(batch["attention_mask"].sum())
+        self.scheduler.step()
+        step_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+        tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
+        record = {"step": step, "loss": step_loss, "tokens": tokens, "lr": self.scheduler.get_last_lr()[0],
+                  "tokens_per_s": tokens / (time.perf_counter() - started), "peak_mem_mb": ckpt.peak_memory_mb()}
+        if cfg.eval.every and step % cfg.eval.every == 0 and accelerator.is_main_process:
+            record.update(self.evaluate())
+        self.log.write(record)
+        if cfg.train.report_to:
+            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        return record
+
+    def train(self):
+        """From where `resume` says (called here unless it was already) to train.steps: each step, its
+        checkpoint when due, then the final model. Returns the final model, or None when
+        train.stop_after_steps stopped the run first."""
+        cfg, accelerator = self.cfg, self.accelerator
+        if self.batches is None:
+            self.resume()
+        self.objective.train()
+        bar = tqdm(total=cfg.train.steps, initial=self.start_step, disable=not accelerator.is_local_main_process,
+                   desc="finetune")
+        self.progress.update(bar=bar, step=self.start_step)
+        for step in range(self.start_step + 1, cfg.train.steps + 1):
+            started = time.perf_counter()
+            record = self.train_step(step)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                            tok_s=f"{record['tokens_per_s']:.0f}", mem=f"{record['peak_mem_mb']:.0f}MB")
+            bar.update()
+            self.progress["step"] = step
+            if step == self.start_step + 1 and step < cfg.train.steps:   # this run's first step: the time left
+                took = time.perf_counter() - started
+                accelerator.print(f"step {step} took {duration(took)}: the {cfg.train.steps - step} steps left take "
+                                  f"about {duration(took * (cfg.train.steps - step))}")
+            if step % cfg.train.save_every == 0 or step == cfg.train.steps:
+                self.save_checkpoint(step)
+            if cfg.train.stop_after_steps and cfg.train.stop_after_steps <= step < cfg.train.steps:
+                bar.close()
+                accelerator.print(f"stopped after step {step} (train.stop_after_steps); continue with --resume")
+                self.cleanup()
+                return None
+        bar.close()
+        final = self.save_final()
+        self.cleanup()
+        return final
+
+    # -------------------------------------------------------------------------------------------- save
+    def save_checkpoint(self, step: int) -> None:
+        """The full state (model, optimizer, scheduler, RNGs, sampler) into checkpoints/step_N, marked done
+        with its file sizes once every process wrote its part; the oldest beyond train.keep_checkpoints go."""
+        accelerator = self.accelerator
+        folder = ckpt.checkpoint_dir(self.cfg.output_dir, step)
+        if accelerator.is_main_process and folder.exists():
+            ckpt.begin_checkpoint(folder)
+        accelerator.save_state(str(folder))
+        accelerator.wait_for_everyone()   # every process' RNG file is written before the manifest
+        if accelerator.is_main_process:
+            ckpt.mark_done(folder)
+            ckpt.prune_checkpoints(self.cfg.output_dir, self.cfg.train.keep_checkpoints)
+
+    def save_final(self):
+        """The final model saved the hf_posenc way (stock-loadable config; LoRA merged), the tokenizer, the
+        evaluation after training, the model card. Returns the final model."""
+        cfg, accelerator = self.cfg, self.accelerator
+        accelerator.wait_for_everyone()
+        unwrapped = accelerator.unwrap_model(self.objective).model
+        if cfg.train.lora:
+            final, state_dict = unwrapped.merge_and_unload(), None
+        else:   # the wrapper's state dict, its "model." prefix off
+            state_dict = accelerator.get_state_dict(self.objective)
+            final, state_dict = unwrapped, state_dict and {k.removeprefix("model."): v for k, v in state_dict.items()}
+        if accelerator.is_main_process:
+            final.save_pretrained(cfg.output_dir, state_dict=state_dict)
+            fit_tokenizer(self.tokenizer, final)   # model_max_length: the patched context, which tools truncate to
+            self.tokenizer.save_pretrained(cfg.output_dir)
+            before, after = self.before, self.evaluate(final)
+            for name, figures in (("eval_before.json", before), ("eval_after.json", after)):
+                if figures:
+                    open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
+            describe = hp.describe(final) if cfg.posenc else {}
+            tokens_seen = sum(r["tokens"] for r in ckpt.read_log(cfg.output_dir))
+            write_model_card(cfg.output_dir, cfg, self.preflight, describe, cfg.train.steps, tokens_seen, before,
+                             after)
+            accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
+        return final
+
+    def cleanup(self) -> None:
+        self.accelerator.end_training()
+
+    # ---------------------------------------------------------------------------------------- evaluate
+    def evaluate(self, model=None) -> dict:
+        """eval.lengths on `model` (default: the model being trained): see `evaluate`."""
+        return evaluate(self.model if model is None else model, self.tokenizer, self.cfg, self.preflight,
+                        self.teacher)
+
+
+def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> str:
+    """What the run is about to do, printed before anything loads: the model, the patch, the objective, the
+    steps and tokens, the output folder, and when a time can be told (after the first step, or at once when
+    resuming a run whose steps are logged)."""
+    patch = ("no posenc patch" if not cfg.posenc else "posenc " + " ".join(
+        [cfg.posenc["method"], *(f"{k}={v}" for k, v in cfg.posenc.items() if k != "method")]))
+    context = (f"{preflight.original_context} -> {preflight.target_context} positions"
+               if preflight.target_context != preflight.original_context else f"{preflight.target_context} positions")
+    trains = "LoRA adapters" if cfg.train.lora else ("all weights" if cfg.train.trainable == "all"
+                                                     else f"trainable {cfg.train.trainable}")
+    if cfg.train.lora and cfg.train.trainable != "all":
+        trains += f" + {cfg.train.trainable}"
+    sequences = cfg.train.batch_size * cfg.train.grad_accum * processes
+    per_step = sequences * preflight.seq_len
+    shares = f", {cfg.data.short_share:.0%} of them cut to {preflight.short_len}" if preflight.short_len else ""
+    positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
+    lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
+             f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
+             f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
+             f"{'es' if processes > 1 else ''}) = up to {per_step:,} tokens a step, {per_step * cfg.train.steps:,} in all",
+             f"  output: {cfg.output_dir}" + (" (resuming its run)" if cfg.resume else "")
+             + f"; checkpoints every {cfg.train.save_every} steps",
+             "  time: said after the first step" + (" (or at once from the steps logged, when resuming)"
+                                                      if cfg.resume else "")]
+    return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    """12 s, 3 min 20 s, 2 h 05 min."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def wraps_in_ddp(accelerator) -> bool:
+    """Whether `accelerator.prepare` wraps the model in DistributedDataParallel (several processes, no
+    FSDP / DeepSpeed): DDP then needs every trainable parameter to receive a gradient at every step."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.multi_device or accelerator.distributed_type == DistributedType.MULTI_CPU
+
+
+def freeze_unreached(objective: torch.nn.Module, device, probe: dict, teacher=None, tokens: int = 16) -> list[str]:
+    """Freeze the trainable parameters the objective's loss never depends on (an encoder's pooler under
+    distill, which matches hidden states; a head the loss does not use), found by one forward and backward
+    on the first `tokens` tokens of a training block; returns their names. Nothing changes in what trains:
+    AdamW and gradient clipping skip a parameter without a gradient, so one process leaves them as they are,
+    and frozen, DDP leaves them too instead of stopping at the second step ("Parameter indices which did
+    not receive grad"). The RNG state (dropout) is restored and the gradients cleared afterwards.
+    Models whose use of parameters depends on the data (routed experts) are not probed: DDP looks for
+    unused parameters at every step there (Preflight.routed_experts)."""
+    objective.to(device)
+    ids, mask = (probe[k][:, :tokens].to(device) for k in ("input_ids", "attention_mask"))
+    trainable = [(n, p) for n, p in objective.named_parameters() if p.requires_grad]
+    with torch.random.fork_rng(devices=[]):
+        objective(ids, mask, teacher=teacher).backward()
+    unreached = [n.removeprefix("model.") for n, p in trainable if p.grad is None]
+    for n, p in trainable:
+        if p.grad is None:
+            p.requires_grad_(False)
+        p.grad = None
+    return unreached
+
+
+def window_positions(preflight: Preflight, batch: dict, cfg: FinetuneConfig, accelerator, step: int, micro: int):
+    """The position ids train.positions gives this micro-batch (None: contiguous, the model's own 0..n-1).
+    Row r of micro-batch `micro` of optimizer step `step` on process p is window number
+    ((((step - 1) * grad_accum + micro) * processes + p) * batch_size + r) of the run, and its ids depend
+    only on (seed, that number): a resumed run draws the same ids, each process those of its own windows."""
+    if not preflight.positions.spreads:
+        return None
+    consumed = (step - 1) * cfg.train.grad_accum + micro
+    first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
+    return preflight.positions.batch_position_ids(batch["attention_mask"], seed=cfg.train.seed, first_index=first,
+                                                  window=preflight.seq_len)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teacher=None) -> dict:
+    """Causal LMs: perplexity of the held-out documents at each of eval.lengths (`hf_posenc.eval`).
+    Encoders: mean cosine of mean-pooled embeddings to the unpatched model on held-out passages
+    (cosine@length) and on the short probe sentences of hf_posenc.assets (cosine_probe)."""
+    if not cfg.eval.lengths:
+        return {}
+    was_training = model.training
+    model.eval()
+    docs = train_data.load_documents(cfg.data, cfg.eval.corpus)
+    results = {}
+    try:
+        if preflight.causal:
+            from hf_posenc import eval as hpe
+
+            ids = hdata.tokenize(docs, tokenizer)["input_ids"]
+            for length in cfg.eval.lengths:
+                chosen = [d[:length] for d in ids if len(d) >= length][:cfg.eval.documents]
+                if chosen:
+                    results[f"perplexity@{length}"] = hpe.document_perplexity(
+                        model, chosen, max_length=length, progress=False)["perplexity"]
+        elif teacher is not None:
+            from hf_posenc.assets import PROBE_SENTENCES
+
+            passages = held_out_passages(docs["text"], cfg.eval.documents * 8)
+            for length in cfg.eval.lengths:
+                results[f"cosine@{length}"] = embedding_cosine(model, teacher, tokenizer, passages, length)
+            results["cosine_probe"] = embedding_cosine(model, teacher, tokenizer, list(PROBE_SENTENCES),
+                                                       max(cfg.eval.lengths))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def resume(accelerator, output_dir) -> int:
+    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning). A
+    newer one left half-written (the run stopped while saving it: no `done` mark) is named."""
+    incomplete = ckpt.incomplete_checkpoints(output_dir)
+    for path in reversed(ckpt.complete_checkpoints(output_dir)):
+        step = int(path.name.split("_")[1])
+        problem = ckpt.checkpoint_problem(path)
+        if problem is None:
+            try:
+                accelerator.load_state(str(path))
+            except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {one_line(err)[:300]})"
+        if problem is None:
+            skipped = [n for n in incomplete if n > step]
+            if skipped:
+                accelerator.print(f"step {', '.join(map(str, skipped))} incomplete (the run stopped while saving "
+                                  f"it), resuming from step {step}")
+            accelerator.print(f"resumed from {path} (step {step})")
+            return step
+        message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
+        accelerator.print(message)
+        print(message, file=sys.stderr)
+    if incomplete:
+        accelerator.print(f"step {', '.join(map(str, incomplete))} incomplete (the run stopped while saving it), "
+                          f"resuming from step 0")
+    accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
+    return 0
+
+
+class TrainingDiverged(hp.PosEncError, ValueError):
+    """The loss became NaN or inf: the run stops, its last checkpoint is kept."""
+
+
+def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
+    """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
+    bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
+    if accelerator.reduce(bad, reduction="sum").item():
+        if bar is not None:
+            bar.close()   # its line ends before the error's
+        saved = ckpt.latest_checkpoint(cfg.output_dir)[0]
+        raise TrainingDiverged(
+            f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
+            f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
+            + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))

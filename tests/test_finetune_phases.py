@@ -1,0 +1,150 @@
+"""The fine-tune recipe's phases, each called alone on a tiny Llama (hf_posenc/recipes/finetune_recipe.py):
+the checks in the constructor, setup's parts, one train step, resume from a checkpoint the phases saved,
+evaluate, the final save. The whole run through the command line: tests/test_finetune.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_posenc as hp
+from hf_posenc import checkpoints as ckpt
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes.finetune_config import parse_config
+from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
+from test_finetune import text_file, tiny_dir, write_config  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def fresh_accelerate():
+    """Each recipe builds its own Accelerator: the singleton state of the one before is dropped."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def recipe_for(tmp_path, tiny_dir, text_file, *flags, **sections):  # noqa: F811
+    fresh_accelerate()
+    path = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)}, **sections)
+    return FinetuneRecipe(parse_config(["--config", str(path), *flags]))
+
+
+def weights(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_the_constructor_checks_the_config_and_writes_nothing(tmp_path, tiny_dir, text_file):  # noqa: F811
+    with pytest.raises(ConfigError, match="data.seq_len=512 is longer than the patched context"):
+        recipe_for(tmp_path, tiny_dir, text_file, "--data.seq_len", "512")
+    assert not (tmp_path / "out").exists()
+    recipe = recipe_for(tmp_path, tiny_dir, text_file)
+    assert (recipe.preflight.original_context, recipe.preflight.target_context, recipe.preflight.seq_len) == (128, 256, 64)
+    assert recipe.progress == {"output_dir": str(tmp_path / "out"), "steps": 6, "step": None, "bar": None, "main": True}
+    assert not (tmp_path / "out").exists()
+
+
+def test_setup_data_packs_the_corpus_and_writes_the_run_config_before_any_weights_load(tmp_path, tiny_dir,  # noqa: F811
+                                                                                       text_file, capsys):  # noqa: F811
+    recipe = recipe_for(tmp_path, tiny_dir, text_file)
+    recipe.setup_accelerator()
+    assert capsys.readouterr().out.startswith(f"fine-tune {tiny_dir}: posenc yarn")
+    recipe.setup_data()
+    assert len(recipe.dataset) == 24 and all(len(row["input_ids"]) == 64 for row in recipe.dataset)   # text_file's 24 blocks
+    assert len(recipe.dataloader) == 12                                                           # batch_size 2
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["finetune_config.json"]
+    assert json.loads((out / "finetune_config.json").read_text()) == recipe.cfg.to_dict()
+    assert not hasattr(recipe, "model")
+
+
+def test_setup_model_patches_and_chooses_what_trains(tmp_path, tiny_dir, text_file, capsys):  # noqa: F811
+    recipe = recipe_for(tmp_path, tiny_dir, text_file, "--train.trainable", "norms")
+    recipe.setup_accelerator()
+    recipe.setup_data()
+    recipe.setup_model()
+    described = hp.describe(recipe.model)
+    assert described["method"] == "yarn" and described["max_position_embeddings"] == 256
+    trained = [n for n, p in recipe.model.named_parameters() if p.requires_grad]
+    assert trained and all("norm" in n for n in trained)
+    assert recipe.objective.model is recipe.model and recipe.teacher is None
+    assert "trainable parameters: " in capsys.readouterr().out
+
+
+def test_train_steps_alone_update_the_weights_and_log_each_step(tmp_path, tiny_dir, text_file):  # noqa: F811
+    recipe = recipe_for(tmp_path, tiny_dir, text_file)
+    recipe.setup()
+    assert recipe.resume() == 0
+    before = weights(recipe.model)
+    record = recipe.train_step(1)   # the warmup starts at lr 0: step 1 moves nothing
+    assert record["step"] == 1 and record["tokens"] == 2 * 2 * 64 and torch.isfinite(torch.tensor(record["loss"]))
+    assert record["lr"] == pytest.approx(1e-3 / 2)   # the lr after the step: linear warmup over 2 steps
+    assert all(torch.equal(before[k], v) for k, v in weights(recipe.model).items())
+    recipe.train_step(2)
+    assert any(not torch.equal(before[k], v) for k, v in weights(recipe.model).items())
+    assert [r["step"] for r in ckpt.read_log(tmp_path / "out")] == [1, 2]
+
+
+def test_save_checkpoint_then_resume_in_a_new_recipe_gives_the_same_next_step(tmp_path, tiny_dir, text_file):  # noqa: F811
+    """Phases alone, bit for bit: steps 1-2, save_checkpoint(2), step 3; a fresh recipe resumed from the
+    checkpoint takes step 3 to the same loss and the same weights."""
+    first = recipe_for(tmp_path, tiny_dir, text_file)
+    first.setup()
+    first.resume()
+    first.train_step(1)
+    first.train_step(2)
+    first.save_checkpoint(2)
+    assert ckpt.latest_checkpoint(tmp_path / "out") == (ckpt.checkpoint_dir(tmp_path / "out", 2), 2)
+    expected = first.train_step(3)
+    expected_weights = weights(first.model)
+
+    again = recipe_for(tmp_path, tiny_dir, text_file, "--resume")
+    again.setup()
+    assert again.resume() == 2
+    step3 = again.train_step(3)
+    assert step3["loss"] == expected["loss"] and step3["lr"] == expected["lr"]
+    for k, v in weights(again.model).items():
+        assert torch.equal(v, expected_weights[k]), k
+
+
+def test_evaluate_and_save_final_alone(tmp_path, tiny_dir, text_file):  # noqa: F811
+    recipe = recipe_for(tmp_path, tiny_dir, text_file, "--eval.lengths", "32", "--eval.documents", "1")
+    recipe.setup()
+    assert set(recipe.before) == {"perplexity@32"}
+    assert recipe.evaluate() == recipe.before          # nothing trained since
+    recipe.resume()
+    recipe.train_step(1)
+    final = recipe.save_final()
+    out = tmp_path / "out"
+    assert json.loads((out / "eval_before.json").read_text()) == recipe.before
+    assert set(json.loads((out / "eval_after.json").read_text())) == {"perplexity@32"}
+    ids = torch.arange(200)[None] % 250
+    with torch.no_grad():
+        torch.testing.assert_close(hp.from_pretrained(out).eval()(ids).logits, final.eval()(ids).logits,
+                                   rtol=0, atol=1e-5)
+    assert "yarn" in (out / "README.md").read_text()
+
+
+def test_the_renamed_recipe_names_still_work_for_a_release_with_a_warning():
+    """"plan" is a patch as data (hf_posenc.plan.PatchPlan) and a module called config is hf_posenc.config:
+    the recipe side's names changed; the old ones answer, with a DeprecationWarning naming the new one."""
+    import importlib
+    import sys
+
+    from hf_posenc.recipes import evaluate, finetune, finetune_checks, finetune_config, finetune_recipe, recipe_config
+
+    for module, old, new in [(finetune_checks, "Plan", finetune_checks.Preflight),
+                             (finetune_config, "Config", finetune_config.FinetuneConfig),
+                             (evaluate, "variant_plan", evaluate.variant_runs),
+                             (finetune, "freeze_unreached", finetune_recipe.freeze_unreached),
+                             (finetune, "evaluate", finetune_recipe.evaluate)]:
+        with pytest.warns(DeprecationWarning, match=f"{old} is now"):
+            assert getattr(module, old) is new
+    sys.modules.pop("hf_posenc.recipes.config", None)
+    with pytest.warns(DeprecationWarning, match="hf_posenc.recipes.config is now hf_posenc.recipes.recipe_config"):
+        assert importlib.import_module("hf_posenc.recipes.config") is recipe_config
+    with pytest.raises(AttributeError):
+        finetune_checks.Nonesuch  # noqa: B018
