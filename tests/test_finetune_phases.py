@@ -110,6 +110,24 @@ def test_save_checkpoint_then_resume_in_a_new_recipe_gives_the_same_next_step(tm
         assert torch.equal(v, expected_weights[k]), k
 
 
+def test_train_goes_on_from_the_steps_taken_alone_and_ends_as_a_straight_run(tmp_path, tiny_dir, text_file):  # noqa: F811
+    straight = recipe_for(tmp_path / "a", tiny_dir, text_file, "--output_dir", str(tmp_path / "a" / "out"))
+    straight.setup()
+    expected = weights(straight.train())
+
+    by_hand = recipe_for(tmp_path / "b", tiny_dir, text_file, "--output_dir", str(tmp_path / "b" / "out"))
+    by_hand.setup()
+    by_hand.resume()
+    by_hand.train_step(1)
+    by_hand.save_checkpoint(1)   # off the save_every schedule: changes nothing in what trains
+    final = by_hand.train()
+    assert [r["step"] for r in ckpt.read_log(tmp_path / "b" / "out")] == list(range(1, 7))
+    assert ([r["loss"] for r in ckpt.read_log(tmp_path / "b" / "out")]
+            == [r["loss"] for r in ckpt.read_log(tmp_path / "a" / "out")])
+    for k, v in weights(final).items():
+        assert torch.equal(v, expected[k]), k
+
+
 def test_evaluate_and_save_final_alone(tmp_path, tiny_dir, text_file):  # noqa: F811
     recipe = recipe_for(tmp_path, tiny_dir, text_file, "--eval.lengths", "32", "--eval.documents", "1")
     recipe.setup()

@@ -60,7 +60,8 @@ class FinetuneRecipe:
         self.progress.update(output_dir=cfg.output_dir, steps=cfg.train.steps, step=None, bar=None, main=True)
         self.teacher = None
         self.before: dict = {}
-        self.start_step = 0
+        self.start_step = 0   # where this run started (resume)
+        self.step = 0         # the last step taken
         self.batches: Optional[Iterator[dict]] = None   # set by resume()
 
     # ------------------------------------------------------------------------------------------- setup
@@ -169,7 +170,7 @@ class FinetuneRecipe:
         loaded (a broken one is named and the one before it taken); then the loss log from that step and the
         micro-batches it had consumed skipped. Returns the step training goes on from (0: the beginning)."""
         cfg, accelerator = self.cfg, self.accelerator
-        self.start_step = resume(accelerator, cfg.output_dir) if cfg.resume else 0
+        self.start_step = self.step = resume(accelerator, cfg.output_dir) if cfg.resume else 0
         self.log = ckpt.LossLog(cfg.output_dir, self.start_step, accelerator.is_main_process)
         left = cfg.train.steps - self.start_step
         if self.start_step and left > 0:
@@ -222,27 +223,29 @@ class FinetuneRecipe:
         self.log.write(record)
         if cfg.train.report_to:
             accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        self.step = step
         return record
 
     def train(self):
-        """From where `resume` says (called here unless it was already) to train.steps: each step, its
-        checkpoint when due, then the final model. Returns the final model, or None when
-        train.stop_after_steps stopped the run first."""
+        """From the step after the last one taken (`resume` is called here unless it was already) to
+        train.steps: each step, its checkpoint when due, then the final model. Returns the final model, or
+        None when train.stop_after_steps stopped the run first."""
         cfg, accelerator = self.cfg, self.accelerator
         if self.batches is None:
             self.resume()
         self.objective.train()
-        bar = tqdm(total=cfg.train.steps, initial=self.start_step, disable=not accelerator.is_local_main_process,
+        first = self.step + 1
+        bar = tqdm(total=cfg.train.steps, initial=self.step, disable=not accelerator.is_local_main_process,
                    desc="finetune")
-        self.progress.update(bar=bar, step=self.start_step)
-        for step in range(self.start_step + 1, cfg.train.steps + 1):
+        self.progress.update(bar=bar, step=self.step)
+        for step in range(first, cfg.train.steps + 1):
             started = time.perf_counter()
             record = self.train_step(step)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             tok_s=f"{record['tokens_per_s']:.0f}", mem=f"{record['peak_mem_mb']:.0f}MB")
             bar.update()
             self.progress["step"] = step
-            if step == self.start_step + 1 and step < cfg.train.steps:   # this run's first step: the time left
+            if step == first and step < cfg.train.steps:   # the first step of this call: the time left
                 took = time.perf_counter() - started
                 accelerator.print(f"step {step} took {duration(took)}: the {cfg.train.steps - step} steps left take "
                                   f"about {duration(took * (cfg.train.steps - step))}")
