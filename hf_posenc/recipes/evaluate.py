@@ -158,14 +158,7 @@ def check_args(args: EvalConfig) -> None:
          "eval.grid needs eval.tune_length (or eval.perplexity_lengths, whose longest is the default)")
 
 
-def __getattr__(name: str):
-    if name == "variant_plan":   # the old name: kept one release, with a warning
-        import warnings
-
-        warnings.warn("hf_posenc.recipes.evaluate.variant_plan is now variant_runs; the old name goes in the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        return variant_runs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = recipe_config.old_names(globals(), {"variant_plan": "variant_runs"})   # its name until this release
 
 
 def check_model_and_paths(args: EvalConfig) -> str:

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -20,7 +19,7 @@ from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..positions import Contiguous, PositionScheme, scheme
 from ..train_data import load_documents
-from .recipe_config import one_line
+from .recipe_config import old_names, one_line
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
 
@@ -39,6 +38,8 @@ class Preflight:
     routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
 
 
+__getattr__ = old_names(globals(), {"Plan": "Preflight"})   # Plan: its name until this release
+
 EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -47,14 +48,6 @@ def routes_to_experts(config) -> bool:
     step may leave an expert without a gradient, and DDP must look for unused parameters every step."""
     text = config.get_text_config()
     return any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in EXPERT_COUNTS)
-
-
-def __getattr__(name: str):
-    if name == "Plan":   # the old name: kept one release, with a warning
-        warnings.warn("hf_posenc.recipes.finetune_checks.Plan is now Preflight; the old name goes in the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        return Preflight
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_config(cfg: FinetuneConfig) -> Preflight:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import warnings
 from dataclasses import field
 from typing import Optional, Union
 
@@ -223,12 +222,7 @@ ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; acc
          "processes).")
 
 
-def __getattr__(name: str):
-    if name == "Config":   # the old name: kept one release, with a warning
-        warnings.warn("hf_posenc.recipes.finetune_config.Config is now FinetuneConfig; the old name goes in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return FinetuneConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = recipe_config.old_names(globals(), {"Config": "FinetuneConfig"})   # its name until this release
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> FinetuneConfig:
