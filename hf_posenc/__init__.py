@@ -50,7 +50,7 @@ _LAZY = {
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    _register_rope_types()
+    importlib.import_module(".registry", __name__)   # every method registered, its rope_type known to transformers
     where = _LAZY[name]
     value = importlib.import_module(f".{name}" if where is None else where, __name__)
     if where is not None:
@@ -62,22 +62,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     """The public face for tab completion: `__all__` (submodules stay importable: `import hf_posenc.eval`)."""
     return sorted([*__all__, "__version__"])
-
-
-_registered = False
-
-
-def _register_rope_types() -> None:
-    """Give hf_posenc's own rope_types (`hf_posenc_<method>`, recorded by attention and dynamic methods) a
-    validator in transformers, which otherwise warns "Missing validation function" at every load and save of
-    such a config. Runs (once) when the first torch-side public name is used, before any patch, load or save
-    through `hp.*`; it imports the registry, hence torch and transformers."""
-    global _registered
-    if _registered:
-        return
-    _registered = True   # first: the imports below may ask this module for a public name again
-    from . import _compat
-    from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX
-    from .registry import METHODS
-
-    _compat.register_custom_rope_types(CUSTOM_ROPE_TYPE_PREFIX + name for name in METHODS)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import families, methods  # noqa: F401  (importing them registers every family and method)
+from . import _compat, families, methods  # noqa: F401  (importing them registers every family and method)
 from .config import METHODS, MethodConfig, RegistrationError, register_method
 from .errors import MethodNotApplicableError, UnknownMethodError
+from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX
 from .family import FAMILIES, Family, as_model, find_family, register_family, supported_model_types
 
 if TYPE_CHECKING:
@@ -54,3 +55,8 @@ def list_methods() -> list[dict]:
          "length_dependent": cls.length_dependent, "parameters": cls.parameters()}
         for name, cls in sorted(METHODS.items())
     ]
+
+# transformers warns "Missing validation function" at every load and save of a config whose rope_type it does not
+# know: hf_posenc's own markers (recorded by attention and length-following methods) get a validator, here, where
+# every method is registered, so any path to a patch (hp.*, hf_posenc.api, loading) has it
+_compat.register_custom_rope_types(CUSTOM_ROPE_TYPE_PREFIX + name for name in METHODS)

@@ -8,6 +8,8 @@ import contextlib
 import dataclasses
 import importlib
 import pkgutil
+import subprocess
+import sys
 from typing import ClassVar
 
 import pytest
@@ -157,3 +159,16 @@ def test_the_too_long_message_names_the_registered_table_methods():
     message = too_long_message(600, 512, None)
     assert "hp.patch(model, 'sinusoidal', max_position_embeddings=...) has no length limit" in message
     assert "'hierarchical' or 'interpolate' or 'tile' with max_position_embeddings >= 600" in message
+
+
+def test_any_path_to_a_patch_gives_hf_posencs_rope_types_a_validator():
+    """Importing the registry (which hf_posenc.api, loading and every hp.* name import) registers the rope_types
+    hf_posenc writes, so transformers never warns "Missing validation function" on a patched config; a fresh
+    interpreter, since this one has imported everything already."""
+    code = ("import hf_posenc.loading\n"
+            "from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin as M\n"
+            "from hf_posenc.config import METHODS\n"
+            "missing = [n for n in METHODS if not hasattr(M, f'_validate_hf_posenc_{n}_rope_parameters')]\n"
+            "assert not missing, missing\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hf_posenc as hp
-from hf_posenc import cli
+from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
 
@@ -166,11 +166,11 @@ def check_model_and_paths(args: EvalConfig) -> str:
     applies to it; output_dir neither a file nor an input. Returns the reference."""
     from hf_posenc import eval as hpe
 
-    ref = cli.model_ref(args.model.name)
+    ref = user_input.model_ref(args.model.name)
     inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.is_dir()]
-    cli.output_folder(args.output_dir, "output_dir", inputs)
+    user_input.output_folder(args.output_dir, "output_dir", inputs)
     methods = {spec.split()[0] for spec in [*args.eval.variants, *args.eval.grid]} - {hpe.variants.NONE}
-    cli.model_mechanism(ref, methods=sorted(methods))
+    user_input.model_mechanism(ref, methods=sorted(methods))
     return ref
 
 
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     saying what was saved and how to continue, exit code 130. `prog`: the command `usage:` names (default:
     as this process started)."""
     try:
-        with cli.refusals():
+        with user_input.refusals():
             return run(parse_args(argv, prog))
     except KeyboardInterrupt:
         print("\ninterrupted before the first evaluation: nothing was saved", file=sys.stderr)
