@@ -14,6 +14,7 @@ busy cores it is the steadier measure; wall-clock time is recorded beside it."""
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -87,7 +88,8 @@ def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
 def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:
     """(results, save) for a benchmark that resumes: the results at `path` when they were taken with the same
     `settings`, else {"settings": settings, section: {} for each section}; save() rewrites the file (after
-    every step, so a rerun goes on where this one stopped)."""
+    every step, so a rerun goes on where this one stopped). Two runs may share the file (different rows of one
+    benchmark on two cores): save() first takes, under a lock, the cells another run saved since."""
     path = Path(path)
     results = {"settings": settings, **{section: {} for section in sections}}
     if path.exists():
@@ -95,7 +97,20 @@ def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> t
         if saved.get("settings") == settings:
             results = saved
     path.parent.mkdir(parents=True, exist_ok=True)
-    return results, lambda: path.write_text(json.dumps(results, indent=1))
+
+    def save() -> None:
+        with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = json.loads(path.read_text()) if path.exists() else {}
+            if current.get("settings") == settings:
+                for section in sections:   # in place: callers may hold a section's dict
+                    for key, cell in current.get(section, {}).items():
+                        results[section].setdefault(key, cell)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(results, indent=1))
+            os.replace(tmp, path)
+
+    return results, save
 
 
 class Timing(NamedTuple):
