@@ -12,11 +12,15 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posenc as hp
+from hf_posenc.config import RopeMethodConfig
 from hf_posenc.methods import rope
+from hf_posenc.registry import METHODS
 from tiny import tiny_config, tiny_model, token_ids
 
 CTX = 64  # the tiny models' original context
-STATIC = ["base", "ntk", "linear", "yarn", "llama3"]
+# from the registry, so a new RoPE method is in these checks with nothing to edit here
+ROPE = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig))
+STATIC = [n for n in ROPE if not METHODS[n].length_dependent]  # one rotation at every length
 
 
 def params_for(method, factor=2.0):
@@ -54,7 +58,7 @@ def rotary_scores(model, q, k, m, n):
     return (q_rot * k_rot).sum().double()
 
 
-@pytest.mark.parametrize("method", ["base", "ntk", "linear", "yarn", "llama3"])
+@pytest.mark.parametrize("method", STATIC)
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(0, 4 * CTX), n=st.integers(0, 4 * CTX), shift=st.integers(0, 4 * CTX))
 def test_rotary_score_depends_only_on_distance(method, m, n, shift):
@@ -78,12 +82,12 @@ def _patched_models():
     return _CACHE
 
 
-@pytest.mark.parametrize("method", ["linear", "ntk", "yarn", "llama3", "dynamic", "dynamic_yarn"])
+@pytest.mark.parametrize("method", ROPE)
 def test_factor_one_is_bit_identical(method):
     model = tiny_model()
     ids = token_ids(3 * CTX)
     before = logits(model, ids)
-    hp.patch(model, method, factor=1.0)
+    hp.patch(model, method, **params_for(method, 1.0))
     assert torch.equal(logits(model, ids), before)
 
 

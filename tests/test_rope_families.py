@@ -13,12 +13,15 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posenc as hp
+from hf_posenc.config import RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
+from hf_posenc.registry import METHODS
 from tiny import tiny_config, token_ids
 
 CTX = 64  # the tiny models' original context (tiny.TINY)
 LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
-STOCK = ["base", "ntk", "linear", "yarn", "llama3", "longrope"]  # expressible as stock rope_parameters
+# expressible as stock rope_parameters, from the registry (a new stock RoPE method is in these checks)
+STOCK = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
 
 # model_type -> config overrides on top of tiny.TINY (and the attention implementation to use).
 FAMILIES = {
