@@ -175,12 +175,44 @@ def table(results: dict) -> str:
             lines.append(f"| {row} | {play} | {p['2048']:.2f} | {p['8192']:.2f} | {p['32768']:.2f} | "
                          f"{cell['late_loss_full']:.3f} | {cell['late_loss_16k']:.3f} | "
                          f"{passkey} |")
+    lines += goal(results)
     if results["finetune"]:
         lines += ["", "| fine-tune | positions | steps | tokens | wall (s) | tokens/s | peak memory (MB) |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {name} | `{f['positions']}` | {f['steps']} | {f['tokens']} | {f['seconds']:.0f} | "
                   f"{f['tokens_per_s']:.0f} | {f['peak_mem_mb']:.0f} |" for name, f in results["finetune"].items()]
     return "\n".join(lines)
+
+
+def goal(results: dict, control: str = "contiguous") -> list[str]:
+    """Issue 22's goal, row by row against the control (the same text, steps and tokens with ids 0..n-1):
+    ppl@32768 at least 10 % below the control's and ppl@2048 at most 2 % above it, on every play; the late
+    tokens' loss lower with the whole prefix than with the 16k window, on every play; the passkey at 32768
+    found at least 4 times in 5."""
+    cells, passkey = results["perplexity"], results["passkey"]
+    plays = sorted({key.split(" ", 1)[1] for key in cells})
+    lines = []
+    for row in [r for r in results["finetune"] if r != control]:
+        checks = []
+        for play in plays:
+            mine, bar = cells.get(f"{row} {play}"), cells.get(f"{control} {play}")
+            if mine and bar:
+                long = mine["perplexity"]["32768"] / bar["perplexity"]["32768"] - 1
+                short = mine["perplexity"]["2048"] / bar["perplexity"]["2048"] - 1
+                checks.append(f"{play}: ppl@32768 {long:+.1%} vs the control (goal <= -10 %) "
+                              f"{'met' if long <= -0.10 else 'missed'}, ppl@2048 {short:+.1%} (goal <= +2 %) "
+                              f"{'met' if short <= 0.02 else 'missed'}")
+            if mine:
+                gap = mine["late_loss_full"] - mine["late_loss_16k"]
+                checks.append(f"{play}: late loss full - 16k window {gap:+.3f} nats (goal < 0) "
+                              f"{'met' if gap < 0 else 'missed'}")
+        if row in passkey:
+            found = passkey[row]["found"]
+            checks.append(f"passkey@32768 {found}/{passkey[row]['trials']} (goal >= 4/5) "
+                          f"{'met' if found >= 4 else 'missed'}")
+        if checks:
+            lines += ["", f"goal, {row}:", *[f"- {c}" for c in checks]]
+    return lines
 
 
 def report(results: dict, figure: str | None) -> None:
