@@ -219,6 +219,7 @@ def report(results: dict, figure: str | None) -> None:
     print(table(results))
     if figure:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -233,6 +234,7 @@ def report(results: dict, figure: str | None) -> None:
             ax.axvline(8192, color="grey", linestyle=":", linewidth=1)
             ax.set(xscale="log", xticks=LENGTHS, xticklabels=[str(n) for n in LENGTHS], xlabel="first n tokens",
                    ylabel="perplexity", title=f"SmolLM2-135M to 32k, {play} (held out)")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())   # the log axis' own labels overlap
             ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(figure, dpi=110)
