@@ -119,12 +119,15 @@ def main() -> None:
                                         ["finetune", "perplexity", "passkey"])
     if args.report:
         return report(results, args.figure)
-    results.setdefault("machine", f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa")
-    print(results["machine"], flush=True)
+    here = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa"
+    results.setdefault("machine", here)
+    print(here, flush=True)
+    # A cell measured on another CPU than the file's first cells says so; the report marks its row.
+    elsewhere = {} if common.cpu_name() in results["machine"] else {"machine": here}
 
     if args.only in (None, "train"):   # 1. the fine-tunes
         for row in [r for r in args.rows if "=" in r and row_name(r) not in results["finetune"]]:
-            results["finetune"][row_name(row)] = finetune(row, args)
+            results["finetune"][row_name(row)] = {**finetune(row, args), **elsewhere}
             save()
             print(f"finetune {row}: {results['finetune'][row_name(row)]}", flush=True)
     dtype = getattr(torch, args.dtype)
@@ -139,7 +142,8 @@ def main() -> None:
             for play in todo:
                 start = time.perf_counter()
                 cell = perplexity_cell(model, docs[play])
-                results["perplexity"][f"{row_name(row)} {play}"] = {**cell, "seconds": time.perf_counter() - start}
+                results["perplexity"][f"{row_name(row)} {play}"] = {**cell, "seconds": time.perf_counter() - start,
+                                                                     **elsewhere}
                 save()
                 print(f"{row_name(row)} {play}: {cell}", flush=True)
     if args.only in (None, "passkey"):   # 3. the passkey at 32768
@@ -152,7 +156,8 @@ def main() -> None:
             scores = hpe.score_trials(model, trials, progress=False)
             summary = hpe.summarize(trials, scores)
             results["passkey"][row_name(row)] = {"found": sum(bool(s["correct"]) for s in scores),
-                                                 "trials": len(trials), "mean_logprob": summary["mean_logprob"]}
+                                                 "trials": len(trials), "mean_logprob": summary["mean_logprob"],
+                                                 **elsewhere}
             save()
             print(f"passkey {row_name(row)}: {results['passkey'][row_name(row)]}", flush=True)
     print(table(results))
@@ -161,26 +166,37 @@ def main() -> None:
 def table(results: dict) -> str:
     plays = sorted({key.split(" ", 1)[1] for key in results["perplexity"]})
     rows = list(dict.fromkeys(key.split(" ", 1)[0] for key in [*results["perplexity"], *results["passkey"]]))
+    notes: list[str] = []   # the machines of cells measured elsewhere than the file's first cells
+
+    def mark(cell: dict | None) -> str:
+        if not cell or "machine" not in cell:
+            return ""
+        if cell["machine"] not in notes:
+            notes.append(cell["machine"])
+        return f" [{notes.index(cell['machine']) + 1}]"
+
     lines = [f"{results.get('machine', '')}", "",
              "| row | play | ppl@2048 | ppl@8192 | ppl@32768 | late loss, full prefix | late loss, 16k window "
              "| passkey@32768 |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         key = results["passkey"].get(row)
-        passkey = f"{key['found']}/{key['trials']}" if key else ""
+        passkey = f"{key['found']}/{key['trials']}{mark(key)}" if key else ""
         for play in plays:
             cell = results["perplexity"].get(f"{row} {play}")
             if cell is None:
                 continue
             p = cell["perplexity"]
-            lines.append(f"| {row} | {play} | {p['2048']:.2f} | {p['8192']:.2f} | {p['32768']:.2f} | "
+            lines.append(f"| {row}{mark(cell)} | {play} | {p['2048']:.2f} | {p['8192']:.2f} | {p['32768']:.2f} | "
                          f"{cell['late_loss_full']:.3f} | {cell['late_loss_16k']:.3f} | "
                          f"{passkey} |")
     lines += goal(results)
     if results["finetune"]:
         lines += ["", "| fine-tune | positions | steps | tokens | wall (s) | tokens/s | peak memory (MB) |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {name} | `{f['positions']}` | {f['steps']} | {f['tokens']} | {f['seconds']:.0f} | "
+        lines += [f"| {name}{mark(f)} | `{f['positions']}` | {f['steps']} | {f['tokens']} | {f['seconds']:.0f} | "
                   f"{f['tokens_per_s']:.0f} | {f['peak_mem_mb']:.0f} |" for name, f in results["finetune"].items()]
+    if notes:
+        lines += ["", *[f"[{i}] measured on: {machine}" for i, machine in enumerate(notes, 1)]]
     return "\n".join(lines)
 
 
