@@ -43,12 +43,11 @@ LLAMA_CPP_ROPE_TYPES = ("default", "linear", "yarn")
 
 
 def _written_rope_type(cls: type[MethodConfig]) -> str | None:
-    """The rope_type a RoPE method writes at its defaults and factor 2 (None: it needs parameters to tell)."""
-    try:
-        method = cls.from_dict({"factor": 2.0}).resolve(64)
-        return method.rope_parameters({"rope_type": "default", "rope_theta": 10000.0}, 64, 16).get("rope_type")
-    except Exception:  # noqa: BLE001  (a method that needs its own parameters to say: longrope's factor lists)
-        return None
+    """The rope_type a RoPE method writes, asked of it at 2x on a 64-position model with 16 rotary dims, with
+    the defaults an evaluation variant fills in (longrope's per-pair factor lists)."""
+    params = cls.variant_defaults({}, 128, {"max_position_embeddings": 64, "rotary_dim": 16})
+    method = cls.from_dict(params).resolve(64)
+    return method.rope_parameters({"rope_type": "default", "rope_theta": 10000.0}, 64, 16).get("rope_type")
 
 
 # For front ends that check a method before any model is loaded (the command line), by the same rule: the

@@ -74,6 +74,23 @@ def test_unpatched_needs_no_overrides_and_other_methods_are_refused():
         serving.llama_cpp_args(hp.patch(tiny_model(), "llama3", factor=4))
 
 
+@pytest.mark.parametrize("method", serving.STOCK_METHODS)
+def test_the_command_lines_llama_cpp_list_follows_what_each_method_saves(method):
+    """The CLI checks a method against llama.cpp before loading a model: the rope_type it asks each method for
+    is the one a patched model saves, and the method is on the list exactly when llama.cpp takes that model."""
+    params = dict(next((p for m, p in STOCK_CASES if m == method)))
+    model = tiny_model("llama")
+    hp.patch(model, method, **params)
+    saved = model.config.rope_parameters["rope_type"]
+    assert serving._written_rope_type(serving.METHODS[method]) == saved
+    assert (method in serving.LLAMA_CPP_METHODS) == (saved in serving.LLAMA_CPP_ROPE_TYPES)
+    if method in serving.LLAMA_CPP_METHODS:
+        hp.llama_cpp_args(model)
+    else:
+        with pytest.raises(hp.MethodNotApplicableError):
+            hp.llama_cpp_args(model)
+
+
 def test_llama_cpp_flags_spell_yarn_in_llama_cpps_terms():
     model = hp.patch(tiny_model(), "yarn", factor=4, attention_factor=1.3, beta_fast=16)
     args = serving.llama_cpp_args(model)
