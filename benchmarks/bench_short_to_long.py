@@ -98,13 +98,15 @@ def main() -> None:
                         help="recipe overrides for every fine-tune, last on the line (--train-args --train.lr 5e-5)")
     parser.add_argument("--only", choices=["train", "perplexity", "passkey"], help="one part only")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
-    parser.add_argument("--runs", default="runs/short_to_long", help="where the fine-tunes are written")
+    parser.add_argument("--runs", help="where the fine-tunes are written (default: runs/ and the name of --out, so "
+                                       "that a file with other --train-args never reuses another file's fine-tunes)")
     parser.add_argument("--out", default="benchmarks/results/short_to_long.json")
     parser.add_argument("--report", action="store_true", help="print the table of --out (and draw --figure)")
     parser.add_argument("--figure", help="with --report: perplexity against length, every row (PNG)")
     parser.add_argument("--schemes-figure", metavar="PNG",
                         help="draw the ids each scheme gives one 2048-token window (target 32768) and stop")
     args = parser.parse_args()
+    args.runs = args.runs or str(Path("runs") / Path(args.out).stem)
     if args.schemes_figure:
         return schemes_figure(args.schemes_figure)
     for row in args.rows:

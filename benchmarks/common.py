@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,16 +87,22 @@ def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
 
 
 def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:
-    """(results, save) for a benchmark that resumes: the results at `path` when they were taken with the same
-    `settings`, else {"settings": settings, section: {} for each section}; save() rewrites the file (after
-    every step, so a rerun goes on where this one stopped). Two runs may share the file (different rows of one
-    benchmark on two cores): save() first takes, under a lock, the cells another run saved since."""
+    """(results, save) for a benchmark that resumes: the results at `path` (or {"settings": settings, section:
+    {} for each section} when there are none yet); save() rewrites the file (after every step, so a rerun goes
+    on where this one stopped). Two runs may share the file (different rows of one benchmark on two cores):
+    save() first takes, under a lock, the cells another run saved since. Results taken with other settings
+    are refused (exit 2), never overwritten: they belong in another file."""
     path = Path(path)
     results = {"settings": settings, **{section: {} for section in sections}}
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("settings") == settings:
-            results = saved
+        theirs = saved.get("settings", {})
+        changed = sorted(k for k in {*settings, *theirs} if settings.get(k) != theirs.get(k))
+        if changed:
+            print(f"error: {path} holds results taken with other settings ({', '.join(changed)}): give these "
+                  f"another --out, or delete that file to start over", file=sys.stderr)
+            raise SystemExit(2)
+        results = saved
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
