@@ -10,7 +10,11 @@ distances the model sees follow the target.
     randomized    randomized positional encodings (Ruoss et al., ACL 2023): n distinct ids drawn uniformly
                   from [0, target), sorted
 
-The tokens stay the text's own contiguous tokens; only their ids change. Every scheme gives ids in
+By default (`text=window`) the tokens stay the window's own contiguous tokens and only their ids change, as
+the papers train: tokens that are neighbours in the text are told they sit far apart. With `text=span` the
+ids also pick the tokens: each training block is a target-long span of text, and the window holds the span's
+tokens at the drawn ids (block[ids]), so every distance the model sees is the text's own and the tokens
+between the chunks are left out (the training memory is still the window's). Every scheme gives ids in
 [0, target), strictly increasing. `contiguous_share` keeps that share of windows at 0..n-1 (the original
 context's distances keep being trained).
 
@@ -24,6 +28,9 @@ new packed sequence and masks across it.
     pose.position_ids(2048, seed=0, index=7)            # one window's ids, a LongTensor of 2048
     batch = pose.add_position_ids(batch, seed=0, first_index=step * batch_size)
     collator = pose.collator(DataCollatorForLanguageModeling(tok, mlm=False))   # Trainer / TRL
+
+    span = scheme("pose chunks=2 text=span", target=32768)   # rows of 32768 tokens in, windows of 2048 out
+    batch = span.add_position_ids(spans, seed=0, first_index=step * batch_size, window=2048)
 """
 
 from __future__ import annotations
@@ -52,18 +59,33 @@ def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
 
 @dataclass(frozen=True)
 class PositionScheme:
-    """What every scheme shares: the target context (None: the patched model's, filled by `resolve`) and the
-    share of windows left contiguous."""
+    """What every scheme shares: the target context (None: the patched model's, filled by `resolve`), the
+    share of windows left contiguous, and where the tokens come from (`text`: the window's own, or the ids'
+    offsets in a target-long span)."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    TEXTS: ClassVar[tuple[str, ...]] = ("window", "span")
 
     target: Optional[int] = None
     contiguous_share: float = 0.0
+    text: str = "window"
 
     def __post_init__(self) -> None:
         check_number("target", self.target, minimum=2, maximum=MAX_POSITIONS, integer=True)
         check_number("contiguous_share", self.contiguous_share, minimum=0, maximum=1)
+        if self.text not in self.TEXTS:
+            raise InvalidParameterError(
+                f"position scheme {self.name!r}: text={self.text!r}; text is 'window' (the window's own tokens, "
+                f"their ids spread) or 'span' (the tokens at the spread ids of a target-long span of text)")
+        if self.text == "span" and not self.spreads:
+            raise InvalidParameterError(f"position scheme {self.name!r} keeps ids 0..n-1: text=span would train "
+                                        f"the first n tokens of each span only; use text=window")
+
+    @property
+    def span(self) -> bool:
+        """Whether a training row is a target-long span the window's tokens are taken from (text=span)."""
+        return self.text == "span"
 
     @property
     def spec(self) -> str:
@@ -122,15 +144,47 @@ class PositionScheme:
 
     def add_position_ids(self, batch: dict, *, seed: int, first_index: int, window: Optional[int] = None) -> dict:
         """`batch` (input_ids, optionally attention_mask) with position_ids added, and an attention mask of
-        ones when it had none (transformers would otherwise read each jump as a new packed sequence)."""
+        ones when it had none (transformers would otherwise read each jump as a new packed sequence).
+        text=span: the rows are target-long spans and `window` (required) the tokens kept of each: the batch
+        comes back `window` wide, every per-token tensor (input_ids, attention_mask, labels, ...) taken at
+        the ids."""
         if "attention_mask" not in batch or batch["attention_mask"] is None:
             batch = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+        if self.span:
+            return self.take_windows(batch, seed=seed, first_index=first_index, window=window)
         ids = self.batch_position_ids(batch["attention_mask"], seed=seed, first_index=first_index, window=window)
         return {**batch, "position_ids": ids}
 
-    def collator(self, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0) -> PositionIdsCollator:
-        """A data collator for transformers' Trainer / TRL that adds position ids to what `base` collates."""
-        return PositionIdsCollator(self, base, seed=seed)
+    def take_windows(self, batch: dict, *, seed: int, first_index: int, window: Optional[int],
+                     indices: Optional[list[int]] = None) -> dict:
+        """text=span: row r (window first_index + r, or indices[r]) keeps its tokens at the ids drawn for a
+        window of `window` tokens. Rows must hold a whole span: a shorter one (the corpus' last) is refused,
+        as its ids could land past its end."""
+        if window is None:
+            raise InvalidParameterError(f"position scheme {self.spec!r} takes windows of a span: give window= "
+                                        f"(the tokens kept of each span)")
+        self.check_window(window)
+        rows, width = batch["input_ids"].shape
+        lengths = batch["attention_mask"].sum(dim=1)
+        if rows and (width < self.target or bool((lengths < self.target).any())):
+            row = int(torch.argmin(lengths)) if width >= self.target else 0
+            raise InvalidParameterError(
+                f"position scheme {self.spec!r} takes its windows from spans of {self.target} tokens, but row "
+                f"{row} has {min(int(lengths[row]), width)}: give whole spans (leave out the corpus' last, "
+                f"shorter one)")
+        indices = indices if indices is not None else [first_index + r for r in range(rows)]
+        ids = torch.stack([self.position_ids(window, seed=seed, index=i) for i in indices]) if rows else \
+            torch.zeros(0, window, dtype=torch.long)
+        ids = ids.to(batch["input_ids"].device)
+        taken = {k: v.gather(1, ids) if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == width else v
+                 for k, v in batch.items()}
+        return {**taken, "position_ids": ids}
+
+    def collator(self, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0,
+                 window: Optional[int] = None) -> PositionIdsCollator:
+        """A data collator for transformers' Trainer / TRL that adds position ids to what `base` collates
+        (text=span: rows are target-long spans, cut to `window` tokens at the ids)."""
+        return PositionIdsCollator(self, base, seed=seed, window=window)
 
 
 def window_rng(seed: int, index: int) -> np.random.Generator:
@@ -302,20 +356,29 @@ class PositionIdsCollator:
     without a counter (which Trainer's dataloader workers would copy). Rows keep their attention mask
     (one of ones when `base` gives none)."""
 
-    def __init__(self, scheme: PositionScheme, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0):
+    def __init__(self, scheme: PositionScheme, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0,
+                 window: Optional[int] = None):
         if scheme.spreads and scheme.target is None:
             raise InvalidParameterError(f"position scheme {scheme.name!r} needs a target context (target=)")
         check_number("seed", seed, minimum=0, integer=True, optional=False)
-        self.scheme, self.base, self.seed = scheme, base, seed
+        if scheme.span:
+            if window is None:
+                raise InvalidParameterError(f"position scheme {scheme.spec!r} takes windows of a span: give "
+                                            f"window= (the tokens kept of each span)")
+            scheme.check_window(window)
+        self.scheme, self.base, self.seed, self.window = scheme, base, seed, window
 
     def __call__(self, rows: list) -> dict:
         batch = dict(self.base(rows)) if self.base else {
             "input_ids": torch.stack([torch.as_tensor(r["input_ids"]) for r in rows])}
         if batch.get("attention_mask") is None:
             batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        keys = [int.from_bytes(hashlib.blake2b(tokens[mask].numpy().tobytes(), digest_size=7).digest(), "little")
+                for tokens, mask in zip(batch["input_ids"], batch["attention_mask"].bool())]
+        if self.scheme.span:
+            return self.scheme.take_windows(batch, seed=self.seed, first_index=0, window=self.window, indices=keys)
         ids = torch.zeros_like(batch["input_ids"])
-        for row, (tokens, mask) in enumerate(zip(batch["input_ids"], batch["attention_mask"].bool())):
-            key = int.from_bytes(hashlib.blake2b(tokens[mask].numpy().tobytes(), digest_size=7).digest(), "little")
+        for row, (key, mask) in enumerate(zip(keys, batch["attention_mask"].bool())):
             ids[row, mask] = self.scheme.position_ids(int(mask.sum()), seed=self.seed, index=key)
         batch["position_ids"] = ids
         return batch

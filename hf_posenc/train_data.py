@@ -74,8 +74,9 @@ def prepare_data(args: DataArgs, tokenizer, preflight: Preflight, cache_root: Op
     head, tail = ([], []) if preflight.causal else frame_ids(tokenizer)
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
                       "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
-                      "seq_len": preflight.seq_len, "short_share": args.short_share, "short_len": preflight.short_len,
-                      "eos": eos, "bos": bos, "frame": [head, tail], "v": 3}, sort_keys=True)
+                      "seq_len": preflight.block_len, "short_share": args.short_share, "short_len": preflight.short_len,
+                      "eos": eos, "bos": bos, "frame": [head, tail], "whole_spans": preflight.positions.span,
+                      "v": 3}, sort_keys=True)
     root = Path(cache_root or args.cache_dir or loading.CACHE_DIR / "data")
     folder = root / hashlib.sha1(key.encode()).hexdigest()[:16]
     if (folder / "dataset_info.json").exists():
@@ -83,12 +84,14 @@ def prepare_data(args: DataArgs, tokenizer, preflight: Preflight, cache_root: Op
     docs = load_documents(args)
     tokenized = hdata.tokenize(docs, tokenizer, bos=False)  # pack_exact puts the BOS
     extra = len(head) + len(tail)
-    packed = hdata.pack_exact(tokenized, preflight.seq_len - extra, eos_token_id=eos, bos_token_id=bos,
+    packed = hdata.pack_exact(tokenized, preflight.block_len - extra, eos_token_id=eos, bos_token_id=bos,
                               short_share=args.short_share, short_length=preflight.short_len and preflight.short_len - extra)
     if extra:
         blocks = [head + b + tail for b in packed["input_ids"]]
         packed = datasets.Dataset.from_dict({"input_ids": blocks, "length": [len(b) for b in blocks]})
     packed = trainable_blocks(packed, args.corpus, sum(tokenized["num_tokens"]))
+    if preflight.positions.span:
+        packed = whole_spans(packed, args.corpus, preflight.block_len)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     packed.save_to_disk(str(tmp))
     (tmp / "key.json").write_text(key)
@@ -103,6 +106,17 @@ def trainable_blocks(packed, corpus: str, document_tokens: int):
         raise ConfigError(f"data.corpus={corpus!r} gives zero training tokens (its documents are empty once "
                           f"tokenized); nothing to train on")
     keep = [i for i, n in enumerate(packed["length"]) if n >= 2]
+    return packed if len(keep) == len(packed) else packed.select(keep)
+
+
+def whole_spans(packed, corpus: str, span: int):
+    """text=span takes each window's tokens at ids anywhere in [0, span): only whole spans hold them all (the
+    corpus' last, shorter block is left out). A corpus shorter than one span is refused."""
+    keep = [i for i, n in enumerate(packed["length"]) if n == span]
+    if not keep:
+        raise ConfigError(f"data.corpus={corpus!r} has {max(packed['length'], default=0)} tokens, fewer than one "
+                          f"span of {span} (train.positions text=span takes each window from a span of the target "
+                          f"context): use more text, a lower target, or text=window")
     return packed if len(keep) == len(packed) else packed.select(keep)
 
 

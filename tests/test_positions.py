@@ -108,6 +108,8 @@ def test_contiguous_share_keeps_that_share_of_windows_at_0_to_n():
     ("cream continuity=1.5", InvalidParameterError, "continuity must be <= 1"),
     ("randomized contiguous_share=-0.1", InvalidParameterError, "contiguous_share must be >= 0"),
     ("pose contiguous_share=true", ParameterTypeError, "contiguous_share must be a number"),
+    ("pose text=spans", InvalidParameterError, "text is 'window' (the window's own tokens"),
+    ("contiguous text=span", InvalidParameterError, "would train the first n tokens of each span only"),
 ])
 def test_bad_schemes_are_refused_naming_the_parameter(spec, error, words):
     with pytest.raises(error) as caught:
@@ -122,6 +124,41 @@ def test_a_window_longer_than_the_target_is_refused():
         P.scheme("cream").position_ids(8, seed=0, index=0)
     with pytest.raises(InvalidParameterError, match="cannot be cut into 4 chunks"):
         P.scheme("pose chunks=4", target=64).position_ids(3, seed=0, index=0)
+
+
+@pytest.mark.parametrize("spec", [f"{name} text=span" for name in SPREADING])
+def test_span_windows_hold_the_spans_tokens_at_the_ids(spec):
+    """text=span draws the same ids as text=window and takes every per-token tensor of the span at them: the
+    distance between two tokens of the window is their distance in the text."""
+    span, window = P.scheme(spec, target=256), P.scheme(spec.replace("text=span", ""), target=256)
+    spans = torch.arange(3 * 256).reshape(3, 256) + 7
+    out = span.add_position_ids({"input_ids": spans, "labels": -spans, "other": "kept"}, seed=1, first_index=5,
+                                window=64)
+    assert out["input_ids"].shape == out["attention_mask"].shape == out["position_ids"].shape == (3, 64)
+    assert bool(out["attention_mask"].all()) and out["other"] == "kept"
+    for r in range(3):
+        ids = window.position_ids(64, seed=1, index=5 + r)
+        assert torch.equal(out["position_ids"][r], ids)
+        assert torch.equal(out["input_ids"][r], spans[r, ids]) and torch.equal(out["labels"][r], -spans[r, ids])
+    collated = span.collator(window=64, seed=1)([{"input_ids": row.tolist()} for row in spans[:2]])
+    for r in range(2):
+        assert torch.equal(collated["input_ids"][r], spans[r, collated["position_ids"][r]])
+    assert not torch.equal(collated["position_ids"][0], collated["position_ids"][1])   # keyed by each span
+
+
+def test_span_windows_refuse_what_cannot_hold_their_ids():
+    span = P.scheme("pose text=span", target=256)
+    with pytest.raises(InvalidParameterError, match="give window="):
+        span.add_position_ids({"input_ids": token_ids(256)}, seed=0, first_index=0)
+    with pytest.raises(InvalidParameterError, match="give window="):
+        span.collator()
+    mask = torch.ones(2, 256, dtype=torch.long)
+    mask[1, 200:] = 0                                  # the corpus' last span, padded
+    with pytest.raises(InvalidParameterError, match="spans of 256 tokens, but row 1 has 200"):
+        span.add_position_ids({"input_ids": token_ids(256, batch=2), "attention_mask": mask}, seed=0,
+                              first_index=0, window=64)
+    with pytest.raises(InvalidParameterError, match="but row 0 has 100"):
+        span.add_position_ids({"input_ids": token_ids(100)}, seed=0, first_index=0, window=64)
 
 
 # --------------------------------------------------------------------------------- with a transformers model
@@ -237,6 +274,59 @@ def test_the_recipe_loss_is_a_forward_with_the_schemes_ids(tmp_path, tiny_dir, t
         torch.testing.assert_close(loss, manual, rtol=1e-5, atol=1e-6)
 
 
+def test_span_training_takes_each_window_from_a_whole_span_of_the_corpus(tmp_path, tiny_dir, text_file):
+    """text=span: the DataLoader gives whole 256-token spans of the packed corpus (the 1536 tokens make 6), each
+    micro-batch is cut to 64-token windows at the drawn ids, and the loss is a forward of those tokens at those
+    ids; a resumed run is bit-identical."""
+    calls, spans = [], []
+    forward, take = TrainingLoss.forward, P.PositionScheme.take_windows
+
+    def spy(self, input_ids, attention_mask, teacher=None, position_ids=None):
+        loss = forward(self, input_ids, attention_mask, teacher=teacher, position_ids=position_ids)
+        calls.append((input_ids.clone(), attention_mask.clone(), position_ids.clone(), loss.detach().clone()))
+        return loss
+
+    def spy_take(self, batch, **kwargs):
+        spans.append(batch["input_ids"].clone())
+        return take(self, batch, **kwargs)
+
+    span = {"positions": "pose chunks=2 text=span"}
+    config = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                          train={**span, "steps": 2, "warmup_steps": 0, "scheduler": "constant", "lr": 1e-30,
+                                 "max_grad_norm": None})
+    with mock.patch.object(TrainingLoss, "forward", spy), mock.patch.object(P.PositionScheme, "take_windows",
+                                                                            spy_take):
+        run_recipe(config)
+    model = hp.patch(tiny_model_from(tiny_dir), "yarn", max_position_embeddings=256)
+    pose = P.scheme("pose chunks=2", target=256)
+    assert len(calls) == len(spans) == 4
+    for number, ((ids, mask, positions, loss), whole) in enumerate(zip(calls, spans)):
+        assert whole.shape == (2, 256) and ids.shape == (2, 64) and bool(mask.all())
+        for row in range(2):
+            drawn = pose.position_ids(64, seed=3, index=number * 2 + row)
+            assert torch.equal(positions[row], drawn) and torch.equal(ids[row], whole[row, drawn])
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        manual = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        torch.testing.assert_close(loss, manual, rtol=1e-5, atol=1e-6)
+    # resumed: the same spans, the same ids, the same weights
+    sections = dict(data={"corpus": str(text_file)}, train={**span, "steps": 4, "save_every": 2})
+    full = run_recipe(write_config(tmp_path / "full" / "c.yaml", tiny_dir, **sections))
+    cut = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, **sections)
+    assert run_recipe(cut, "--train.stop_after_steps", "3") is None
+    a, b = state(full), state(run_recipe(cut, "--resume"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_span_training_refuses_a_corpus_shorter_than_one_span(tmp_path, tiny_dir, text_file):
+    config = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file / "a.txt")},
+                          posenc={"method": "yarn", "max_position_embeddings": 1024},
+                          train={"positions": "pose text=span"})
+    with pytest.raises(ConfigError, match="has 640 tokens, fewer than one span of 1024"):
+        run_recipe(config)
+    assert not (tmp_path / "out").exists()
+
+
 def tiny_model_from(folder):
     from transformers import AutoModelForCausalLM
 
@@ -289,6 +379,8 @@ def test_each_process_draws_the_ids_of_its_own_windows():
     (dict(train={"positions": "pose chunks=x"}), "train.positions='pose chunks=x': chunks must be an int"),
     (dict(train={"positions": "skipwise"}), "unknown position scheme 'skipwise'"),
     (dict(train={**POSE, "objective": "distill"}, data={"seq_len": 64}), "needs train.objective=lm"),
+    (dict(train={"positions": "pose text=span"}, data={"short_share": 0.3, "short_len": 32}),
+     "use the scheme's contiguous_share= to keep windows at 0..n-1, and data.short_share 0"),
 ])
 def test_schemes_are_refused_where_they_cannot_be_right(tmp_path, tiny_dir, text_file, sections, words):
     sections = {**sections, "data": {"corpus": str(text_file), **sections.get("data", {})}}

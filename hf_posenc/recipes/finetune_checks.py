@@ -37,6 +37,12 @@ class Preflight:
     positions: PositionScheme = dataclasses.field(default_factory=Contiguous)   # resolved: target set
     routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
 
+    @property
+    def block_len(self) -> int:
+        """The tokens of one training block: a window (seq_len), or with train.positions text=span the
+        target-long span each window's tokens are taken from."""
+        return self.positions.target if self.positions.span else self.seq_len
+
 
 __getattr__ = old_names(globals(), {"Plan": "Preflight"})   # Plan: its name until this release
 
@@ -142,6 +148,10 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
         resolved.check_window(window)
     except PosEncError as err:
         raise ConfigError(f"{where}: {err} (data.seq_len={window})") from None
+    if resolved.span and cfg.data.short_share:
+        raise ConfigError(f"{where} takes each window from a span of {resolved.target} tokens; data.short_share "
+                          f"cuts blocks short, which a span cannot be: use the scheme's contiguous_share= to keep "
+                          f"windows at 0..n-1, and data.short_share 0")
     return resolved
 
 

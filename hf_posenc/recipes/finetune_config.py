@@ -126,7 +126,8 @@ class TrainArgs:
     positions: str = field(default="contiguous", metadata={
         "help": "position ids of each training window: contiguous (0..n-1), or spread over a longer target so "
                 "that a short window teaches long distances: 'pose chunks=2', 'cream', 'randomized'; each takes "
-                "target=N (default: the patched context) and contiguous_share=S (hf_posenc/positions.py)"})
+                "target=N (default: the patched context), contiguous_share=S and text=span (each window's tokens "
+                "taken at its ids from a target-long span: the text's own distances) (hf_posenc/positions.py)"})
 
     def __post_init__(self):
         if self.objective not in ("lm", "distill"):

@@ -200,10 +200,10 @@ class FinetuneRecipe:
         for micro in range(cfg.train.grad_accum):
             batch = next(self.batches)
             torch.manual_seed(ckpt.step_seed(cfg.train.seed, step, micro))
-            positions = window_positions(self.preflight, batch, cfg, accelerator, step, micro)
+            batch = window_batch(self.preflight, batch, cfg, accelerator, step, micro)
             with accelerator.accumulate(objective):
                 loss = objective(batch["input_ids"], batch["attention_mask"], teacher=self.teacher,
-                                 position_ids=positions)
+                                 position_ids=batch.get("position_ids"))
                 accelerator.backward(loss)
                 losses.append(loss.detach())
                 if accelerator.sync_gradients:
@@ -326,6 +326,7 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     sequences = cfg.train.batch_size * cfg.train.grad_accum * processes
     per_step = sequences * preflight.seq_len
     shares = f", {cfg.data.short_share:.0%} of them cut to {preflight.short_len}" if preflight.short_len else ""
+    shares += f", each taken from a span of {preflight.block_len} tokens" if preflight.positions.span else ""
     positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
     lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
              f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
@@ -378,17 +379,23 @@ def freeze_unreached(objective: torch.nn.Module, device, probe: dict, teacher=No
     return unreached
 
 
-def window_positions(preflight: Preflight, batch: dict, cfg: FinetuneConfig, accelerator, step: int, micro: int):
-    """The position ids train.positions gives this micro-batch (None: contiguous, the model's own 0..n-1).
+def window_batch(preflight: Preflight, batch: dict, cfg: FinetuneConfig, accelerator, step: int, micro: int) -> dict:
+    """The micro-batch as train.positions trains it: with the position ids of its windows (none: contiguous,
+    the model's own 0..n-1), and for text=span each target-long span cut to its window's tokens at those ids.
     Row r of micro-batch `micro` of optimizer step `step` on process p is window number
     ((((step - 1) * grad_accum + micro) * processes + p) * batch_size + r) of the run, and its ids depend
     only on (seed, that number): a resumed run draws the same ids, each process those of its own windows."""
-    if not preflight.positions.spreads:
-        return None
+    scheme = preflight.positions
+    if not scheme.spreads:
+        return batch
     consumed = (step - 1) * cfg.train.grad_accum + micro
     first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
-    return preflight.positions.batch_position_ids(batch["attention_mask"], seed=cfg.train.seed, first_index=first,
-                                                  window=preflight.seq_len)
+    return scheme.add_position_ids(batch, seed=cfg.train.seed, first_index=first, window=preflight.seq_len)
+
+
+def window_positions(preflight: Preflight, batch: dict, cfg: FinetuneConfig, accelerator, step: int, micro: int):
+    """The position ids train.positions gives this micro-batch (None: contiguous): `window_batch`'s."""
+    return window_batch(preflight, batch, cfg, accelerator, step, micro).get("position_ids")
 
 
 @torch.no_grad()
