@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "recipes" / "configs" / "smollm2_pose_32k_cpu_finetune.yaml"
 ROWS = ["none", "yarn", "dca", "contiguous=contiguous", "pose=pose chunks=2", "cream=cream"]
 TARGET, LENGTHS, LATE, WINDOW = 32768, [2048, 8192, 32768], 24576, 16384
+ORIGINAL = 8192   # SmolLM2-135M's own context
 
 
 def row_name(row: str) -> str:
@@ -173,9 +175,10 @@ def table(results: dict) -> str:
     def mark(cell: dict | None) -> str:
         if not cell or "machine" not in cell:
             return ""
-        if cell["machine"] not in notes:
-            notes.append(cell["machine"])
-        return f" [{notes.index(cell['machine']) + 1}]"
+        machine = re.sub(r", load average [\d.]+", "", cell["machine"])   # the machine, not its moment
+        if machine not in notes:
+            notes.append(machine)
+        return f" [{notes.index(machine) + 1}]"
 
     lines = [f"{results.get('machine', '')}", "",
              "| row | play | ppl@2048 | ppl@8192 | ppl@32768 | late loss, full prefix | late loss, 16k window "
@@ -247,8 +250,11 @@ def report(results: dict, figure: str | None) -> None:
         for ax, play in zip(axes[0], plays):
             for key, cell in results["perplexity"].items():
                 if key.endswith(" " + play):
-                    ax.plot(LENGTHS, [cell["perplexity"][str(n)] for n in LENGTHS], marker="o",
-                            label=key.split(" ", 1)[0])
+                    row = key.split(" ", 1)[0]
+                    # the unpatched model only inside its own 8k: past it its perplexity leaves the plot
+                    lengths = [n for n in LENGTHS if row != "none" or n <= ORIGINAL]
+                    ax.plot(lengths, [cell["perplexity"][str(n)] for n in lengths], marker="o",
+                            label="none (unpatched, inside 8k)" if row == "none" else row)
             ax.axvline(8192, color="grey", linestyle=":", linewidth=1)
             ax.set(xscale="log", xticks=LENGTHS, xticklabels=[str(n) for n in LENGTHS], xlabel="first n tokens",
                    ylabel="perplexity", title=f"SmolLM2-135M to 32k, {play} (held out)")
