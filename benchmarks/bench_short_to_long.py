@@ -3,7 +3,8 @@ each position scheme (hf_posenc/positions.py), against the training-free methods
 
 Rows (--rows): `none` (unpatched), `yarn` (x4, no training), `dca` (no training), and fine-tunes written
 NAME=POSITIONS: `contiguous=contiguous` (the control: the same text, steps and tokens, ids 0..n-1),
-`pose=pose chunks=2`, `cream=cream`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
+`pose=pose chunks=2`, `cream=cream`, `pose_share=pose chunks=2 contiguous_share=0.5`, `span=pose chunks=2
+text=span` (the tokens at the ids of a 32k span), `pose3=pose chunks=3`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
 (40 plays: Hamlet and Richard III held out) with only train.positions changed (and --train-args for all).
 
 For each row and play (--plays): one pass over the first 32768 tokens gives the perplexity of the first
@@ -42,7 +43,8 @@ from hf_posenc import positions
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "recipes" / "configs" / "smollm2_pose_32k_cpu_finetune.yaml"
-ROWS = ["none", "yarn", "dca", "contiguous=contiguous", "pose=pose chunks=2", "cream=cream"]
+ROWS = ["none", "yarn", "dca", "contiguous=contiguous", "pose=pose chunks=2", "cream=cream",
+        "pose_share=pose chunks=2 contiguous_share=0.5", "span=pose chunks=2 text=span", "pose3=pose chunks=3"]
 TARGET, LENGTHS, LATE, WINDOW = 32768, [2048, 8192, 32768], 24576, 16384
 ORIGINAL = 8192   # SmolLM2-135M's own context
 

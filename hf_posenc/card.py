@@ -62,8 +62,10 @@ def positions_line(preflight: Preflight) -> str:
     scheme = preflight.positions
     if not scheme.spreads:
         return f"contiguous (0..n-1): the model saw distances up to {preflight.seq_len - 1} in training"
+    tokens = (f", each window's tokens taken at its ids from a span of {scheme.target} tokens of the text (the "
+              f"distances are the text's own)" if scheme.span else "")
     return (f"`{scheme.spec}`: windows of {preflight.seq_len} tokens given ids spread over [0, {scheme.target}) "
-            f"(hf_posenc.positions), so the training covered distances up to {scheme.target - 1}")
+            f"(hf_posenc.positions){tokens}, so the training covered distances up to {scheme.target - 1}")
 
 
 def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight, describe: dict, steps: int,

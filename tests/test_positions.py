@@ -300,6 +300,8 @@ def test_span_training_takes_each_window_from_a_whole_span_of_the_corpus(tmp_pat
     model = hp.patch(tiny_model_from(tiny_dir), "yarn", max_position_embeddings=256)
     pose = P.scheme("pose chunks=2", target=256)
     assert len(calls) == len(spans) == 4
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "`pose target=256 text=span`" in card and "taken at its ids from a span of 256 tokens" in card
     for number, ((ids, mask, positions, loss), whole) in enumerate(zip(calls, spans)):
         assert whole.shape == (2, 256) and ids.shape == (2, 64) and bool(mask.all())
         for row in range(2):
