@@ -261,8 +261,9 @@ def report(results: dict, figure: str | None) -> None:
             ax.set(xscale="log", xticks=LENGTHS, xticklabels=[str(n) for n in LENGTHS], xlabel="first n tokens",
                    ylabel="perplexity", title=f"SmolLM2-135M to 32k, {play} (held out)")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())   # the log axis' own labels overlap
-            ax.legend(fontsize=8)
-        fig.tight_layout()
+        # one legend beside the plots: inside, every corner hides a row
+        fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=8, loc="center right")
+        fig.tight_layout(rect=(0, 0, 0.83, 1))
         fig.savefig(figure, dpi=110)
         print(f"figure: {figure}")
 
