@@ -155,15 +155,19 @@ class PositionScheme:
         ids = self.batch_position_ids(batch["attention_mask"], seed=seed, first_index=first_index, window=window)
         return {**batch, "position_ids": ids}
 
+    def check_span_window(self, window: Optional[int]) -> None:
+        """text=span: refuse a missing window (the tokens kept of each span) or one the target cannot hold."""
+        if window is None:
+            raise InvalidParameterError(f"position scheme {self.spec!r} takes windows of a span: give window= "
+                                        f"(the tokens kept of each span)")
+        self.check_window(window)
+
     def take_windows(self, batch: dict, *, seed: int, first_index: int, window: Optional[int],
                      indices: Optional[list[int]] = None) -> dict:
         """text=span: row r (window first_index + r, or indices[r]) keeps its tokens at the ids drawn for a
         window of `window` tokens. Rows must hold a whole span: a shorter one (the corpus' last) is refused,
         as its ids could land past its end."""
-        if window is None:
-            raise InvalidParameterError(f"position scheme {self.spec!r} takes windows of a span: give window= "
-                                        f"(the tokens kept of each span)")
-        self.check_window(window)
+        self.check_span_window(window)
         rows, width = batch["input_ids"].shape
         lengths = batch["attention_mask"].sum(dim=1)
         if rows and (width < self.target or bool((lengths < self.target).any())):
@@ -362,10 +366,7 @@ class PositionIdsCollator:
             raise InvalidParameterError(f"position scheme {scheme.name!r} needs a target context (target=)")
         check_number("seed", seed, minimum=0, integer=True, optional=False)
         if scheme.span:
-            if window is None:
-                raise InvalidParameterError(f"position scheme {scheme.spec!r} takes windows of a span: give "
-                                            f"window= (the tokens kept of each span)")
-            scheme.check_window(window)
+            scheme.check_span_window(window)
         self.scheme, self.base, self.seed, self.window = scheme, base, seed, window
 
     def __call__(self, rows: list) -> dict:
