@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 import transformers
@@ -68,7 +68,7 @@ def text(tokenizer, n: int, play: str = "hamlet") -> tuple[list[int], str]:
         ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
         if len(ids) >= n:
             return ids[:n], " + ".join(names)
-    raise SystemExit(f"all of Shakespeare is {len(ids)} tokens, fewer than {n}")
+    refuse(f"all of Shakespeare is {len(ids)} tokens, fewer than {n}")
 
 
 def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
@@ -76,48 +76,124 @@ def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
     available = assets.shakespeare_plays()
     unknown = sorted(set(names) - set(available))
     if unknown:
-        raise SystemExit(f"error: no play {', '.join(unknown)}; the plays: {', '.join(available)}")
+        refuse(f"no play {', '.join(unknown)}; the plays: {', '.join(available)}")
     docs = {}
     for play in names:
         ids = tokenizer(assets.shakespeare_text(play), add_special_tokens=False)["input_ids"]
         if len(ids) < n:
-            raise SystemExit(f"error: {play} has {len(ids)} tokens, fewer than {n}")
+            refuse(f"{play} has {len(ids)} tokens, fewer than {n}")
         docs[play] = ids[:n]
     return docs
+
+
+def refuse(message: str) -> NoReturn:
+    """End a benchmark the way the CLI ends a refusal: one `error: ...` line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:
     """(results, save) for a benchmark that resumes: the results at `path` (or {"settings": settings, section:
     {} for each section} when there are none yet); save() rewrites the file (after every step, so a rerun goes
     on where this one stopped). Two runs may share the file (different rows of one benchmark on two cores):
-    save() first takes, under a lock, the cells another run saved since. Results taken with other settings
-    are refused (exit 2), never overwritten: they belong in another file."""
+    save() first takes, under a lock, the cells another run saved since.
+
+    Results taken with other settings are refused (exit 2), never overwritten: at the start, and at every save,
+    since a run that started on the same new file may have saved first. So are a file that is not a results file
+    (not JSON, not an object of sections) and a path that cannot hold one; the file is left as it was. Settings
+    are JSON values (a tuple is kept as the list JSON reads back); a NaN or infinite number is refused by name."""
     path = Path(path)
+    settings = json_settings(settings)
+    if path.is_dir():
+        refuse(f"--out {path} is a folder; give the path of a .json results file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                refuse(f"--out {path}: {parent} is a file, not a folder")
+            break
     results = {"settings": settings, **{section: {} for section in sections}}
     if path.exists():
-        saved = json.loads(path.read_text())
-        theirs = saved.get("settings", {})
-        changed = sorted(k for k in {*settings, *theirs} if settings.get(k) != theirs.get(k))
-        if changed:
-            print(f"error: {path} holds results taken with other settings ({', '.join(changed)}): give these "
-                  f"another --out, or delete that file to start over", file=sys.stderr)
-            raise SystemExit(2)
+        saved = read_results(path, sections)
+        check_settings(path, settings, saved["settings"], "holds results taken with",
+                       "give this run another --out, or delete that file to start over")
         results = saved
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        refuse(f"--out {path}: cannot make its folder ({e.strerror or e})")
 
     def save() -> None:
-        with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            current = json.loads(path.read_text()) if path.exists() else {}
-            if current.get("settings") == settings:
-                for section in sections:   # in place: callers may hold a section's dict
-                    for key, cell in current.get(section, {}).items():
-                        results[section].setdefault(key, cell)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps(results, indent=1))
-            os.replace(tmp, path)
+        try:
+            with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if path.exists():
+                    current = read_results(path, sections)
+                    check_settings(path, settings, current["settings"], "was saved meanwhile by a run with",
+                                   "this run's cells are not saved there; give it another --out (its rerun "
+                                   "goes on from there)")
+                    for section in sections:   # in place: callers may hold a section's dict
+                        for key, cell in current[section].items():
+                            results[section].setdefault(key, cell)
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps(results, indent=1))
+                os.replace(tmp, path)
+        except OSError as e:
+            refuse(f"--out {path}: cannot write it ({e.strerror or e})")
 
     return results, save
+
+
+def json_settings(settings: dict) -> dict:
+    """`settings` as the results file will read back (tuples become lists); a value JSON cannot hold, or a
+    NaN or infinite number (which would never equal itself on a rerun), is refused by its key."""
+    for key, value in settings.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            refuse(f"setting {key} is {value!r}: a results file's settings are finite numbers")
+        except TypeError:
+            refuse(f"setting {key} is {value!r}, a {type(value).__name__}: a results file's settings are JSON "
+                   f"values (numbers, strings, booleans, None, lists and objects of them)")
+    return json.loads(json.dumps(settings))
+
+
+def read_results(path: Path, sections: Sequence[str]) -> dict:
+    """The results file at `path`, checked: a JSON object whose settings and sections are objects (a section it
+    lacks is added, empty); anything else is refused, the file untouched."""
+    what = "give this run another --out, or delete that file to start over"
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        refuse(f"--out {path}: cannot read it ({e.strerror or e})")
+    except UnicodeDecodeError:
+        refuse(f"{path} is not a results file (not UTF-8 text): {what}")
+    except json.JSONDecodeError as e:
+        refuse(f"{path} is not a results file ({'empty' if not path.stat().st_size else f'not JSON: {e}'}): {what}")
+    if not isinstance(saved, dict):
+        refuse(f"{path} is not a results file (a JSON {json_kind(saved)}, not an object of sections): {what}")
+    for key in ("settings", *sections):
+        if not isinstance(saved.setdefault(key, {}), dict):
+            refuse(f"{path} is not a results file (its {key!r} is a {json_kind(saved[key])}, not an object): {what}")
+    return saved
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls the value's kind: "list", "number", "string", ..."""
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+
+
+def check_settings(path: Path, settings: dict, theirs: dict, verb: str, hint: str) -> None:
+    """Refuse (exit 2) when the file's settings differ from this run's, naming each differing key and both values."""
+    def shown(values: dict, key: str) -> str:
+        return repr(values[key]) if key in values else "absent"
+
+    def same(key: str) -> bool:  # as JSON: True and 1, 1 and 1.0 are different settings
+        return key in settings and key in theirs and json.dumps(settings[key]) == json.dumps(theirs[key])
+
+    changed = sorted(k for k in {*settings, *theirs} if not same(k))
+    if changed:
+        differ = "; ".join(f"{k} {shown(theirs, k)} there, {shown(settings, k)} here" for k in changed)
+        refuse(f"{path} {verb} other settings ({differ}): {hint}")
 
 
 class Timing(NamedTuple):

@@ -1,0 +1,154 @@
+"""benchmarks/common.results_file (issue 31, item 6): a benchmark's resumable results file. Two runs on one file
+share it only when their settings are the same; a run that finds another run's settings, at the start or at a
+save, refuses (one `error:` line, exit 2) and the file keeps the other run's cells. A file that is not a results
+file, and a path that cannot hold one, are refused the same way, the file untouched."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import common  # noqa: E402  (benchmarks/common.py: the scripts run as `python benchmarks/bench_x.py`)
+
+SETTINGS = {"dtype": "float32", "lengths": [1024, 2048], "target": 16384}
+SECTIONS = ["perplexity", "passkey"]
+
+
+def refused(capsys, fn, *args) -> str:
+    """The one stderr line of a refusal (exit code 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        fn(*args)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_a_new_file_saves_and_a_rerun_goes_on_from_it(tmp_path):
+    out = tmp_path / "sub" / "r.json"
+    results, save = common.results_file(out, SETTINGS, SECTIONS)
+    assert results == {"settings": SETTINGS, "perplexity": {}, "passkey": {}}
+    results["perplexity"]["yarn"] = 3.5
+    save()
+    again, _ = common.results_file(out, SETTINGS, SECTIONS)
+    assert again["perplexity"] == {"yarn": 3.5}
+
+
+def test_two_runs_with_the_same_settings_keep_each_others_cells(tmp_path):
+    out = tmp_path / "r.json"
+    (a, save_a), (b, save_b) = common.results_file(out, SETTINGS, SECTIONS), common.results_file(out, SETTINGS, SECTIONS)
+    a["perplexity"]["yarn"] = 1.0
+    save_a()
+    b["perplexity"]["ntk"] = 2.0
+    save_b()
+    assert json.loads(out.read_text())["perplexity"] == {"yarn": 1.0, "ntk": 2.0}
+
+
+def test_a_run_whose_settings_differ_from_the_file_is_refused_naming_the_key(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    results, save = common.results_file(out, SETTINGS, SECTIONS)
+    results["perplexity"]["yarn"] = 1.0
+    save()
+    before = out.read_bytes()
+    line = refused(capsys, common.results_file, out, SETTINGS | {"target": 32768}, SECTIONS)
+    assert "target 16384 there, 32768 here" in line and "another --out" in line
+    assert out.read_bytes() == before
+
+
+def test_two_runs_with_other_settings_on_one_new_file_the_later_save_refuses(tmp_path, capsys):
+    """The issue's case: both open a new --out; the second save used to replace the first run's cells, exit 0."""
+    out = tmp_path / "r.json"
+    a, save_a = common.results_file(out, SETTINGS, SECTIONS)
+    b, save_b = common.results_file(out, SETTINGS | {"dtype": "bfloat16"}, SECTIONS)
+    a["perplexity"]["yarn"] = 1.0
+    save_a()
+    before = out.read_bytes()
+    b["perplexity"]["yarn"] = 9.0
+    line = refused(capsys, save_b)
+    assert "saved meanwhile by a run with other settings" in line and "dtype 'float32' there, 'bfloat16' here" in line
+    assert out.read_bytes() == before
+    a["perplexity"]["ntk"] = 2.0   # the first run goes on
+    save_a()
+    assert json.loads(out.read_text())["perplexity"] == {"yarn": 1.0, "ntk": 2.0}
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"", "empty"),
+    (b'{"settings": {"dtype": "float32"}, "perplexity": {"yarn": 1.', "not JSON"),
+    (b"[1, 2]", "a JSON list"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not UTF-8"),
+    (b'{"settings": [1], "perplexity": {}}', "'settings' is a list"),
+    (b'{"settings": {}, "perplexity": 3}', "'perplexity' is a number"),
+], ids=["empty", "truncated", "list", "binary", "settings-list", "section-number"])
+def test_a_file_that_is_not_a_results_file_is_refused_untouched(tmp_path, capsys, content, says):
+    out = tmp_path / "r.json"
+    out.write_bytes(content)
+    line = refused(capsys, common.results_file, out, SETTINGS, SECTIONS)
+    assert says in line and str(out) in line
+    assert out.read_bytes() == content
+
+
+def test_a_file_spoilt_between_saves_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    results, save = common.results_file(out, SETTINGS, SECTIONS)
+    out.write_text("[]")
+    refused(capsys, save)
+    assert out.read_text() == "[]"
+
+
+def test_a_section_the_file_lacks_starts_empty(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"settings": SETTINGS, "perplexity": {"yarn": 1.0}}))
+    results, _ = common.results_file(out, SETTINGS, SECTIONS)
+    assert results["perplexity"] == {"yarn": 1.0} and results["passkey"] == {}
+
+
+def test_a_folder_as_the_path_or_a_file_as_its_parent_is_refused(tmp_path, capsys):
+    assert "is a folder" in refused(capsys, common.results_file, tmp_path, SETTINGS, SECTIONS)
+    parent = tmp_path / "results"
+    parent.write_text("not a folder")
+    line = refused(capsys, common.results_file, parent / "deeper" / "r.json", SETTINGS, SECTIONS)
+    assert f"{parent} is a file" in line and parent.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_nan_or_infinite_setting_is_refused_by_name(tmp_path, capsys, value):
+    line = refused(capsys, common.results_file, tmp_path / "r.json", SETTINGS | {"factor": value}, SECTIONS)
+    assert f"setting factor is {value!r}" in line and "finite" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_setting_json_cannot_hold_is_refused_by_name(tmp_path, capsys):
+    line = refused(capsys, common.results_file, tmp_path / "r.json", SETTINGS | {"plays": {"hamlet"}}, SECTIONS)
+    assert "setting plays is {'hamlet'}, a set" in line
+
+
+def test_tuple_settings_match_the_lists_the_file_reads_back(tmp_path):
+    out = tmp_path / "r.json"
+    results, save = common.results_file(out, SETTINGS | {"lengths": (1024, 2048)}, SECTIONS)
+    results["perplexity"]["yarn"] = 1.0
+    save()
+    again, _ = common.results_file(out, SETTINGS | {"lengths": (1024, 2048)}, SECTIONS)   # a rerun, not "other"
+    assert again["perplexity"] == {"yarn": 1.0}
+
+
+def test_true_and_1_are_different_settings(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    common.results_file(out, SETTINGS | {"flag": True}, SECTIONS)[1]()
+    assert "flag True there, 1 here" in refused(capsys, common.results_file, out, SETTINGS | {"flag": 1}, SECTIONS)
+
+
+def test_a_benchmark_refusal_is_one_line_and_exit_2(tmp_path):
+    """As a script sees it: the process ends with exit code 2 and one `error:` line, no traceback."""
+    out = tmp_path / "r.json"
+    out.write_text("{")
+    code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import common; common.results_file({str(out)!r}, {{}}, [])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
