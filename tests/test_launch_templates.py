@@ -1,18 +1,28 @@
 """The accelerate launcher templates (recipes/accelerate/*.yaml): each is a config accelerate itself reads,
 and every engine key in it is one `accelerate launch` takes (a misspelt key would be dropped silently).
 
-FSDP itself is not run here: accelerate 1.15 enables FSDP only on GPU-like devices, and with `use_cpu` its
-FSDP config silently becomes plain CPU data parallelism (accelerate/state.py picks MULTI_CPU first). torch's
-FSDP2 `fully_shard` does train over gloo on CPU processes; the recipe under it needs a GPU machine."""
+FSDP and DeepSpeed on a CPU-only machine (issue 31, item 7): accelerate 1.15 turns either engine on only for
+GPU-like devices; on CPU processes (state.py picks MULTI_CPU first) fsdp.yaml would silently be plain data
+parallelism, each process holding the whole model. The recipe refuses that in one line naming ddp.yaml (what
+runs on CPUs); launched in two processes here, nothing is written. Sharding itself needs a GPU machine."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-TEMPLATES = sorted((Path(__file__).parent.parent / "recipes" / "accelerate").glob("*.yaml"))
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes.finetune_checks import check_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
 ENGINE_SECTIONS = ("fsdp_config", "deepspeed_config")
 
 
@@ -48,3 +58,46 @@ def test_a_misspelt_key_is_caught(tmp_path):
 
 def test_templates_cover_the_engines_the_readme_names():
     assert {p.name for p in TEMPLATES} == {"single.yaml", "ddp.yaml", "fsdp.yaml", "deepspeed_zero3.yaml"}
+
+
+@pytest.mark.parametrize("variable,engine", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")])
+def test_a_sharding_engine_on_cpu_processes_is_refused_naming_ddp(monkeypatch, variable, engine):
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(ConfigError, match=rf"asks for {engine} .* runs only on GPUs.*recipes/accelerate/ddp.yaml"):
+        check_engine(cpu=True)
+    check_engine(cpu=False)   # on a GPU machine accelerate runs it
+    monkeypatch.setenv(variable, "false")
+    check_engine(cpu=True)    # ddp.yaml, single.yaml, torchrun: nothing asked
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(torch.accelerator.current_accelerator() is not None, reason="a CPU-only machine's refusal")
+def test_fsdp_template_in_two_cpu_processes_is_refused_before_anything_is_written(tmp_path):
+    from tiny import tiny_model, tiny_tokenizer
+
+    model_dir, out = tmp_path / "tiny", tmp_path / "out"
+    tiny_model("llama", max_position_embeddings=128).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 200)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(model_dir), "dtype": "float32"},
+        "posenc": {"method": "yarn", "max_position_embeddings": 256},
+        "data": {"corpus": str(tmp_path / "text.txt"), "seq_len": 64, "cache_dir": str(tmp_path / "cache")},
+        "train": {"steps": 2, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "save_every": 2},
+        "output_dir": str(out)}))
+    template = [p for p in TEMPLATES if p.name == "fsdp.yaml"][0]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(template),
+                           "--num_processes", "2", "--main_process_port", str(free_port()),
+                           str(ROOT / "recipes" / "finetune.py"), "--config", str(config)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    refusals = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode != 0 and refusals, proc.stderr[-3000:]   # (the launcher adds its ChildFailedError)
+    assert all("asks for FSDP" in line and "ddp.yaml" in line for line in refusals), refusals
+    assert not out.exists()

@@ -307,3 +307,24 @@ def prepare_output_dir(cfg: FinetuneConfig) -> None:
     if cfg.overwrite_output_dir and not cfg.resume and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+
+
+# accelerate launch passes a template's engine to each process as these variables; on CPU-only processes
+# accelerate (1.15, state.py) turns on neither engine, and runs plain data parallelism without a word.
+ENGINES = {"ACCELERATE_USE_FSDP": ("FSDP", "fsdp.yaml"),
+           "ACCELERATE_USE_DEEPSPEED": ("DeepSpeed", "deepspeed_zero3.yaml")}
+
+
+def check_engine(cpu: bool) -> None:
+    """Refuse a sharding engine the launcher asked for that this machine's processes would not run: FSDP or
+    DeepSpeed on a machine without an accelerator would be DDP, each process holding the whole model."""
+    import os
+
+    import accelerate
+
+    for variable, (engine, template) in ENGINES.items():
+        if cpu and os.environ.get(variable, "false").lower() == "true":
+            raise ConfigError(f"the launcher asks for {engine} (recipes/accelerate/{template}), which accelerate "
+                              f"{accelerate.__version__} runs only on GPUs: on this machine, CPUs only, each process "
+                              f"would hold the whole model (plain data parallelism); launch with "
+                              f"--config_file recipes/accelerate/ddp.yaml --num_processes N instead")

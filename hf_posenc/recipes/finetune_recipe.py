@@ -40,7 +40,7 @@ from hf_posenc import train_data  # noqa: E402
 from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
-from hf_posenc.recipes.finetune_checks import Preflight, check_config, prepare_output_dir  # noqa: E402
+from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
 from hf_posenc.recipes.finetune_model import (apply_lora, disable_dropout, load_model,  # noqa: E402
                                               load_tokenizer, mixed_precision, select_trainable)
@@ -79,6 +79,7 @@ class FinetuneRecipe:
         """The Accelerator (process group, device, mixed precision, trackers), the seed, and the summary of
         what the run is about to do."""
         cfg, preflight = self.cfg, self.preflight
+        check_engine(cpu=torch.accelerator.current_accelerator() is None)   # fsdp.yaml on CPUs: refused, not DDP
         self.accelerator = Accelerator(
             cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
             mixed_precision=mixed_precision(cfg.model.dtype),
