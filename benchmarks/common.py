@@ -179,7 +179,8 @@ def read_results(path: Path, sections: Sequence[str]) -> dict:
 
 def json_kind(value: Any) -> str:
     """What JSON calls the value's kind: "list", "number", "string", ..."""
-    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return kinds.get(type(value), "null")
 
 
 def check_settings(path: Path, settings: dict, theirs: dict, verb: str, hint: str) -> None:

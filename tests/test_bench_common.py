@@ -43,7 +43,8 @@ def test_a_new_file_saves_and_a_rerun_goes_on_from_it(tmp_path):
 
 def test_two_runs_with_the_same_settings_keep_each_others_cells(tmp_path):
     out = tmp_path / "r.json"
-    (a, save_a), (b, save_b) = common.results_file(out, SETTINGS, SECTIONS), common.results_file(out, SETTINGS, SECTIONS)
+    a, save_a = common.results_file(out, SETTINGS, SECTIONS)
+    b, save_b = common.results_file(out, SETTINGS, SECTIONS)
     a["perplexity"]["yarn"] = 1.0
     save_a()
     b["perplexity"]["ntk"] = 2.0
@@ -149,6 +150,7 @@ def test_a_benchmark_refusal_is_one_line_and_exit_2(tmp_path):
     """As a script sees it: the process ends with exit code 2 and one `error:` line, no traceback."""
     out = tmp_path / "r.json"
     out.write_text("{")
-    code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import common; common.results_file({str(out)!r}, {{}}, [])"
+    code = (f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import common; "
+            f"common.results_file({str(out)!r}, {{}}, [])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
