@@ -21,7 +21,7 @@ LAYERS = {
     "errors": ("hf_posenc.errors",),
     "interfaces": ("hf_posenc.config", "hf_posenc.family"),
     "transformers": ("hf_posenc._compat", "hf_posenc.gguf_header", "hf_posenc.assets"),
-    "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.methods"),
+    "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.s2_attention", "hf_posenc.methods"),
     "patch records": ("hf_posenc.record", "hf_posenc.plan"),
     "families": ("hf_posenc.families",),
     "patch calls": ("hf_posenc.registry", "hf_posenc.serving", "hf_posenc.loading", "hf_posenc.api",
