@@ -6,10 +6,17 @@ A causal LM's float logits over its vocabulary are most of a long-context traini
 at a time, each block recomputed in the backward pass (activation checkpointing), so the logits of the
 whole sequence never exist. Same loss and gradients as the full computation (tests/test_losses.py).
 
+`LongCE` weights each token's loss by how much the long context helps it (Fang et al., ICLR 2025), from
+short-context losses the model computes without gradient in the same step (tests/test_longce.py).
+
 `TrainingLoss` wraps the model so that `accelerator.prepare` wraps the loss as well: DDP and FSDP see
 one forward that returns the loss, and their hooks stay in charge of the gradients."""
 
 from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -139,21 +146,137 @@ def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.
     return total / mask.sum().clamp(min=1) * temperature ** 2
 
 
+# -- LongCE: each token weighted by how much the long context helps it -------------------------------------
+
+@dataclass(frozen=True)
+class LongCE:
+    """LongCE (Fang et al., ICLR 2025, "What is Wrong with Perplexity for Long-context Language Modeling?",
+    Sec. 4): the cross-entropy of each token t weighted by
+
+        w_t = min(exp(LSD_t), clip),   LSD_t = log P(x_t | x_<t) - log P(x_t | the `window`.. tokens before t)
+                                             = loss_short_t - loss_long_t,
+
+    the clipped ratio of the token's probability given everything to its probability given a short window
+    (the paper's I(x_t) with gamma = clip = 5), computed by the model being trained, without gradient, in the
+    same step. The loss is sum_t w_t loss_t / N over the N real tokens (the paper's sum, divided as a mean, as
+    the plain loss is). The short windows are cut as the paper's: windows of window + stride tokens, stride
+    apart, each scoring its last `stride` tokens, so a token's short context holds window .. window + stride - 1
+    tokens. The first window is the whole context of the tokens it would score, so the tokens before
+    window + stride have w_t = 1 exactly, and no forward is spent on them. A window keeps the ids the long pass
+    gives its tokens (a position scheme's too), so the two losses differ by the context alone."""
+
+    window: int
+    stride: int
+    clip: float = 5.0
+
+    def __post_init__(self):
+        for name in ("window", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LongCE {name} must be an int >= 1, got {value!r}")
+        if not (isinstance(self.clip, (int, float)) and not isinstance(self.clip, bool) and 1 <= self.clip < math.inf):
+            raise ValueError(f"LongCE clip must be a number >= 1 (the largest weight), got {self.clip!r}")
+
+
+def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(exp(short - long), clip) where `short` holds a loss, 1 where it is NaN (no short window)."""
+    has = ~torch.isnan(short)
+    ratio = torch.exp(torch.where(has, short - long, torch.zeros_like(long))).clamp(max=clip)
+    return torch.where(has, ratio, torch.ones_like(ratio))
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module):
+    """The model in eval mode inside the block (no dropout, no training-only attention), each module's own
+    mode back after it."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def next_token_losses(model: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Per-token cross-entropy of `hidden`'s next tokens `labels` (-100: none, loss 0), `chunk` at a time."""
+    blocks = _blocks(hidden.shape[1], chunk) if chunk else [slice(None)]
+    out = [F.cross_entropy(output_logits(model, hidden[:, b]).float().flatten(0, 1), labels[:, b].flatten(),
+                           ignore_index=-100, reduction="none").view(labels[:, b].shape) for b in blocks]
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int,
+                         stride: int, position_ids: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """The loss of each next token given only a short context, [batch, n - 1] aligned with the long pass's
+    labels (entry t - 1: token t): windows of window + stride tokens at stride, 2 stride, ..., each scoring
+    its tokens from window on (`LongCE`), at the long pass's ids (`position_ids`; None: 0..n-1); NaN where a
+    token's context is not shortened (t < window + stride) or it is padding. Eval mode, no gradient."""
+    batch, n = input_ids.shape
+    out = torch.full((batch, n - 1), float("nan"), device=input_ids.device)
+    if position_ids is None:
+        position_ids = torch.arange(n, device=input_ids.device).expand(batch, n)
+    with evaluating(model):
+        for start in range(stride, n - window, stride):
+            end = min(start + window + stride, n)
+            ids, mask = input_ids[:, start:end], attention_mask[:, start:end]
+            hidden = hidden_states(model, ids, mask, position_ids[:, start:end])[:, window - 1:-1]
+            labels = ids[:, window:].masked_fill(mask[:, window:] == 0, -100)
+            losses = next_token_losses(model, hidden, labels, chunk)
+            out[:, start + window - 1:end - 1] = losses.masked_fill(labels == -100, float("nan"))
+    return out
+
+
+def longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, longce: LongCE,
+                chunk: int = 0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`LongCE`: the short-context losses first (no gradient), then the long pass with each token's loss
+    weighted; `chunk` positions of logits at a time (0: the full logits). The weights come from the long
+    losses themselves, detached (in a chunk's recomputation in the backward pass, the same weights)."""
+    short = short_context_losses(model, input_ids, attention_mask, longce.window, longce.stride, position_ids,
+                                 chunk or input_ids.shape[1])
+    labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
+
+    def weighted_sum(losses: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return (longce_weights(losses.detach(), s, longce.clip) * losses).sum()
+
+    if chunk:
+        hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
+
+        def block_sum(h: torch.Tensor, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            return weighted_sum(next_token_losses(model, h, y, 0), s)
+
+        total = sum(checkpoint(block_sum, hidden[:, b], labels[:, b], short[:, b], use_reentrant=False)
+                    for b in _blocks(hidden.shape[1], chunk))
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).logits[:, :-1].float()
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                 reduction="none").view(labels.shape)
+        total = weighted_sum(losses, short)
+    return total / (labels != -100).sum().clamp(min=1)
+
+
 class TrainingLoss(nn.Module):
     """The model with its objective: `forward(input_ids, attention_mask, teacher=None, position_ids=None)`
     returns the loss (position ids: objective lm only, hf_posenc/positions.py).
-    `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. The teacher of `distill`
-    is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
+    `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. `longce` (objective lm): the
+    tokens weighted by how much the long context helps them (`LongCE`). The teacher of `distill` is an
+    argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
 
     def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, longce: LongCE | None = None):
         super().__init__()
+        if longce is not None and not (objective == "lm" and causal):
+            raise ValueError("LongCE weights a causal LM's next-token loss: objective lm only")
         self.model, self.objective, self.causal = model, objective, causal
-        self.chunk, self.temperature = chunk if causal else 0, temperature
+        self.chunk, self.temperature, self.longce = chunk if causal else 0, temperature, longce
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None,
                 position_ids: torch.Tensor | None = None):
         if self.objective == "lm":
+            if self.longce is not None:
+                return longce_loss(self.model, input_ids, attention_mask, self.longce, self.chunk, position_ids)
             if self.chunk:
                 return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk, position_ids)
             return lm_loss(self.model, input_ids, attention_mask, position_ids)
@@ -166,4 +289,4 @@ class TrainingLoss(nn.Module):
                             temperature=self.temperature)
 
     def extra_repr(self) -> str:
-        return f"objective={self.objective!r}, chunk={self.chunk}"
+        return f"objective={self.objective!r}, chunk={self.chunk}" + (f", {self.longce}" if self.longce else "")
