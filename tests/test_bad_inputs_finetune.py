@@ -318,3 +318,98 @@ def test_script_help_exits_0():
     proc = script("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "train:" in proc.stdout and "lr: 2e-05" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- --resume: the same run or a refusal
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, models):
+    """A run of 6 steps (PoSE position ids, a linear schedule) stopped after step 2, its checkpoint at step 2:
+    the folder a --resume continues, and its config."""
+    root = tmp_path_factory.mktemp("stopped")
+    shutil.copytree(models / "llama", root / "m")
+    (root / "corpus").mkdir()
+    (root / "corpus" / "a.txt").write_text(hdata.assets.shakespeare_text("hamlet").encode("ascii", "ignore")
+                                           .decode()[5000:9000])
+    cfg = merged(base_config(root), {"train": {"positions": "pose", "stop_after_steps": 2}})
+    (root / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run_recipe("--config", root / "c.yaml")
+    assert [p.name for p in (root / "out" / "checkpoints").iterdir()] == ["step_0000002"]
+    return root, cfg
+
+
+# (id, config changes, what the one line must say). Each changes the run; "{w}" stands for the stopped run's folder.
+RESUME_CHANGES = [
+    ("positions-pose-to-cream", {"train": {"positions": "cream"}}, r'train\.positions "pose" -> "cream"'),
+    ("positions-to-span", {"train": {"positions": "pose text=span"}}, r'train\.positions "pose" -> "pose text=span"'),
+    ("positions-to-contiguous", {"train": {"positions": "contiguous"}}, r'train\.positions "pose" -> "contiguous"'),
+    ("seed", {"train": {"seed": 4}}, r"train\.seed 3 -> 4"),
+    ("seq-len", {"data": {"seq_len": 32}}, r"data\.seq_len 64 -> 32"),
+    ("corpus", {"data": {"corpus": "shakespeare:hamlet"}}, r'data\.corpus ".*/corpus" -> "shakespeare:hamlet"'),
+    ("patch", {"posenc": {"method": "yarn", "factor": 4}},
+     r"posenc\.max_position_embeddings 256 -> \(not set\), posenc\.factor \(not set\) -> 4 \("),
+    ("method", {"posenc": {"method": "ntk", "max_position_embeddings": 256}}, r'posenc\.method "yarn" -> "ntk"'),
+    ("model", {"model": {"name": "{w}/other"}}, r'model\.name ".*/m" -> ".*/other"'),
+    ("lr", {"train": {"lr": 2e-3}}, r"train\.lr 0\.001 -> 0\.002"),
+    ("scheduler", {"train": {"scheduler": "cosine"}}, r'train\.scheduler "linear" -> "cosine"'),
+    ("batch", {"train": {"grad_accum": 2}}, r"train\.grad_accum 1 -> 2"),
+    ("steps-under-a-decaying-schedule", {"train": {"steps": 10}},
+     r"train\.steps 6 -> 10 \(train\.scheduler 'linear' sets each step's learning rate from train\.steps"),
+    ("steps-below-the-checkpoint-and-warmup", {"train": {"steps": 1, "warmup_steps": 0}},
+     r"train\.steps 6 -> 1 \(the checkpoint --resume continues from is at step 2, past the new end\), "
+     r"train\.warmup_steps 2 -> 0"),
+    ("several", {"train": {"seed": 5, "positions": "cream"}, "data": {"bos": True}},
+     r'data\.bos "auto" -> true, train\.seed 3 -> 5, train\.positions "pose" -> "cream"'),
+]
+
+
+@pytest.mark.parametrize("changes, message", [c[1:] for c in RESUME_CHANGES], ids=[c[0] for c in RESUME_CHANGES])
+def test_resume_refuses_a_change_of_the_run_naming_each_key_and_both_values(tmp_path, models, stopped_run,
+                                                                           changes, message):
+    root, cfg = stopped_run
+    shutil.copytree(root / "out", tmp_path / "out")
+    if "model" in changes:
+        shutil.copytree(root / "m", root / "other", dirs_exist_ok=True)
+    changed = merged({**cfg, "output_dir": str(tmp_path / "out")}, _fill(changes, root, models))
+    changed["train"] = {k: v for k, v in changed["train"].items() if k != "stop_after_steps"}   # adjustable
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(changed))
+    before = snapshot(tmp_path / "out", root)
+    with pytest.raises(ConfigError) as refusal:
+        run_recipe("--config", tmp_path / "c.yaml", "--resume")
+    said = str(refusal.value)
+    assert said.startswith(f"--resume continues the run saved in '{tmp_path / 'out'}', but this command changes "
+                           f"what it trains: "), said
+    assert re.search(message, said) and "resume with the saved values, or start a new run" in said, said
+    assert "stop_after_steps" not in said and "\n" not in said
+    assert snapshot(tmp_path / "out", root) == before              # nothing written
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("delete", r"holds checkpoints but no finetune_config\.json, so whether this is the same run cannot be told"),
+    ("garble", r"finetune_config\.json cannot be read \(.*\), so whether this is the same run cannot be told"),
+    ("list", r"finetune_config\.json cannot be read \(a list, not a mapping\)"),
+])
+def test_resume_without_the_saved_settings_is_refused(tmp_path, stopped_run, damage, message):
+    root, cfg = stopped_run
+    shutil.copytree(root / "out", tmp_path / "out")
+    saved = tmp_path / "out" / "finetune_config.json"
+    if damage == "delete":
+        saved.unlink()
+    else:
+        saved.write_text("[1, 2]" if damage == "list" else saved.read_text()[:50])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "output_dir": str(tmp_path / "out")}))
+    before = snapshot(tmp_path / "out")
+    with pytest.raises(ConfigError, match=message):
+        run_recipe("--config", tmp_path / "c.yaml", "--resume")
+    assert snapshot(tmp_path / "out") == before
+
+
+def test_script_refuses_a_changed_resume_in_one_line_with_exit_code_2(tmp_path, stopped_run):
+    root, cfg = stopped_run
+    shutil.copytree(root / "out", tmp_path / "out")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "output_dir": str(tmp_path / "out")}))
+    before = snapshot(tmp_path / "out")
+    proc = script("--config", tmp_path / "c.yaml", "--resume", "--train.positions", "cream", "--train.seed", "4")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and 'train.seed 3 -> 4, train.positions "pose" -> "cream"' in errors[0], proc.stderr
+    assert snapshot(tmp_path / "out") == before

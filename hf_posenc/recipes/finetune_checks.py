@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from .. import checkpoints as ckpt
 from .. import data as hdata
 from .. import loading
 from ..errors import ConfigError, PosEncError
@@ -36,6 +37,7 @@ class Preflight:
     causal: bool
     positions: PositionScheme = dataclasses.field(default_factory=Contiguous)   # resolved: target set
     routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
+    resume_changes: tuple[str, ...] = ()   # --resume: the settings changed that leave the run as it was
 
     @property
     def block_len(self) -> int:
@@ -67,6 +69,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
     check_schedule(cfg.train)
     ref = _model_ref(cfg.model)
     check_output_dir(cfg, ref)
+    resume_changes = check_resume(cfg)
     for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
         if spec:
             check_corpus(field, spec, cfg.data)
@@ -111,7 +114,8 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                 check_length(model, length)
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
-    return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config))
+    return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config),
+                     resume_changes)
 
 
 def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> PositionScheme:
@@ -156,6 +160,129 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
 
 
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count
+def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
+    """--resume continues the run saved in output_dir, or is refused: every setting is compared with the
+    run's finetune_config.json, and a change of one its field declares fixed (finetune_config.FIXED: the model,
+    the patch, the data, the optimizer, the schedule, the seed, the position ids) is refused in one line
+    naming each such key and its two values. train.steps may change where the learning rate of a step does
+    not follow it (constant schedules) and not below the checkpoint's step. Returns the changes taken (the
+    cadence, logging, memory knobs, steps), which the run prints."""
+    out = Path(cfg.output_dir)
+    saved_file = out / "finetune_config.json"
+    if not cfg.resume or not out.is_dir():
+        return ()
+    new_run = "start a new run (another --output_dir, or --overwrite_output_dir to replace this one)"
+    if not saved_file.is_file():
+        if ckpt.complete_checkpoints(out) or ckpt.incomplete_checkpoints(out):
+            raise ConfigError(f"--resume: {str(out)!r} holds checkpoints but no finetune_config.json, so whether "
+                              f"this is the same run cannot be told; put the run's finetune_config.json back, or "
+                              f"{new_run}")
+        return ()   # nothing saved yet: the run starts at step 0 (resume says so)
+    try:
+        saved = json.loads(saved_file.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a {type(saved).__name__}, not a mapping")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--resume: {saved_file} cannot be read ({one_line(err)}), so whether this is the same "
+                          f"run cannot be told; put the run's finetune_config.json back, or {new_run}") from None
+    refused, taken = [], []
+    for key, may_change, old, new in setting_changes(cfg, saved):
+        change = f"{key} {_shown(old)} -> {_shown(new)}"
+        why = steps_change_problem(cfg, out, old, new) if key == "train.steps" else None
+        if not may_change or why:
+            refused.append(change + (f" ({why})" if why else ""))
+        else:
+            taken.append(change)
+    if refused:
+        raise ConfigError(f"--resume continues the run saved in {str(out)!r}, but this command changes what it "
+                          f"trains: {', '.join(refused)} (the run's settings are in {saved_file}); resume with the "
+                          f"saved values, or {new_run}")
+    return tuple(taken)
+
+
+def setting_changes(cfg, saved: dict, prefix: str = "") -> list[tuple[str, bool, object, object]]:
+    """(key, whether --resume may change it, saved value, new value) of each setting of `cfg` that differs
+    from the `saved` config (a mapping as finetune_config.json holds it), a mapping's keys one by one
+    (posenc.factor). A key the saved config lacks (a setting added since) counts as its default, which that
+    run used; fields of PER_COMMAND are not compared."""
+    changes = []
+    for f in dataclasses.fields(cfg):
+        new, key = getattr(cfg, f.name), prefix + f.name
+        if dataclasses.is_dataclass(new):   # a section
+            inner = saved.get(f.name)
+            changes += setting_changes(new, inner if isinstance(inner, dict) else {}, key + ".")
+            continue
+        if f.metadata.get("per_command"):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        changes += [(name, f.metadata["resume_may_change"], old, now)
+                    for name, old, now in _differences(key, _plain(saved.get(f.name, default)), _plain(new))]
+    return changes
+
+
+UNSET = "(not set)"   # how a change shows a key one side lacks
+
+
+def _differences(key: str, old, new) -> list[tuple[str, object, object]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for name in [*old, *(k for k in new if k not in old)]
+                for change in _differences(f"{key}.{name}", old.get(name, UNSET), new.get(name, UNSET))]
+    return [] if _same_setting(old, new) else [(key, old, new)]
+
+
+def _plain(value):
+    """A setting as finetune_config.json holds it (a tuple is a list there)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _same_setting(a, b) -> bool:
+    """Equal as settings: NaN equals NaN, true is not 1, [1, 2] equals (1, 2) (both plain first)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_setting(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same_setting, a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _shown(value) -> str:
+    return UNSET if value is UNSET else json.dumps(value, default=str)
+
+
+def steps_change_problem(cfg: FinetuneConfig, out: Path, old, new: int) -> Optional[str]:
+    """Why a resume cannot change train.steps from `old` to `new`, or None: the checkpoint it continues from
+    is past the new end, or the scheduler sets each step's learning rate from train.steps (linear, cosine,
+    ...: the steps already taken had another schedule)."""
+    reached = ckpt.latest_checkpoint(out)[1]
+    if new < reached:
+        return f"the checkpoint --resume continues from is at step {reached}, past the new end"
+    if not isinstance(old, int) or isinstance(old, bool) or old < 1:
+        return None if old == new else "the saved train.steps is not a step count"
+    if lr_follows_steps(cfg.train, old, new):
+        return (f"train.scheduler {cfg.train.scheduler!r} sets each step's learning rate from train.steps, so the "
+                f"steps taken had another schedule; constant and constant_with_warmup can be extended")
+    return None
+
+
+def lr_follows_steps(train: TrainArgs, old: int, new: int) -> bool:
+    """Whether the scheduler's learning rate at a step depends on train.steps: its factors over the steps
+    both lengths take, built for each length (a scheduler that is not a LambdaLR counts as depending)."""
+    from transformers import get_scheduler
+
+    def factors(steps: int):
+        probe = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = get_scheduler(train.scheduler, probe, num_warmup_steps=train.warmup_steps,
+                                  num_training_steps=steps)
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        return None if not lambdas else [lambdas[0](s) for s in range(min(old, new) + 1)]
+
+    before = factors(old)
+    return before is None or before != factors(new)
+
+
 
 
 def check_schedule(train: TrainArgs) -> None:

@@ -26,6 +26,17 @@ GROUPS = {
 }
 
 
+# What --resume may change, declared on every field (tests/test_finetune_phases.py checks each has it):
+# FIXED settings make the run what it is (the model, the patch, the data, the optimizer, the schedule, the seed,
+# the position ids): a resume that changes one is refused, naming it (finetune_checks.check_resume). ADJUSTABLE
+# ones change how the run is watched, saved or computed, not what it trains (steps to extend it, the save and
+# evaluation cadence, logging, memory knobs): a resume takes them and says which changed. PER_COMMAND ones say
+# how this command starts (output_dir, --resume, --overwrite_output_dir): not settings of the run, not compared.
+FIXED = {"resume_may_change": False}
+ADJUSTABLE = {"resume_may_change": True}
+PER_COMMAND = {"resume_may_change": True, "per_command": True}
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -37,15 +48,15 @@ def _is_number(value) -> bool:
 
 @dataclasses.dataclass
 class ModelArgs:
-    name: str = field(default="smollm2", metadata={
+    name: str = field(default="smollm2", metadata={**FIXED,
         "help": "hub id, folder, .gguf file, or the aliases smollm2 / minilm"})
-    gguf_file: Optional[str] = field(default=None, metadata={
+    gguf_file: Optional[str] = field(default=None, metadata={**FIXED,
         "help": "the .gguf file inside a hub repo or folder named by name"})
-    attn_implementation: str = field(default="auto", metadata={
+    attn_implementation: str = field(default="auto", metadata={**ADJUSTABLE,
         "help": "auto: flash_attention_2 when installed on a GPU, else sdpa; or any transformers implementation"})
-    dtype: str = field(default="auto", metadata={
+    dtype: str = field(default="auto", metadata={**FIXED,
         "help": "auto: float32 weights, bf16 mixed precision where supported; or bfloat16, float16, float32"})
-    gradient_checkpointing: bool = field(default=False, metadata={
+    gradient_checkpointing: bool = field(default=False, metadata={**ADJUSTABLE,
         "help": "recompute activations in the backward pass (less memory, more time)"})
 
     def __post_init__(self):
@@ -56,25 +67,25 @@ class ModelArgs:
 
 @dataclasses.dataclass
 class DataArgs:
-    corpus: str = field(default="shakespeare", metadata={
+    corpus: str = field(default="shakespeare", metadata={**FIXED,
         "help": "a load_corpus spec: shakespeare / kjv, local .txt/.jsonl/.parquet files, a hub dataset NAME[:CONFIG]"})
-    split: str = field(default="train", metadata={"help": "the split of a hub dataset"})
-    text_column: str = field(default="text", metadata={
+    split: str = field(default="train", metadata={**FIXED, "help": "the split of a hub dataset"})
+    text_column: str = field(default="text", metadata={**FIXED,
         "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
-    streaming: bool = field(default=False, metadata={
+    streaming: bool = field(default=False, metadata={**FIXED,
         "help": "hub datasets: stream and keep the first max_documents"})
-    max_documents: Optional[int] = field(default=None, metadata={
+    max_documents: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "use the first N documents only (null: all)"})
-    seq_len: Optional[int] = field(default=None, metadata={
+    seq_len: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "tokens per training sequence (null: the patched context)"})
-    short_share: float = field(default=0.0, metadata={
+    short_share: float = field(default=0.0, metadata={**FIXED,
         "help": "share of sequences cut to short_len (keeps short-context quality)"})
-    short_len: Optional[int] = field(default=None, metadata={
+    short_len: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "length of the short sequences (null: the original context)"})
-    bos: Union[bool, str] = field(default="auto", metadata={
+    bos: Union[bool, str] = field(default="auto", metadata={**FIXED,
         "help": "BOS before each document: auto (as the tokenizer starts an input), true, false"})
-    shuffle: bool = field(default=True, metadata={"help": "shuffle the packed sequences each epoch"})
-    cache_dir: Optional[str] = field(default=None, metadata={
+    shuffle: bool = field(default=True, metadata={**FIXED, "help": "shuffle the packed sequences each epoch"})
+    cache_dir: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
         "help": "where packed data is cached (null: $HF_POSENC_CACHE/data)"})
 
     def __post_init__(self):
@@ -95,35 +106,37 @@ class DataArgs:
 
 @dataclasses.dataclass
 class TrainArgs:
-    objective: str = field(default="lm", metadata={
+    objective: str = field(default="lm", metadata={**FIXED,
         "help": "lm (next-token loss) or distill (match the unpatched model at the original context)"})
-    steps: int = field(default=400, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=1, metadata={"help": "sequences per process per micro-batch"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    lr: float = field(default=2e-5, metadata={"help": "AdamW learning rate"})
-    betas: list = field(default_factory=lambda: [0.9, 0.95], metadata={"help": "AdamW's beta1, beta2"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
-    scheduler: str = field(default="constant_with_warmup", metadata={
+    steps: int = field(default=400, metadata={**ADJUSTABLE, "help": "optimizer steps"})
+    batch_size: int = field(default=1, metadata={**FIXED, "help": "sequences per process per micro-batch"})
+    grad_accum: int = field(default=1, metadata={**FIXED, "help": "micro-batches per optimizer step"})
+    lr: float = field(default=2e-5, metadata={**FIXED, "help": "AdamW learning rate"})
+    betas: list = field(default_factory=lambda: [0.9, 0.95], metadata={**FIXED, "help": "AdamW's beta1, beta2"})
+    weight_decay: float = field(default=0.0, metadata={**FIXED, "help": "AdamW weight decay"})
+    eps: float = field(default=1e-8, metadata={**FIXED, "help": "AdamW epsilon"})
+    scheduler: str = field(default="constant_with_warmup", metadata={**FIXED,
         "help": "any transformers.get_scheduler name that needs no metric"})
-    warmup_steps: int = field(default=20, metadata={"help": "steps of learning-rate warmup"})
-    max_grad_norm: Optional[float] = field(default=1.0, metadata={
+    warmup_steps: int = field(default=20, metadata={**FIXED, "help": "steps of learning-rate warmup"})
+    max_grad_norm: Optional[float] = field(default=1.0, metadata={**FIXED,
         "help": "clip the gradient norm to this (null: no clipping)"})
-    trainable: Union[str, list] = field(default="all", metadata={
+    trainable: Union[str, list] = field(default="all", metadata={**FIXED,
         "help": "all, or a list of groups (embeddings, norms, attention, mlp, head) / regexes"})
-    lora: Optional[dict] = field(default=None, metadata={
+    lora: Optional[dict] = field(default=None, metadata={**FIXED,
         "help": "LoRA adapters {r, alpha, dropout, target_modules} (needs peft); null: none"})
-    temperature: float = field(default=1.0, metadata={"help": "distill, causal LMs: KL at this temperature"})
-    seed: int = field(default=42, metadata={"help": "seed of the data order, the initialisation and dropout"})
-    save_every: int = field(default=100, metadata={"help": "accelerator.save_state every N steps (and at the end)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept (the oldest are removed)"})
-    report_to: Optional[str] = field(default=None, metadata={
+    temperature: float = field(default=1.0, metadata={**FIXED, "help": "distill, causal LMs: KL at this temperature"})
+    seed: int = field(default=42, metadata={**FIXED, "help": "seed of the data order, the initialisation and dropout"})
+    save_every: int = field(default=100, metadata={**ADJUSTABLE,
+        "help": "accelerator.save_state every N steps (and at the end)"})
+    keep_checkpoints: int = field(default=2, metadata={**ADJUSTABLE,
+        "help": "checkpoints kept (the oldest are removed)"})
+    report_to: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
         "help": "accelerate tracker: tensorboard, wandb, all, ... (null: none)"})
-    stop_after_steps: Optional[int] = field(default=None, metadata={
+    stop_after_steps: Optional[int] = field(default=None, metadata={**ADJUSTABLE,
         "help": "stop (as if killed) after this many steps; for testing resume"})
-    loss_chunk: int = field(default=1024, metadata={
+    loss_chunk: int = field(default=1024, metadata={**ADJUSTABLE,
         "help": "causal LMs: output layer + loss this many positions at a time (0: all at once)"})
-    positions: str = field(default="contiguous", metadata={
+    positions: str = field(default="contiguous", metadata={**FIXED,
         "help": "position ids of each training window: contiguous (0..n-1), or spread over a longer target so "
                 "that a short window teaches long distances: 'pose chunks=2', 'cream', 'randomized'; each takes "
                 "target=N (default: the patched context), contiguous_share=S and text=span (each window's tokens "
@@ -174,11 +187,12 @@ class TrainArgs:
 
 @dataclasses.dataclass
 class EvalArgs:
-    lengths: list = field(default_factory=list, metadata={
+    lengths: list = field(default_factory=list, metadata={**ADJUSTABLE,
         "help": "perplexity (encoders: embedding cosine) at these lengths, before and after training"})
-    corpus: Optional[str] = field(default=None, metadata={"help": "held-out text (null: data.corpus)"})
-    documents: int = field(default=4, metadata={"help": "documents evaluated at each length"})
-    every: Optional[int] = field(default=None, metadata={
+    corpus: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
+        "help": "held-out text to evaluate on (null: data.corpus, the training text itself: not held out)"})
+    documents: int = field(default=4, metadata={**ADJUSTABLE, "help": "documents evaluated at each length"})
+    every: Optional[int] = field(default=None, metadata={**ADJUSTABLE,
         "help": "also evaluate every N steps during training (into log.jsonl)"})
 
     def __post_init__(self):
@@ -200,12 +214,15 @@ class FinetuneConfig:
     data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the training text and how it is packed"})
     train: TrainArgs = field(default_factory=TrainArgs, metadata={"help": "objective, optimizer, what trains"})
     eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "evaluation before and after training"})
-    posenc: Optional[dict] = field(default=None, metadata={
+    posenc: Optional[dict] = field(default=None, metadata={**FIXED,
         "help": "the patch: {method: NAME, max_position_embeddings: N | factor: F, ...} (hf-posenc methods lists "
                 "them); null: none"})
-    output_dir: str = field(default="outputs/finetune", metadata={"help": "where the model, logs and checkpoints go"})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "replace an existing output_dir"})
-    resume: bool = field(default=False, metadata={"help": "continue from the latest checkpoint in output_dir"})
+    output_dir: str = field(default="outputs/finetune", metadata={**PER_COMMAND,
+        "help": "where the model, logs and checkpoints go"})
+    overwrite_output_dir: bool = field(default=False, metadata={**PER_COMMAND, "help": "replace an existing output_dir"})
+    resume: bool = field(default=False, metadata={**PER_COMMAND,
+        "help": "continue from the latest checkpoint in output_dir (the same run: a change of its settings "
+                "is refused, naming it; steps, cadence and logging may change)"})
 
     def __post_init__(self):
         if not self.output_dir.strip():
