@@ -159,7 +159,6 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
     return resolved
 
 
-METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count
 def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
     """--resume continues the run saved in output_dir, or is refused: every setting is compared with the
     run's finetune_config.json, and a change of one its field declares fixed (finetune_config.FIXED: the model,
@@ -283,6 +282,7 @@ def lr_follows_steps(train: TrainArgs, old: int, new: int) -> bool:
     return before is None or before != factors(new)
 
 
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")   # step on a metric; the recipe steps by count
 
 
 def check_schedule(train: TrainArgs) -> None:
