@@ -73,6 +73,9 @@ def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight,
     base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
     rows = "\n".join(f"| {k} | {before.get(k, '')} | {after.get(k, '')} |" for k in sorted({*before, *after}))
     evaluation = (f"| metric | before | after |\n|---|---|---|\n{rows}\n" if rows else "not run\n")
+    held_out = bool(cfg.eval.corpus) and cfg.eval.corpus != cfg.data.corpus
+    evaluated_on = (f"held-out `{cfg.eval.corpus}`" if held_out else
+                    f"`{cfg.data.corpus}`, the training text itself: not held out (eval.corpus names other text)")
     card = f"""---
 base_model: {cfg.model.name}
 library_name: transformers
@@ -88,9 +91,9 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
 - **Position ids**: {positions_line(preflight)}
 - **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
-- **Steps**: {steps} optimizer steps, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
+- **Steps**: {steps} optimizer step{'' if steps == 1 else 's'}, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 
-## Evaluation (held-out `{cfg.eval.corpus or cfg.data.corpus}`)
+## Evaluation (on {evaluated_on})
 
 {evaluation}
 Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.from_pretrained(folder)`.

@@ -491,3 +491,57 @@ def test_yarn_finetune_at_512_beats_unpatched_and_untrained(tmp_path, tiny_dir):
     trained = ppl(finetuned)
     print(json.dumps({"unpatched@512": unpatched, "yarn_untrained@512": patched_untrained, "yarn_ft@512": trained}))
     assert trained < 0.97 * min(unpatched, patched_untrained)
+
+
+# ------------------------------------------------------------------------------ resume: what it may change
+def test_resume_may_extend_the_steps_and_change_the_cadence_and_says_so(tmp_path, tiny_dir, text_file, capsys):
+    """A run of 4 steps at a constant learning rate after warmup, stopped after step 3, resumed with 6 steps, a
+    checkpoint every 3 and an evaluation every 2: the line before the run names each change, and the run ends
+    bit for bit as a straight 6-step run (train.steps does not set the lr of constant_with_warmup)."""
+    sections = dict(data={"corpus": str(text_file)},
+                    train={"scheduler": "constant_with_warmup", "steps": 6, "keep_checkpoints": 3})
+    straight = run_recipe(write_config(tmp_path / "full" / "c.yaml", tiny_dir, **sections))
+    cut = write_config(tmp_path / "cut" / "c.yaml", tiny_dir, **sections)
+    assert run_recipe(cut, "--train.steps", "4", "--train.stop_after_steps", "3") is None
+    capsys.readouterr()
+    resumed = run_recipe(cut, "--resume", "--train.save_every", "3", "--eval.every", "2", "--eval.lengths", "32")
+    said = capsys.readouterr().out
+    assert ("  resumed with changes that leave what it trains as it was: train.steps 4 -> 6, train.save_every 2 -> 3, "
+            "train.stop_after_steps 3 -> null, eval.lengths [] -> [32], eval.every null -> 2\n") in said
+    out = tmp_path / "cut" / "out"
+    log = ckpt.read_log(out)
+    assert [r["step"] for r in log] == list(range(1, 7)) and [r["step"] for r in log if "perplexity@32" in r] == [4, 6]
+    assert [r["loss"] for r in log] == [r["loss"] for r in ckpt.read_log(tmp_path / "full" / "out")]
+    a, b = state(straight), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step_0000002", "step_0000003", "step_0000006"]
+    assert "6 optimizer steps" in (out / "README.md").read_text()
+
+
+def test_sigterm_stops_a_single_process_run_like_ctrl_c_and_resume_goes_on(tmp_path, tiny_dir, text_file):
+    """SIGTERM (kill, a job scheduler) to a fine-tune in one process: one line saying what was saved and how
+    to go on, exit code 130, no traceback; then --resume continues from the last whole checkpoint."""
+    import signal
+    import time
+
+    cfg = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                       train={"scheduler": "constant_with_warmup", "steps": 1000, "save_every": 1})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.Popen([sys.executable, str(RECIPE), "--config", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, deadline = tmp_path / "out", time.monotonic() + 240
+    try:
+        while len(ckpt.read_log(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "1 process on cpu; trainable parameters" in stdout, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    step = int(re.search(r"^interrupted (?:after|during) step (\d+) of 1000: the last checkpoint is step (\d+) "
+                         r"\(.*\); continue with the same command and --resume$", last).group(2))
+    assert step >= 2 and ckpt.latest_checkpoint(out)[1] == step
+    run_recipe(cfg, "--resume", "--train.steps", str(step + 2))
+    assert [r["step"] for r in ckpt.read_log(out)] == list(range(1, step + 3))

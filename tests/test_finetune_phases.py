@@ -143,7 +143,8 @@ def test_evaluate_and_save_final_alone(tmp_path, tiny_dir, text_file):  # noqa: 
     with torch.no_grad():
         torch.testing.assert_close(hp.from_pretrained(out).eval()(ids).logits, final.eval()(ids).logits,
                                    rtol=0, atol=1e-5)
-    assert "yarn" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "yarn" in card and "1 optimizer step, 256 training tokens" in card   # the steps taken, not train.steps
 
 
 def test_the_renamed_recipe_names_still_work_for_a_release_with_a_warning():
@@ -166,3 +167,138 @@ def test_the_renamed_recipe_names_still_work_for_a_release_with_a_warning():
         assert importlib.import_module("hf_posenc.recipes.config") is recipe_config
     with pytest.raises(AttributeError):
         finetune_checks.Nonesuch  # noqa: B018
+
+
+# ------------------------------------------------------------------------------------- phases in order
+ORDER = "setup -> resume -> train_step / train -> save_final -> cleanup"
+
+
+def refused(call, *said):
+    """`call()` raises PhaseOrderError whose message holds each of `said`."""
+    from hf_posenc.recipes.finetune_recipe import PhaseOrderError
+
+    with pytest.raises(PhaseOrderError) as err:
+        call()
+    assert isinstance(err.value, hp.PosEncError)
+    for words in said:
+        assert words in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_phases_out_of_order_are_refused_naming_the_order_and_the_run_stays_straight(tmp_path, tiny_dir,  # noqa: F811
+                                                                                      text_file):  # noqa: F811
+    """Every phase called out of order raises one PhaseOrderError naming the order, before it changes
+    anything: a run by hand with each wrong call tried on the way (a second resume, a step skipped, taken
+    twice or past train.steps, a checkpoint of another step than the last taken) ends bit for bit as the
+    straight run, its log the straight run's."""
+    straight = recipe_for(tmp_path / "a", tiny_dir, text_file, "--output_dir", str(tmp_path / "a" / "out"))
+    straight.setup()
+    expected = weights(straight.train())
+
+    out = tmp_path / "b" / "out"
+    recipe = recipe_for(tmp_path / "b", tiny_dir, text_file, "--output_dir", str(out))
+    for call in (recipe.resume, lambda: recipe.train_step(1), recipe.train, lambda: recipe.save_checkpoint(1),
+                 recipe.save_final, recipe.cleanup, recipe.evaluate, recipe.setup_data, recipe.setup_optimizer):
+        refused(call, "before setup()", ORDER)
+    assert not out.exists()
+    recipe.setup_accelerator()
+    refused(recipe.setup, "after setup_accelerator() (setup_data() is next)")
+    refused(recipe.setup_model, "(setup_data() is next)")
+    recipe.setup_data()
+    recipe.setup_model()
+    recipe.before = recipe.evaluate()
+    recipe.setup_optimizer()
+    refused(lambda: recipe.train_step(1), "after setup() (resume() is next)", ORDER)
+    refused(lambda: recipe.save_checkpoint(3), "after setup() (resume() is next)")   # was: step 3, step-0 weights
+    assert not (out / "checkpoints").exists()
+    assert recipe.resume() == 0
+    refused(lambda: recipe.save_checkpoint(0), "saves the step last taken, and none is taken yet")
+    for step in (0, 2, 3, 99, 1.0, True, "1"):
+        refused(lambda: recipe.train_step(step), "the next step is 1 (the last step taken is 0)")
+    recipe.train_step(1)
+    refused(recipe.resume, "after resume()", ORDER)          # was: the data rewound, the weights not
+    refused(lambda: recipe.train_step(1), "the next step is 2 (the last step taken is 1)")
+    refused(lambda: recipe.save_checkpoint(3), "saves the step last taken, 1: call save_checkpoint(1)")
+    recipe.save_checkpoint(1)
+    for step in range(2, 7):
+        recipe.train_step(step)
+        if step % 2 == 0:
+            recipe.save_checkpoint(step)
+    refused(lambda: recipe.train_step(7), "train_step(7): the run has train.steps=6, all taken; save_final() is next")
+    final = recipe.save_final()
+    for call in (lambda: recipe.train_step(7), recipe.train, recipe.save_final, lambda: recipe.save_checkpoint(6)):
+        refused(call, "after save_final() (cleanup() is next)")
+    recipe.cleanup()
+    refused(recipe.cleanup, "after cleanup(): the run is over")
+    refused(recipe.setup, "after cleanup()")
+
+    assert [r["loss"] for r in ckpt.read_log(out)] == [r["loss"] for r in ckpt.read_log(tmp_path / "a" / "out")]
+    for k, v in weights(final).items():
+        assert torch.equal(v, expected[k]), k
+    assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step_0000004", "step_0000006"]
+    refused(straight.train, "after cleanup(): the run is over")   # train() ends with cleanup
+
+
+def test_every_config_field_declares_whether_resume_may_change_it():
+    """--resume compares each setting with the saved run's: every field of every section says whether a
+    resume may change it (finetune_config.FIXED / ADJUSTABLE / PER_COMMAND), so a new field cannot be left
+    out of the comparison. What makes the run what it is is fixed; the cadence, logging and steps are not."""
+    import dataclasses
+
+    from hf_posenc.recipes import finetune_config as FC
+
+    declared = {}
+    for section in dataclasses.fields(FC.FinetuneConfig):
+        kind = FC.FinetuneConfig.__dataclass_fields__[section.name].default_factory \
+            if section.default_factory is not dataclasses.MISSING else None
+        fields = dataclasses.fields(kind) if kind is not None and dataclasses.is_dataclass(kind) else [section]
+        prefix = f"{section.name}." if kind is not None and dataclasses.is_dataclass(kind) else ""
+        for f in fields:
+            assert isinstance(f.metadata.get("resume_may_change"), bool), f"{prefix}{f.name} is not classified"
+            declared[prefix + f.name] = f.metadata["resume_may_change"]
+    assert len(declared) >= 45
+    for key in ("model.name", "model.dtype", "posenc", "data.corpus", "data.seq_len", "data.short_share",
+                "train.positions", "train.seed", "train.lr", "train.scheduler", "train.warmup_steps",
+                "train.batch_size", "train.grad_accum", "train.objective", "train.trainable", "train.lora"):
+        assert declared[key] is False, key
+    for key in ("train.steps", "train.save_every", "train.keep_checkpoints", "train.report_to", "eval.every",
+                "eval.lengths", "resume", "output_dir"):
+        assert declared[key] is True, key
+
+
+def test_settings_compare_as_saved_nan_and_tuples_included(tmp_path):
+    """setting_changes compares a config with its finetune_config.json: a tuple read back as a list and a
+    NaN (which equals nothing) are the same setting; true is not 1; a key the saved file lacks is its
+    default; each change carries whether a resume may make it."""
+    from hf_posenc.recipes import finetune_checks as checks
+    from hf_posenc.recipes.finetune_config import FinetuneConfig, TrainArgs
+
+    cfg = FinetuneConfig(posenc={"method": "longrope", "short_factor": (1.0, 2.0), "attention_factor": float("nan")})
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    assert checks.setting_changes(cfg, saved) == []
+    del saved["train"]["seed"], saved["eval"]                      # settings added since: their defaults
+    assert checks.setting_changes(cfg, saved) == []
+    saved["data"]["bos"] = 1
+    saved["train"]["steps"] = 7
+    saved["output_dir"] = "elsewhere"                              # per command: not compared
+    assert checks.setting_changes(cfg, saved) == [("data.bos", False, 1, "auto"), ("train.steps", True, 7, 400)]
+    cfg.data.bos = True
+    saved["data"]["bos"] = 1
+    assert [c[0] for c in checks.setting_changes(cfg, saved)] == ["data.bos", "train.steps"]
+    assert not checks.lr_follows_steps(TrainArgs(scheduler="constant_with_warmup", warmup_steps=2), 6, 10)
+    assert checks.lr_follows_steps(TrainArgs(scheduler="linear", warmup_steps=2), 6, 10)
+    assert checks.lr_follows_steps(TrainArgs(scheduler="cosine", warmup_steps=2), 6, 10)
+
+
+def test_the_card_says_whether_the_evaluation_text_was_held_out(tmp_path, tiny_dir, text_file):  # noqa: F811
+    from hf_posenc.card import write_model_card
+
+    recipe = recipe_for(tmp_path, tiny_dir, text_file)
+    for corpus, said in [(None, f"## Evaluation (on `{text_file}`, the training text itself: not held out"),
+                         (str(text_file), "the training text itself: not held out"),
+                         ("shakespeare:macbeth", "## Evaluation (on held-out `shakespeare:macbeth`)")]:
+        recipe.cfg.eval.corpus = corpus
+        write_model_card(str(tmp_path), recipe.cfg, recipe.preflight, {}, 3, 384, {}, {})
+        card = (tmp_path / "README.md").read_text()
+        assert said in card and "3 optimizer steps, 384 training tokens" in card
+        assert ("held-out" in card) == (corpus == "shakespeare:macbeth")

@@ -68,13 +68,14 @@ def interrupted_line(run: dict) -> str:
 
 
 def cli(argv=None, prog=None) -> int:
-    """The command line (`prog`: the command `usage:` names, default as this process started). Ctrl-C (and,
-    in a launched process, the launcher's SIGTERM) ends it with one line saying what was saved and how to
-    resume, exit code 130, on the main process only."""
+    """The command line (`prog`: the command `usage:` names, default as this process started). Ctrl-C and
+    SIGTERM (`kill`, a job scheduler's stop, a launcher stopping its processes) end it alike: one line saying
+    what was saved and how to resume, exit code 130, on the main process only."""
     import signal
 
     RUN.clear()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if _launched() else None
+    handlers = _main_thread()   # signal handlers can only be set there (a test may call this from a thread)
+    previous = (signal.signal(signal.SIGTERM, _interrupt), signal.getsignal(signal.SIGINT)) if handlers else None
     try:
         main(argv, prog)
     except REFUSALS as err:
@@ -90,15 +91,15 @@ def cli(argv=None, prog=None) -> int:
         return 130
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
     return 0
 
 
-def _launched() -> bool:
-    """Started by torchrun / accelerate launch (which stop their processes with SIGTERM)."""
+def _main_thread() -> bool:
     import threading
 
-    return "LOCAL_RANK" in os.environ and threading.current_thread() is threading.main_thread()
+    return threading.current_thread() is threading.main_thread()
 
 
 def _interrupt(signum, frame):

@@ -5,6 +5,10 @@ test can call alone on a tiny model.
     recipe.setup()                   # setup_accelerator, setup_data, setup_model, evaluate (before), setup_optimizer
     final = recipe.train()           # resume, then train_step / save_checkpoint per step, save_final, cleanup
 
+The phases are a state machine: setup -> resume -> train_step / train -> save_final -> cleanup, each once,
+train_step(n) only for the next step and save_checkpoint(n) only for the step last taken; a phase called out of
+order raises PhaseOrderError naming the order (a resumed run is then the straight run, bit for bit).
+
 The canonical accelerate loop: Accelerator -> data under main_process_first -> output folder -> model +
 patch -> prepare -> resume -> train under accumulate -> periodic save_state -> final save on the main
 process. The command line (parsing, a refusal's one line, Ctrl-C) is finetune.py; the pieces live beside
@@ -63,12 +67,20 @@ class FinetuneRecipe:
         self.start_step = 0   # where this run started (resume)
         self.step = 0         # the last step taken
         self.batches: Optional[Iterator[dict]] = None   # set by resume()
+        self.phase = "new"    # the last phase done, one of PHASES
+
+    def _expect(self, call: str, *phases: str) -> None:
+        """Refuse `call` unless the last phase done is one of `phases`."""
+        if self.phase not in phases:
+            raise PhaseOrderError(f"FinetuneRecipe.{call} cannot run {AFTER[self.phase]}: the phases run in the "
+                                  f"order {ORDER}, each once")
 
     # ------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         """Everything before the first step, in the order a run needs it: the data before the output
         folder is written and the weights load (a corpus of nothing is refused first), the evaluation
         before training on the model as patched, the optimizer last (a patch may add parameters)."""
+        self._expect("setup()", "new")
         self.setup_accelerator()
         self.setup_data()
         self.setup_model()
@@ -78,6 +90,7 @@ class FinetuneRecipe:
     def setup_accelerator(self) -> None:
         """The Accelerator (process group, device, mixed precision, trackers), the seed, and the summary of
         what the run is about to do."""
+        self._expect("setup_accelerator()", "new")
         cfg, preflight = self.cfg, self.preflight
         check_engine(cpu=torch.accelerator.current_accelerator() is None)   # fsdp.yaml on CPUs: refused, not DDP
         self.accelerator = Accelerator(
@@ -95,10 +108,12 @@ class FinetuneRecipe:
         self.progress["main"] = self.accelerator.is_main_process
         set_seed(cfg.train.seed)
         self.accelerator.print(run_summary(cfg, preflight, self.accelerator.num_processes))
+        self.phase = "accelerator"
 
     def setup_data(self) -> None:
         """The tokenizer; the data tokenized and packed once (main process first, cached on disk) and its
         DataLoader; then the output folder with the run's config."""
+        self._expect("setup_data()", "accelerator")
         cfg, accelerator = self.cfg, self.accelerator
         self.tokenizer = load_tokenizer(cfg)
         with accelerator.main_process_first():
@@ -114,10 +129,12 @@ class FinetuneRecipe:
             with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
                 json.dump(cfg.to_dict(), f, indent=2)
         accelerator.wait_for_everyone()
+        self.phase = "data"
 
     def setup_model(self) -> None:
         """The model, the unpatched teacher (distill), the patch, what trains, and the objective inside the
         module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)."""
+        self._expect("setup_model()", "data")
         cfg, preflight, accelerator = self.cfg, self.preflight, self.accelerator
         model = load_model(cfg)
         if cfg.train.objective == "distill":
@@ -147,11 +164,14 @@ class FinetuneRecipe:
                                   f"frozen (DDP needs a gradient for every trained parameter; one process skips them "
                                   f"alike)")
         n_train, n_total = select_trainable(model, "all")
-        accelerator.print(f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes; "
-                          f"trainable parameters: {n_train:,} of {n_total:,}")
+        processes = (f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes"
+                     if accelerator.num_processes > 1 else f"1 process on {accelerator.device}")
+        accelerator.print(f"{processes}; trainable parameters: {n_train:,} of {n_total:,}")
+        self.phase = "model"
 
     def setup_optimizer(self) -> None:
         """AdamW (YaRN's defaults in the example configs), the scheduler, accelerate's prepare, trackers."""
+        self._expect("setup_optimizer()", "model")
         cfg, accelerator = self.cfg, self.accelerator
         optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.train.lr,
                                       betas=tuple(cfg.train.betas), eps=cfg.train.eps,
@@ -164,12 +184,15 @@ class FinetuneRecipe:
         accelerator.register_for_checkpointing(self.scheduler)   # stepped once per optimizer step, by hand
         if cfg.train.report_to:
             accelerator.init_trackers("finetune", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+        self.phase = "setup"
 
     # ------------------------------------------------------------------------------------------ resume
     def resume(self) -> int:
         """Where training starts: with `resume`, the newest complete checkpoint whose files are whole is
         loaded (a broken one is named and the one before it taken); then the loss log from that step and the
-        micro-batches it had consumed skipped. Returns the step training goes on from (0: the beginning)."""
+        micro-batches it had consumed skipped. Returns the step training goes on from (0: the beginning).
+        Once, after setup: a second resume would rewind the data but not the weights."""
+        self._expect("resume()", "setup")
         cfg, accelerator = self.cfg, self.accelerator
         self.start_step = self.step = resume(accelerator, cfg.output_dir) if cfg.resume else 0
         self.log = ckpt.LossLog(cfg.output_dir, self.start_step, accelerator.is_main_process)
@@ -180,6 +203,7 @@ class FinetuneRecipe:
                 accelerator.print(f"the {left} steps left take about {duration(pace * left)} (the pace of the "
                                   f"steps logged)")
         self.batches = self.micro_batches(self.start_step * cfg.train.grad_accum)
+        self.phase = "resumed"
         return self.start_step
 
     def micro_batches(self, consumed: int) -> Iterator[dict]:
@@ -195,8 +219,16 @@ class FinetuneRecipe:
     def train_step(self, step: int) -> dict:
         """Optimizer step `step` (1-based): grad_accum micro-batches under accelerator.accumulate, dropout
         seeded per micro-batch (the same draws after a resume), a non-finite loss stopped before the weights
-        change. Returns its log record (loss, tokens, lr, tokens/s, peak memory), also written to log.jsonl."""
+        change. Returns its log record (loss, tokens, lr, tokens/s, peak memory), also written to log.jsonl.
+        Only the next step (the last one taken + 1, up to train.steps), after resume."""
+        self._expect(f"train_step({step!r})", "resumed")
         cfg, accelerator, objective = self.cfg, self.accelerator, self.objective
+        if isinstance(step, bool) or not isinstance(step, int) or step != self.step + 1:
+            raise PhaseOrderError(f"FinetuneRecipe.train_step({step!r}): the next step is {self.step + 1} (the last "
+                                  f"step taken is {self.step}); train_step takes each step once, in order")
+        if step > cfg.train.steps:
+            raise PhaseOrderError(f"FinetuneRecipe.train_step({step}): the run has train.steps={cfg.train.steps}, "
+                                  f"all taken; save_final() is next")
         started, losses, tokens = time.perf_counter(), [], 0
         for micro in range(cfg.train.grad_accum):
             batch = next(self.batches)
@@ -231,8 +263,9 @@ class FinetuneRecipe:
         """From the step after the last one taken (`resume` is called here unless it was already) to
         train.steps: each step, its checkpoint when due, then the final model. Returns the final model, or
         None when train.stop_after_steps stopped the run first."""
+        self._expect("train()", "setup", "resumed")
         cfg, accelerator = self.cfg, self.accelerator
-        if self.batches is None:
+        if self.phase == "setup":
             self.resume()
         self.objective.train()
         first = self.step + 1
@@ -265,7 +298,13 @@ class FinetuneRecipe:
     # -------------------------------------------------------------------------------------------- save
     def save_checkpoint(self, step: int) -> None:
         """The full state (model, optimizer, scheduler, RNGs, sampler) into checkpoints/step_N, marked done
-        with its file sizes once every process wrote its part; the oldest beyond train.keep_checkpoints go."""
+        with its file sizes once every process wrote its part; the oldest beyond train.keep_checkpoints go.
+        `step` is the step last taken (a checkpoint holds the weights of its step: --resume goes on from it)."""
+        self._expect(f"save_checkpoint({step!r})", "resumed")
+        if self.step == 0 or isinstance(step, bool) or step != self.step:
+            raise PhaseOrderError(f"FinetuneRecipe.save_checkpoint({step!r}) saves the step last taken, "
+                                  + (f"{self.step}: call save_checkpoint({self.step})" if self.step
+                                     else "and none is taken yet: train_step(1) first"))
         accelerator = self.accelerator
         folder = ckpt.checkpoint_dir(self.cfg.output_dir, step)
         if accelerator.is_main_process and folder.exists():
@@ -278,7 +317,8 @@ class FinetuneRecipe:
 
     def save_final(self):
         """The final model saved the hf_posenc way (stock-loadable config; LoRA merged), the tokenizer, the
-        evaluation after training, the model card. Returns the final model."""
+        evaluation after training, the model card (which counts the steps taken). Returns the final model."""
+        self._expect("save_final()", "resumed")
         cfg, accelerator = self.cfg, self.accelerator
         accelerator.wait_for_everyone()
         unwrapped = accelerator.unwrap_model(self.objective).model
@@ -297,19 +337,39 @@ class FinetuneRecipe:
                     open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
             describe = hp.describe(final) if cfg.posenc else {}
             tokens_seen = sum(r["tokens"] for r in ckpt.read_log(cfg.output_dir))
-            write_model_card(cfg.output_dir, cfg, self.preflight, describe, cfg.train.steps, tokens_seen, before,
-                             after)
+            write_model_card(cfg.output_dir, cfg, self.preflight, describe, self.step, tokens_seen, before, after)
             accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
+        self.phase = "saved"
         return final
 
     def cleanup(self) -> None:
+        """The trackers ended: the last phase (also of a run stopped early, after any phase of setup)."""
+        self._expect("cleanup()", *PHASES[1:-1])
         self.accelerator.end_training()
+        self.phase = "cleaned"
 
     # ---------------------------------------------------------------------------------------- evaluate
     def evaluate(self, model=None) -> dict:
-        """eval.lengths on `model` (default: the model being trained): see `evaluate`."""
+        """eval.lengths on `model` (default: the model being trained): see `evaluate`. Once the model is set up."""
+        self._expect("evaluate()", "model", "setup", "resumed", "saved")
         return evaluate(self.model if model is None else model, self.tokenizer, self.cfg, self.preflight,
                         self.teacher)
+
+
+# The phases of a FinetuneRecipe in order (`phase`: the last one done), and where each leaves the recipe, as an
+# out-of-order call says it.
+PHASES = ("new", "accelerator", "data", "model", "setup", "resumed", "saved", "cleaned")
+ORDER = ("setup -> resume -> train_step / train -> save_final -> cleanup (setup: setup_accelerator, setup_data, "
+         "setup_model, setup_optimizer)")
+AFTER = {"new": "before setup()", "accelerator": "after setup_accelerator() (setup_data() is next)",
+         "data": "after setup_data() (setup_model() is next)",
+         "model": "after setup_model() (setup_optimizer() is next)", "setup": "after setup() (resume() is next)",
+         "resumed": "after resume()", "saved": "after save_final() (cleanup() is next)",
+         "cleaned": "after cleanup(): the run is over"}
+
+
+class PhaseOrderError(hp.PosEncError, RuntimeError):
+    """A FinetuneRecipe phase called out of order (before the phase it needs, twice, or a step not next)."""
 
 
 def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> str:
@@ -335,6 +395,8 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
              f"{'es' if processes > 1 else ''}) = up to {per_step:,} tokens a step, {per_step * cfg.train.steps:,} in all",
              f"  output: {cfg.output_dir}" + (" (resuming its run)" if cfg.resume else "")
              + f"; checkpoints every {cfg.train.save_every} steps",
+             *([f"  resumed with changes that leave what it trains as it was: {', '.join(preflight.resume_changes)}"]
+               if preflight.resume_changes else []),
              "  time: said after the first step" + (" (or at once from the steps logged, when resuming)"
                                                       if cfg.resume else "")]
     return "\n".join(lines)
