@@ -219,6 +219,14 @@ def cache_length(past_key_values) -> int:
     return int(past_key_values[0][0].shape[-2]) if len(past_key_values) else 0
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name a model's forward takes its KV cache by: `cache` (transformers >= 5.24, which deprecates
+    the old name) or `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 # -- the attention call ------------------------------------------------------------------------------
 
 def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -335,7 +343,8 @@ def quiet_load_report(suffixes: tuple[str, ...]):
 # -- attention with its log-sum-exp (Dual Chunk Attention, Self-Extend) -------------------------------
 
 def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, mask: torch.Tensor | None = None,
-                       causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       causal: bool = False, scale: float | None = None,
+                       on_fallback=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of query [b, h, q, d] over key / value [b, h_kv, k, d] (h_kv divides h: kv head j
     serves query heads j * h / h_kv .. (j + 1) * h / h_kv - 1), and the log-sum-exp of each query's scaled
     scores (float32, [b, h, q]): what merges attention over disjoint key
@@ -347,8 +356,11 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     on CUDA the memory-efficient kernel, unmasked calls only, which the CPU test suite does not exercise).
     The log-sum-exp has no gradient through them, so while autograd
     records, and on other devices or versions where the ops are missing, the fallback computes the scores of
-    this call in float32 (q x k floats: callers keep q to a block of queries)."""
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+    this call in float32 (q x k floats: callers keep q to a block of queries). The fused kernels take q, k and
+    v in one dtype. `on_fallback(reason)`, when given, is called with why each time the fallback runs."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        reason = "autograd records, and the fused kernel's log-sum-exp has no gradient"
+    else:
         try:
             if query.device.type == "cpu":  # takes grouped kv heads itself
                 attn_mask = None if mask is None else mask.to(query.dtype).expand(*query.shape[:2], *mask.shape[-2:])
@@ -360,8 +372,13 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                 out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
                     query, key, value, None, True, 0.0, causal, scale=scale)
                 return out, lse[..., :query.shape[-2]]  # padded to a multiple of the kernel's block
-        except (AttributeError, RuntimeError, NotImplementedError):
-            pass
+            masked = " of a masked call" if query.device.type == "cuda" else ""
+            reason = f"no fused kernel returns the log-sum-exp{masked} on {query.device.type}"
+        except (AttributeError, RuntimeError, NotImplementedError) as error:
+            first_line = (str(error).splitlines() or [""])[0][:200]
+            reason = f"the fused kernel refused the call ({type(error).__name__}: {first_line})"
+    if on_fallback is not None:
+        on_fallback(reason)
     return attention_with_lse_reference(query, key, value, mask=mask, causal=causal, scale=scale)
 
 

@@ -6,6 +6,8 @@ tests/test_contracts.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from tiny import tiny_config, tiny_model, token_ids
@@ -15,6 +17,7 @@ from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATION
 import hf_posenc as hp
 from hf_posenc import _compat
 from hf_posenc.methods.dca import DualChunkAttention
+from hf_posenc.methods.remapped import RemappedAttention
 from hf_posenc.methods.rope import apply_rotary
 from hf_posenc.plan import is_patched
 
@@ -82,12 +85,13 @@ class LseCalls:
     """Records every fused-kernel call; the float32 fallback (q x k scores) fails the test."""
 
     def __init__(self, monkeypatch):
-        self.shapes, self.masks = [], []
+        self.shapes, self.masks, self.dtypes = [], [], []
         fused = _compat.attention_with_lse
 
         def recording(query, key, value, **kwargs):
             self.shapes.append((query.shape[-2], key.shape[-2]))
             self.masks.append(kwargs.get("mask"))
+            self.dtypes.append({query.dtype, key.dtype, value.dtype})
             return fused(query, key, value, **kwargs)
 
         def no_fallback(*args, **kwargs):
@@ -128,6 +132,22 @@ def test_lse_kernel_equals_the_written_out_softmax():
         torch.testing.assert_close(lse, torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close((out, lse), (ref_out, ref_lse), atol=1e-5, rtol=1e-5)
+
+
+def test_lse_kernel_says_why_it_fell_back():
+    """q in float32 and v in bfloat16 (what autocast hands over): the kernel refuses, the reference answers,
+    and the caller hears why; while autograd records, the reason is the missing gradient."""
+    torch.manual_seed(0)
+    q, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    reasons = []
+    out, lse = _compat.attention_with_lse(q, q, v.bfloat16(), causal=True, on_fallback=reasons.append)
+    assert len(reasons) == 1 and reasons[0].startswith("the fused kernel refused the call (RuntimeError")
+    torch.testing.assert_close((out, lse), _compat.attention_with_lse_reference(q, q, v.bfloat16(), causal=True))
+    _compat.attention_with_lse(q.requires_grad_(), q, v, on_fallback=reasons.append)
+    assert reasons[1] == "autograd records, and the fused kernel's log-sum-exp has no gradient"
+    with torch.no_grad():
+        _compat.attention_with_lse(q, q, v, on_fallback=reasons.append)
+    assert len(reasons) == 2  # one dtype, no autograd: the kernel, nothing to report
 
 
 # -- through the model ------------------------------------------------------------------------------
@@ -232,6 +252,65 @@ def test_cached_generation_equals_the_full_forward_with_every_cache(implementati
 
 def test_a_left_padded_row_is_the_row_alone():
     check_padded_row_alone(hp.patch(build(), "dca", chunk_size=16, local_window=4), row=1, pad=9)
+
+
+def check_bf16_autocast(model, unpatched, monkeypatch, length: int = 200) -> None:
+    """Under bf16 autocast (the evaluate recipe's and the benchmarks' setting) every kernel call gets q, k
+    and v in bfloat16, as SDPA gets them in the unpatched model, and none falls back to the float32 reference;
+    the logits are as close to the same model's float32 logits as the unpatched model's are to its own.
+    Batch 2, one row left-padded. Shared with tests/test_self_extend.py."""
+    batch, mask = ids(length, batch=2), torch.ones(2, length, dtype=torch.long)
+    mask[1, :9] = 0
+
+    def logits(m):
+        return m(batch, attention_mask=mask).logits.float()
+
+    with torch.no_grad():
+        float32, unpatched_float32 = logits(model), logits(unpatched)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            unpatched_error = (logits(unpatched) - unpatched_float32).abs().max()
+            calls = LseCalls(monkeypatch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # a fallback would warn
+                autocast = logits(model)
+    assert calls.dtypes and all(d == {torch.bfloat16} for d in calls.dtypes)
+    assert all(m is None or m.dtype == torch.bfloat16 for m in calls.masks)
+    assert not next(m for m in model.modules() if isinstance(m, RemappedAttention)).fallbacks
+    assert 0 < unpatched_error < 0.05
+    torch.testing.assert_close(autocast[:, 9:], float32[:, 9:], atol=2 * unpatched_error, rtol=0)
+
+
+def test_bf16_autocast_runs_the_fused_kernel_within_bf16_of_float32(monkeypatch):
+    check_bf16_autocast(hp.patch(build(), "dca", chunk_size=16, local_window=4), build(), monkeypatch)
+
+
+def test_bf16_autocast_within_a_chunk_is_the_unpatched_model_bit_for_bit():
+    """One chunk is one causal kernel call on the q, k, v the unpatched model's SDPA gets under autocast
+    (rotated in float32, cast to bfloat16): the same logits, bit for bit."""
+    model, reference = hp.patch(build(), "dca", chunk_size=40, local_window=8), build()
+    batch = ids(40, batch=2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(model(batch).logits, reference(batch).logits)
+
+
+def test_a_fallback_is_counted_and_said_once_per_model():
+    """While autograd records, the kernel's log-sum-exp has no gradient: the float32 reference runs, every
+    call is counted, and one warning says why, the first time only."""
+    model = hp.patch(build(), "dca", chunk_size=16, local_window=4).train()
+    attention = next(m for m in model.modules() if isinstance(m, RemappedAttention))
+    with pytest.warns(RuntimeWarning, match="float32 reference, not the fused SDPA kernel: autograd records"):
+        model(ids(70)).logits.sum().backward()
+    first = attention.fallbacks["autograd records, and the fused kernel's log-sum-exp has no gradient"]
+    assert first > 0 and len(attention.fallbacks) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        model(ids(70)).logits.sum().backward()
+        with torch.no_grad():
+            model(ids(70))  # no autograd: the kernel, not counted
+    assert attention.fallbacks.total() == 2 * first
+    other = hp.patch(build(), "dca", chunk_size=16, local_window=4).train()  # another model: said again
+    with pytest.warns(RuntimeWarning, match="autograd records"):
+        other(ids(70)).logits.sum().backward()
 
 
 def test_forward_backward_is_finite():

@@ -9,7 +9,8 @@ import re
 import pytest
 import torch
 from test_dca import (CACHE_IMPLEMENTATIONS, CTX, FAMILIES, LseCalls, build, check_against_reference,
-                      check_cached_generation, check_padded_row_alone, ids, reference_attention, runnable_cache)
+                      check_bf16_autocast, check_cached_generation, check_padded_row_alone, ids, reference_attention,
+                      runnable_cache)
 
 import hf_posenc as hp
 from hf_posenc.methods import remapped
@@ -84,6 +85,12 @@ def test_sdpa_kernel_with_block_sized_masks_only(monkeypatch):
     # the window (24) is wider than two blocks' queries: blocks of 16 queries, the masks only where the band starts
     assert calls.shapes and all(q <= 16 for q, _ in calls.shapes) and any(q == 16 for q, _ in calls.shapes)
     assert all(m is None or m.numel() <= 16 * 16 for m in calls.masks)
+
+
+def test_bf16_autocast_runs_the_fused_kernel_within_bf16_of_float32(monkeypatch):
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)  # masked band ends and staircases in bfloat16 too
+    model = hp.patch(build(), "self_extend", group_size=8, window=24)
+    check_bf16_autocast(model, build(), monkeypatch)
 
 
 def test_cached_generation_equals_the_full_forward_with_left_padding():

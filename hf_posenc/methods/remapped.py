@@ -8,6 +8,12 @@ out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p). No L x L ten
 a part's keys are a contiguous range, and a part that only some queries of a block see gets a float mask
 of (block x range) entries; the common parts need no mask or the kernel's own causal one.
 
+The kernel takes q, k and v in one dtype: under autocast the autocast dtype, as torch's SDPA casts them for
+the unpatched model (whose q and k reach it in float32 there, rotated by float32 cos / sin, and v in bfloat16),
+so the patched model runs the same fused kernel at the same precision. Where the float32 reference runs
+instead (while autograd records, or a device without the kernel), the calls are counted in `fallbacks` and a
+warning names the reason once per model.
+
 The model's rotary module is replaced by `NoRotation`, so q and k reach the attention call, and the KV
 cache, un-rotated; the method rotates them with cos / sin read from the model's original rotary module
 (a table of the positions it needs, shared by every layer). Positions count the tokens a row attends to:
@@ -17,6 +23,8 @@ a left-padded row is attended exactly as the same row alone.
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -61,6 +69,7 @@ class RemappedAttention(nn.Module):
         self._table: tuple | None = None
         self._gathers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._gathers_for: tuple | None = None  # the input they belong to: (q_len, k_len, the table's key)
+        self.fallbacks: Counter[str] = Counter()  # reason -> kernel calls that ran the float32 reference
 
     # -- what a method defines -------------------------------------------------------------------------
 
@@ -94,7 +103,7 @@ class RemappedAttention(nn.Module):
         if valid is None:
             out = self.attend(query, key, value, scale)
         else:  # padding: each row alone, its positions counted over the tokens it attends to
-            out = query.new_zeros(*query.shape[:-1], value.shape[-1])
+            out = query.new_zeros(*query.shape[:-1], value.shape[-1], dtype=kernel_dtype(query, key, value))
             for row in range(query.shape[0]):
                 keys = valid[row].nonzero().squeeze(1)
                 queries = valid[row, k_len - q_len:].nonzero().squeeze(1)  # always the last of the row's keys
@@ -106,38 +115,51 @@ class RemappedAttention(nn.Module):
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
         """Rows without padding: keys at positions 0 .. K - 1, queries the last Q of them. [b, heads, Q, d]
-        (key / value keep their kv heads: the kernel groups them)."""
+        (key / value keep their kv heads: the kernel groups them), in `kernel_dtype`."""
         q_len, k_len = query.shape[-2], key.shape[-2]
         self.check_length(k_len)
         first = k_len - q_len
+        dtype = kernel_dtype(query, key, value)  # q and k rotated in their own dtype, then cast: as SDPA does
         cos, sin = self.table(max(k_len, self.original), query)
         if self._gathers_for != (q_len, k_len, self._table[0]):  # another input: other positions
             self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0])
-        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p))
+        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p)).to(dtype)
                 for name, p in self.key_positions(k_len, query.device).items()}
+        value = value.to(dtype)
         outputs = []
         for start, end in self.blocks(first, k_len):
             queries, results = {}, []
             for part in self.parts(start, end, query.device):
                 if part.end <= part.start:
                     continue
-                mask, causal, empty = _pattern(part, query.dtype)
+                mask, causal, empty = _pattern(part, dtype)
                 if bool(empty.all()):
                     continue
                 if part.query not in queries:
                     block = query[..., start - first:end - first, :]
                     at = self.gathered((part.query, start, end), cos, sin, part.query_positions)
-                    queries[part.query] = _rotate(block, *at)
+                    queries[part.query] = _rotate(block, *at).to(dtype)
                 q = queries[part.query]
                 k, v = keys[part.keys][..., part.start:part.end, :], value[..., part.start:part.end, :]
                 if causal == "reversed":  # query i sees keys i .. end: causal once both orders are reversed
-                    out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale)
+                    out, lse = _compat.attention_with_lse(q.flip(-2), k.flip(-2), v.flip(-2), causal=True, scale=scale,
+                                                          on_fallback=self.fell_back)
                     out, lse = out.flip(-2), lse.flip(-1)
                 else:
-                    out, lse = _compat.attention_with_lse(q, k, v, mask=mask, causal=causal, scale=scale)
+                    out, lse = _compat.attention_with_lse(q, k, v, mask=mask, causal=causal, scale=scale,
+                                                          on_fallback=self.fell_back)
                 results.append((out, lse.masked_fill(empty, float("-inf"))))
             outputs.append(merge(results))
         return torch.cat(outputs, dim=-2)
+
+    def fell_back(self, reason: str) -> None:
+        """Count a kernel call that ran the float32 reference; warn the first time for each reason."""
+        if reason not in self.fallbacks:
+            warnings.warn(
+                f"{type(self).__name__} computes attention with the float32 reference, not the fused SDPA kernel: "
+                f"{reason}. It is slower (a block's scores written out); the calls are counted in this model's "
+                f"{type(self).__name__}.fallbacks. Said once per model and reason", RuntimeWarning, stacklevel=2)
+        self.fallbacks[reason] += 1
 
     def gathered(self, key: tuple, cos: torch.Tensor, sin: torch.Tensor,
                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +178,16 @@ class RemappedAttention(nn.Module):
                 cos, sin = self.rotary(like, torch.arange(length, device=like.device)[None])
             self._table = (key, length, cos[0], sin[0])
         return self._table[2], self._table[3]
+
+
+def kernel_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.dtype:
+    """The one dtype q, k and v go to the kernel in: the autocast dtype where autocast is on for their device
+    (torch's SDPA casts its inputs to it), else the widest of theirs."""
+    device = query.device.type
+    tensors = (query, key, value)
+    if torch.is_autocast_enabled(device) and all(t.dtype != torch.float64 for t in tensors):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
 
 
 def _attended_keys(mask: torch.Tensor | None, batch: int, q_len: int,
