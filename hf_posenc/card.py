@@ -57,15 +57,27 @@ def patch_card(model: torch.nn.Module, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def positions_line(preflight: Preflight) -> str:
-    """How the training windows were numbered (train.positions)."""
+def positions_line(preflight: Preflight, cfg: FinetuneConfig, steps: int, processes: int | None = None) -> str:
+    """How the training windows were numbered (train.positions), and the largest distance their ids put in
+    front of attention, read from the ids the run drew (those of windows 0..W-1 for (train.seed, W), W the
+    windows of `steps` steps on `processes` processes; None: accelerate's, as the recipe ran), not from what
+    the scheme's target allows."""
     scheme = preflight.positions
     if not scheme.spreads:
         return f"contiguous (0..n-1): the model saw distances up to {preflight.seq_len - 1} in training"
+    if processes is None:
+        from accelerate import PartialState
+
+        processes = PartialState().num_processes
+    windows = max(1, steps * cfg.train.grad_accum * cfg.train.batch_size * processes)
+    largest = scheme.largest_distance(preflight.seq_len, seed=cfg.train.seed, windows=windows)
     tokens = (f", each window's tokens taken at its ids from a span of {scheme.target} tokens of the text (the "
               f"distances are the text's own)" if scheme.span else "")
-    return (f"`{scheme.spec}`: windows of {preflight.seq_len} tokens given ids spread over [0, {scheme.target}) "
-            f"(hf_posenc.positions){tokens}, so the training covered distances up to {scheme.target - 1}")
+    short = ("; the windows data.short_share cut short kept 0..n-1" if cfg.data.short_share and not scheme.span
+             else "")
+    return (f"`{scheme.spec}`: windows of {preflight.seq_len} tokens given ids in [0, {scheme.target}) "
+            f"(hf_posenc.positions){tokens}; the ids drawn for its {windows:,} windows put distances up to "
+            f"{largest} in front of attention (the target allows {scheme.target - 1}{short})")
 
 
 def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight, describe: dict, steps: int,
@@ -89,7 +101,7 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 - **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {preflight.target_context}
 - **Mechanism after patch**: `{json.dumps(describe, default=str)}`
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
-- **Position ids**: {positions_line(preflight)}
+- **Position ids**: {positions_line(preflight, cfg, steps)}
 - **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
 - **Steps**: {steps} optimizer step{'' if steps == 1 else 's'}, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 

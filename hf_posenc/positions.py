@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
@@ -45,15 +47,26 @@ import numpy as np
 import torch
 
 from .config import MAX_POSITIONS, check_number, parse_params
-from .errors import InvalidParameterError, ParameterTypeError
+from .errors import InvalidInputError, InvalidParameterError, ParameterTypeError
 
 SCHEMES: dict[str, type[PositionScheme]] = {}
 
 
 def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
-    if cls.name in SCHEMES:
-        raise ValueError(f"position scheme {cls.name!r} is registered twice")
-    SCHEMES[cls.name] = cls
+    """Class decorator: make `cls` a scheme `scheme()` builds by its `name` (docs/ARCHITECTURE.md, "Position
+    schemes"). A name already taken is refused, naming both classes."""
+    if not (isinstance(cls, type) and issubclass(cls, PositionScheme) and dataclasses.is_dataclass(cls)):
+        raise InvalidParameterError(f"register_scheme takes a @dataclass(frozen=True) subclass of PositionScheme, "
+                                    f"got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the scheme's name in "
+                                    f"train.positions), got {name!r}")
+    if name in SCHEMES:
+        taken = SCHEMES[name]
+        raise InvalidParameterError(f"position scheme {name!r} is registered twice: {taken.__module__}."
+                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
+    SCHEMES[name] = cls
     return cls
 
 
@@ -65,6 +78,9 @@ class PositionScheme:
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    # Whether, over enough windows, its ids put every distance 1..target-1 in front of attention (PoSE, CREAM,
+    # randomized); False for a scheme that moves the ids without spreading them (the contract checks which).
+    reaches_target: ClassVar[bool] = True
     TEXTS: ClassVar[tuple[str, ...]] = ("window", "span")
 
     target: Optional[int] = None
@@ -102,6 +118,7 @@ class PositionScheme:
 
     def resolve(self, target: int) -> PositionScheme:
         """A copy with the target set (the patched context when the scheme names none)."""
+        check_number("target", target, minimum=2, maximum=MAX_POSITIONS, integer=True, optional=False)
         return self if self.target is not None else dataclasses.replace(self, target=int(target))
 
     def check_window(self, window: int) -> None:
@@ -115,41 +132,95 @@ class PositionScheme:
 
     # -- the ids -------------------------------------------------------------------------------------------
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """The ids of one window of n tokens (target >= n), increasing, in [0, target)."""
+        """The ids of one window of n tokens (target >= n, check_window passed): n integers strictly increasing
+        in [0, target), drawn from `rng` alone (the window's own generator), so that they depend only on
+        (seed, index)."""
         raise NotImplementedError
 
     def position_ids(self, n: int, *, seed: int, index: int) -> torch.Tensor:
-        """The ids of window `index` of a run seeded `seed`, n tokens: the same for the same (seed, index)."""
+        """The ids of window `index` of a run seeded `seed`, n tokens: the same for the same (seed, index).
+        Every draw is checked (n integers strictly increasing in [0, target)): a scheme that draws wrong ids
+        is refused at its first wrong window, before they reach a model."""
+        check_number("n (the tokens of the window)", n, minimum=1, integer=True, optional=False)
         self.check_window(n)
         rng = window_rng(seed, index)
         if self.contiguous_share and rng.random() < self.contiguous_share:
             return torch.arange(n)
-        ids = self.draw(n, rng)
-        return torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        return self.checked_ids(self.draw(n, rng), n, seed=seed, index=index)
 
-    def batch_position_ids(self, attention_mask: torch.Tensor, *, seed: int, first_index: int,
-                           window: Optional[int] = None) -> torch.Tensor:
-        """Ids for a batch (row r is window first_index + r), over its real tokens (attention_mask 1, in
-        order; padding gets 0). With `window`, a row with fewer real tokens (a short window, the corpus'
-        last) keeps 0..n-1: short windows train the original context."""
-        ids = torch.zeros(attention_mask.shape, dtype=torch.long)
-        for row, mask in enumerate(attention_mask.bool().cpu()):
-            n = int(mask.sum())
+    def checked_ids(self, drawn: Any, n: int, *, seed: int, index: int) -> torch.Tensor:
+        """`drawn` as a LongTensor, or a one-line refusal saying how the draw broke the scheme contract."""
+        ids = np.asarray(drawn)
+        limit = self.target if self.spreads else n
+        wrong = None
+        if ids.shape != (n,):
+            wrong = f"ids of shape {ids.shape} for a window of {n} tokens"
+        elif not np.issubdtype(ids.dtype, np.integer):
+            wrong = f"ids of dtype {ids.dtype}, not integers"
+        elif n > 1 and not bool((np.diff(ids) > 0).all()):
+            k = int(np.argmax(np.diff(ids) <= 0)) + 1
+            wrong = (f"ids[{k}]={int(ids[k])} after ids[{k - 1}]={int(ids[k - 1])} (repeated or decreasing ids "
+                     f"tell attention two tokens share a position or come in the other order)")
+        elif int(ids[0]) < 0 or int(ids[-1]) >= limit:
+            wrong = f"ids from {int(ids[0])} to {int(ids[-1])}, outside [0, {limit})"
+        if wrong:
+            raise InvalidParameterError(
+                f"position scheme {self.spec!r} ({type(self).__module__}.{type(self).__qualname__}) drew {wrong} "
+                f"for window {index} (seed {seed}); a scheme's draw gives n ids strictly increasing in [0, "
+                f"target) (docs/ARCHITECTURE.md, Position schemes)")
+        return torch.from_numpy(ids.astype(np.int64, copy=False))
+
+    def check_draws(self, n: int, *, seed: int, windows: int = 64) -> None:
+        """Draw the first `windows` windows of a run seeded `seed` (each checked by `position_ids`), so that a
+        scheme that draws wrong ids is refused before a run trains, not at its first step."""
+        for index in range(windows):
+            self.position_ids(n, seed=seed, index=index)
+
+    def largest_distance(self, n: int, *, seed: int, windows: int) -> int:
+        """The largest distance (last id - first id) among the ids of windows 0..windows-1 of a run seeded
+        `seed`, n tokens each: what such a run trained on, read from the ids it draws (the model card's
+        claim)."""
+        check_number("windows", windows, minimum=1, integer=True, optional=False)
+        bound = (self.target if self.spreads else n) - 1
+        largest = 0
+        for index in range(windows):
+            ids = self.position_ids(n, seed=seed, index=index)
+            largest = max(largest, int(ids[-1] - ids[0]))
+            if largest >= bound:
+                break   # no window can reach further
+        return largest
+
+    def batch_position_ids(self, attention_mask: torch.Tensor, *, seed: int, first_index: int = 0,
+                           window: Optional[int] = None, indices: Optional[list[int]] = None) -> torch.Tensor:
+        """Ids for a batch (row r is window first_index + r, or indices[r]), over its real tokens (attention_mask
+        1, in order; padding gets 0). With `window` (the tokens of a training window), a row with fewer real
+        tokens (a short window, the corpus' last) keeps 0..n-1: short windows train the original context; a
+        row with more is refused."""
+        mask = check_mask(attention_mask)
+        window = check_window_arg(window)
+        indices = window_indices(first_index, indices, len(mask))
+        ids = torch.zeros(mask.shape, dtype=torch.long)
+        for row, real in enumerate(mask.bool().cpu()):
+            n = int(real.sum())
             if n == 0:
                 continue
+            if window is not None and n > window:
+                raise InvalidInputError(f"row {row} has {n} tokens, more than window={window} (the tokens of one "
+                                        f"training window): cut the rows to windows, or leave window out")
             drawn = (torch.arange(n) if window is not None and n < window
-                     else self.position_ids(n, seed=seed, index=first_index + row))
-            ids[row, mask] = drawn
-        return ids.to(attention_mask.device)
+                     else self.position_ids(n, seed=seed, index=indices[row]))
+            ids[row, real] = drawn
+        return ids.to(mask.device)
 
     def add_position_ids(self, batch: dict, *, seed: int, first_index: int, window: Optional[int] = None) -> dict:
-        """`batch` (input_ids, optionally attention_mask) with position_ids added, and an attention mask of
-        ones when it had none (transformers would otherwise read each jump as a new packed sequence).
-        text=span: the rows are target-long spans and `window` (required) the tokens kept of each: the batch
-        comes back `window` wide, every per-token tensor (input_ids, attention_mask, labels, ...) taken at
-        the ids."""
-        if "attention_mask" not in batch or batch["attention_mask"] is None:
-            batch = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+        """`batch` (a dict: input_ids [rows, tokens], optionally attention_mask of the same shape) with
+        position_ids added, and an attention mask of ones when it had none (transformers would otherwise read
+        each jump as a new packed sequence). text=window: `window` (optional) is the tokens of a training
+        window, as in `batch_position_ids`. text=span: the rows are target-long spans and `window` (required)
+        the tokens kept of each: the batch comes back `window` wide, every per-token tensor (input_ids,
+        attention_mask, labels, ...) taken at the ids. An unbatched row (1-D input_ids), a mask of another
+        shape and rows that are not whole spans are refused, not guessed at."""
+        batch = checked_batch(batch)
         if self.span:
             return self.take_windows(batch, seed=seed, first_index=first_index, window=window)
         ids = self.batch_position_ids(batch["attention_mask"], seed=seed, first_index=first_index, window=window)
@@ -160,23 +231,31 @@ class PositionScheme:
         if window is None:
             raise InvalidParameterError(f"position scheme {self.spec!r} takes windows of a span: give window= "
                                         f"(the tokens kept of each span)")
+        check_window_arg(window)
         self.check_window(window)
 
     def take_windows(self, batch: dict, *, seed: int, first_index: int, window: Optional[int],
                      indices: Optional[list[int]] = None) -> dict:
         """text=span: row r (window first_index + r, or indices[r]) keeps its tokens at the ids drawn for a
-        window of `window` tokens. Rows must hold a whole span: a shorter one (the corpus' last) is refused,
-        as its ids could land past its end."""
+        window of `window` tokens. Each row must be one whole span, exactly target tokens: a shorter one (the
+        corpus' last) is refused, as its ids could land past its end, and so is a longer one, whose tokens
+        past the span no id would ever reach."""
         self.check_span_window(window)
+        batch = checked_batch(batch)
         rows, width = batch["input_ids"].shape
+        indices = window_indices(first_index, indices, rows)
         lengths = batch["attention_mask"].sum(dim=1)
+        if rows and width > self.target:
+            raise InvalidInputError(
+                f"position scheme {self.spec!r} takes each window from one span of {self.target} tokens, but the "
+                f"rows hold {width}: give rows of one span each (the tokens past {self.target} would never be "
+                f"used)")
         if rows and (width < self.target or bool((lengths < self.target).any())):
             row = int(torch.argmin(lengths)) if width >= self.target else 0
-            raise InvalidParameterError(
+            raise InvalidInputError(
                 f"position scheme {self.spec!r} takes its windows from spans of {self.target} tokens, but row "
                 f"{row} has {min(int(lengths[row]), width)}: give whole spans (leave out the corpus' last, "
                 f"shorter one)")
-        indices = indices if indices is not None else [first_index + r for r in range(rows)]
         ids = torch.stack([self.position_ids(window, seed=seed, index=i) for i in indices]) if rows else \
             torch.zeros(0, window, dtype=torch.long)
         ids = ids.to(batch["input_ids"].device)
@@ -186,9 +265,57 @@ class PositionScheme:
 
     def collator(self, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0,
                  window: Optional[int] = None) -> PositionIdsCollator:
-        """A data collator for transformers' Trainer / TRL that adds position ids to what `base` collates
-        (text=span: rows are target-long spans, cut to `window` tokens at the ids)."""
+        """A data collator for transformers' Trainer / TRL that adds position ids to what `base` collates;
+        `window` as in `add_position_ids` (text=window: rows shorter than it keep 0..n-1; text=span: rows are
+        target-long spans, cut to `window` tokens at the ids)."""
         return PositionIdsCollator(self, base, seed=seed, window=window)
+
+
+# -- what the batch helpers take: refused in one line, naming the argument, before anything is drawn ----------
+
+def checked_batch(batch: Any) -> dict:
+    """`batch` as a dict whose input_ids are [rows, tokens] and whose attention_mask (ones when absent) has
+    their shape."""
+    if not isinstance(batch, Mapping):
+        raise InvalidInputError(f"batch must be a dict with input_ids [rows, tokens] (and optionally "
+                                f"attention_mask), got a {type(batch).__name__}")
+    ids = batch.get("input_ids")
+    if not torch.is_tensor(ids):
+        got = "no input_ids" if ids is None else f"input_ids of type {type(ids).__name__}"
+        raise InvalidInputError(f"batch must hold input_ids as a tensor [rows, tokens], got {got} "
+                                f"(keys: {', '.join(map(str, batch)) or 'none'})")
+    if ids.dim() != 2:
+        hint = ": one row is input_ids[None]" if ids.dim() == 1 else ""
+        raise InvalidInputError(f"input_ids must be 2-D [rows, tokens], got shape {tuple(ids.shape)}{hint}")
+    mask = batch.get("attention_mask")
+    if mask is None:
+        return {**batch, "attention_mask": torch.ones_like(ids)}
+    if not torch.is_tensor(mask) or mask.shape != ids.shape:
+        shape = tuple(mask.shape) if torch.is_tensor(mask) else type(mask).__name__
+        raise InvalidInputError(f"attention_mask {shape} beside input_ids {tuple(ids.shape)}: the mask must be a "
+                                f"tensor of input_ids' shape (one value per token)")
+    return dict(batch)
+
+
+def check_mask(attention_mask: Any) -> torch.Tensor:
+    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2:
+        got = (f"shape {tuple(attention_mask.shape)}" if torch.is_tensor(attention_mask)
+               else f"a {type(attention_mask).__name__}")
+        raise InvalidInputError(f"attention_mask must be a 2-D tensor [rows, tokens], got {got}")
+    return attention_mask
+
+
+def check_window_arg(window: Any) -> Optional[int]:
+    check_number("window", window, minimum=1, maximum=MAX_POSITIONS, integer=True)
+    return None if window is None else int(window)
+
+
+def window_indices(first_index: Any, indices: Optional[list[int]], rows: int) -> list[int]:
+    """The window number of each row: first_index + r, or the given ones."""
+    if indices is not None:
+        return list(indices)
+    check_number("first_index", first_index, minimum=0, integer=True, optional=False)
+    return [int(first_index) + r for r in range(rows)]
 
 
 def window_rng(seed: int, index: int) -> np.random.Generator:
@@ -211,8 +338,8 @@ class Contiguous(PositionScheme):
     def check_window(self, window: int) -> None:
         pass   # no target involved
 
-    def position_ids(self, n, *, seed, index):
-        return torch.arange(n)
+    def draw(self, n, rng):
+        return np.arange(n)
 
 
 @register_scheme
@@ -332,10 +459,10 @@ class Randomized(PositionScheme):
 
 def scheme(spec: str | PositionScheme, *, target: Optional[int] = None, **params: Any) -> PositionScheme:
     """A scheme from its text ("pose chunks=3 contiguous_share=0.1"), a name and keyword parameters, or a
-    scheme; `target` fills the target context where the text names none. Unknown names and parameters are
-    refused with what exists."""
+    scheme (a copy with `params` changed); `target` fills the target context where the text names none.
+    Unknown names and parameters are refused with what exists."""
     if isinstance(spec, PositionScheme):
-        built = dataclasses.replace(spec, **params) if params else spec
+        cls, given = type(spec), params
     else:
         if not isinstance(spec, str) or not spec.split():
             raise ParameterTypeError(f"a position scheme is a name with key=value parameters ('pose chunks=2'); "
@@ -343,46 +470,83 @@ def scheme(spec: str | PositionScheme, *, target: Optional[int] = None, **params
         name, *pairs = spec.split()
         if name not in SCHEMES:
             raise InvalidParameterError(f"unknown position scheme {name!r}; known: {', '.join(SCHEMES)}")
-        cls = SCHEMES[name]
-        given = {**parse_params(pairs), **params}
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(given) - set(allowed))
-        if unknown:
-            raise InvalidParameterError(f"position scheme {name!r} has no parameter(s) {unknown}; its parameters: "
-                                        f"{', '.join(allowed)}")
-        built = cls(**given)
+        cls, given = SCHEMES[name], {**parse_params(pairs), **params}
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise InvalidParameterError(f"position scheme {cls.name!r} has no parameter(s) {unknown}; its parameters: "
+                                    f"{', '.join(allowed)}")
+    built = (dataclasses.replace(spec, **given) if given else spec) if isinstance(spec, PositionScheme) \
+        else cls(**given)
     return built.resolve(target) if target is not None else built
 
 
 class PositionIdsCollator:
-    """Collates with `base` (default: stack equal-length input_ids), then adds position ids drawn from a key
-    of each row's tokens: the same window gets the same ids in every epoch, on every rank, after a resume,
-    without a counter (which Trainer's dataloader workers would copy). Rows keep their attention mask
-    (one of ones when `base` gives none)."""
+    """Collates with `base` (default: stack the rows' equal-length input_ids; their other keys are left out),
+    then adds position ids drawn from a key of each row's tokens: the same window gets the same ids in every
+    epoch, on every rank, after a resume, without a counter (which Trainer's dataloader workers would copy).
+    Rows keep their attention mask (one of ones when `base` gives none). `window` as in
+    `PositionScheme.add_position_ids`. An empty batch, rows that are not dicts with input_ids, and rows of
+    different lengths without a `base` to pad them are refused naming the row."""
 
     def __init__(self, scheme: PositionScheme, base: Optional[Callable[[list], dict]] = None, *, seed: int = 0,
                  window: Optional[int] = None):
+        if not isinstance(scheme, PositionScheme):
+            raise ParameterTypeError(f"scheme must be a PositionScheme (positions.scheme('pose')), got "
+                                     f"{type(scheme).__name__}")
         if scheme.spreads and scheme.target is None:
             raise InvalidParameterError(f"position scheme {scheme.name!r} needs a target context (target=)")
+        if base is not None and not callable(base):
+            raise ParameterTypeError(f"base must be a collator (a callable taking a list of rows), got "
+                                     f"{type(base).__name__}")
         check_number("seed", seed, minimum=0, integer=True, optional=False)
         if scheme.span:
             scheme.check_span_window(window)
-        self.scheme, self.base, self.seed, self.window = scheme, base, seed, window
+        self.scheme, self.base, self.seed, self.window = scheme, base, seed, check_window_arg(window)
+        if scheme.spreads and window is not None and not scheme.span:
+            scheme.check_window(window)
 
     def __call__(self, rows: list) -> dict:
-        batch = dict(self.base(rows)) if self.base else {
-            "input_ids": torch.stack([torch.as_tensor(r["input_ids"]) for r in rows])}
-        if batch.get("attention_mask") is None:
-            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        keys = [int.from_bytes(hashlib.blake2b(tokens[mask].numpy().tobytes(), digest_size=7).digest(), "little")
+        if not isinstance(rows, (list, tuple)) or not rows:
+            got = "an empty batch" if isinstance(rows, (list, tuple)) else f"a {type(rows).__name__}"
+            raise InvalidInputError(f"the collator takes a list of one or more rows (dicts with input_ids), got "
+                                    f"{got}")
+        batch = checked_batch(self.base(rows) if self.base else stack_rows(rows))
+        keys = [int.from_bytes(hashlib.blake2b(tokens[mask].cpu().numpy().tobytes(), digest_size=7).digest(),
+                               "little")
                 for tokens, mask in zip(batch["input_ids"], batch["attention_mask"].bool())]
         if self.scheme.span:
             return self.scheme.take_windows(batch, seed=self.seed, first_index=0, window=self.window, indices=keys)
-        ids = torch.zeros_like(batch["input_ids"])
-        for row, (key, mask) in enumerate(zip(keys, batch["attention_mask"].bool())):
-            ids[row, mask] = self.scheme.position_ids(int(mask.sum()), seed=self.seed, index=key)
-        batch["position_ids"] = ids
+        batch["position_ids"] = self.scheme.batch_position_ids(batch["attention_mask"], seed=self.seed,
+                                                               window=self.window, indices=keys)
         return batch
+
+
+def stack_rows(rows: list) -> dict:
+    """The rows' input_ids as one [rows, tokens] tensor, when every row is a dict of one list of token ids and
+    they have one length (padding needs a tokenizer: a base collator's work)."""
+    tensors = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise InvalidInputError(f"row {i} is a {type(row).__name__}: the collator's rows are dicts with "
+                                    f"input_ids ({{'input_ids': [...]}})")
+        if "input_ids" not in row:
+            raise InvalidInputError(f"row {i} has no input_ids (its keys: {', '.join(map(str, row)) or 'none'})")
+        try:
+            tokens = torch.as_tensor(row["input_ids"])
+        except (TypeError, ValueError, RuntimeError):
+            tokens = None
+        if tokens is None or tokens.dim() != 1 or tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise InvalidInputError(f"row {i}'s input_ids must be one list of token ids, got "
+                                    f"{str(row['input_ids'])[:60]!r}")
+        tensors.append(tokens)
+    lengths = [len(t) for t in tensors]
+    if len(set(lengths)) > 1:
+        other = next(i for i, n in enumerate(lengths) if n != lengths[0])
+        raise InvalidInputError(f"row 0 has {lengths[0]} tokens and row {other} {lengths[other]}, and the collator "
+                                f"has no base collator to pad them: give one (collator(DataCollatorForLanguage"
+                                f"Modeling(tok, mlm=False))) or rows of one length")
+    return {"input_ids": torch.stack(tensors)}
 
 
 def relative_distances(ids: torch.Tensor) -> torch.Tensor:

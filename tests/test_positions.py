@@ -1,24 +1,38 @@
-"""Position schemes (hf_posenc/positions.py): the ids each scheme gives a window, checked over every
-registered scheme, and the fine-tune recipe training with them (tiny models from config)."""
+"""Position schemes (hf_posenc/positions.py): the scheme contract, run on every registered scheme (the shipped
+ones and docs/ARCHITECTURE.md's worked example, tests/examples/shifted_scheme.py, registered for the tests only),
+each scheme against its paper, the batch helpers' refusals, and the fine-tune recipe training with them (tiny
+models from config). One scheme's contract: `pytest -m contract -k <name> tests/test_positions.py`."""
 
+import dataclasses
+import re
+from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import hf_posenc as hp
+from hf_posenc import card
 from hf_posenc import checkpoints as ckpt
 from hf_posenc import positions as P
-from hf_posenc.errors import ConfigError, InvalidParameterError, ParameterTypeError
+from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError
 from hf_posenc.losses import TrainingLoss
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
 from test_finetune import gpt2_dir, run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401
 from tiny import tiny_model, token_ids
 
-SPREADING = [name for name, cls in P.SCHEMES.items() if name != "contiguous"]
+import examples.shifted_scheme  # noqa: F401,E402  registers the worked example here (whatever conftest imports)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "tests" / "examples" / "shifted_scheme.py"
+SPREADING = [name for name in P.SCHEMES if P.scheme(name).spreads]
+# the schemes an installed hf_posenc has (the worked example is registered by the tests only)
+SHIPPED = [name for name, cls in P.SCHEMES.items() if cls.__module__.startswith("hf_posenc.")]
 
 
 def draws(spec, n, target, count, seed=0):
@@ -26,25 +40,43 @@ def draws(spec, n, target, count, seed=0):
     return [s.position_ids(n, seed=seed, index=i) for i in range(count)]
 
 
-# ------------------------------------------------------------------------------------------ every scheme
+# --------------------------------------------------------------------------- the scheme contract: every scheme
+def test_the_worked_example_is_registered_for_the_tests_only():
+    assert P.SCHEMES["shifted"].__module__ == "examples.shifted_scheme" and "shifted" not in SHIPPED
+    assert set(SHIPPED) >= {"contiguous", "pose", "cream", "randomized"}
+
+
+@pytest.mark.contract
 @pytest.mark.parametrize("name", list(P.SCHEMES))
 @pytest.mark.parametrize("n, target", [(16, 64), (5, 5), (37, 1000), (3, 4)])
 def test_ids_are_in_range_strictly_increasing_and_reproducible(name, n, target):
-    for i, ids in enumerate(draws(name, n, target, 300)):
+    """n ids strictly increasing in [0, target), the same for the same (seed, index) whatever was drawn
+    before, from a fresh scheme, and row r of a batch is window first_index + r."""
+    got = draws(name, n, target, 300)
+    for ids in got:
         assert ids.dtype == torch.long and ids.shape == (n,)
         assert int(ids.min()) >= 0 and int(ids.max()) < target
         assert bool((ids.diff() > 0).all()), ids
-        assert torch.equal(ids, P.scheme(name, target=target).position_ids(n, seed=0, index=i))
+    fresh = P.scheme(name, target=target)
+    for i in (299, 7, 0, 7, 150):                                  # any order: only (seed, index) matters
+        assert torch.equal(fresh.position_ids(n, seed=0, index=i), got[i])
+    batch = fresh.add_position_ids({"input_ids": torch.zeros(3, n, dtype=torch.long)}, seed=0, first_index=40)
+    assert all(torch.equal(batch["position_ids"][r], got[40 + r]) for r in range(3))
 
 
+@pytest.mark.contract
 @pytest.mark.parametrize("name", SPREADING)
-def test_every_distance_up_to_the_target_is_covered(name):
+def test_the_distances_reached_are_the_ones_declared(name):
+    """reaches_target: over many windows of 16 tokens, the ids put every distance 1..63 of a target of 64 in
+    front of attention; a scheme declaring False (the worked example) must indeed fall short."""
     seen = torch.zeros(64, dtype=torch.bool)
     for ids in draws(name, 16, 64, 1000):
         seen[P.relative_distances(ids)] = True
-    assert torch.nonzero(~seen).flatten().tolist() == [0]      # every distance 1..63
+    missing = torch.nonzero(~seen).flatten().tolist()
+    assert (missing == [0]) == P.SCHEMES[name].reaches_target, missing[:10]
 
 
+@pytest.mark.contract
 @pytest.mark.parametrize("name", SPREADING)
 def test_a_window_as_long_as_the_target_is_contiguous_and_seeds_differ(name):
     for ids in draws(name, 32, 32, 20):
@@ -54,6 +86,166 @@ def test_a_window_as_long_as_the_target_is_contiguous_and_seeds_differ(name):
     assert len({tuple(x.tolist()) for x in a}) == 5   # each window its own draw
 
 
+@pytest.mark.contract
+@pytest.mark.parametrize("name", list(P.SCHEMES))
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_card_claims_the_distances_the_run_drew(name, processes):
+    """The model card's distance is the largest one in the ids of the run's windows (steps x grad_accum x
+    batch_size x processes of them, numbered as the recipe numbers them), computed here from every pair."""
+    scheme = P.scheme(name, target=256)
+    cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=2, batch_size=3, seed=5),
+                          data=SimpleNamespace(short_share=0.0))
+    preflight = SimpleNamespace(positions=scheme, seq_len=16)
+    line = card.positions_line(preflight, cfg, steps=2, processes=processes)
+    windows = 2 * 2 * 3 * processes
+    drawn = max(int(P.relative_distances(scheme.position_ids(16, seed=5, index=w)).max()) for w in range(windows))
+    claimed = int(re.search(r"distances up to (\d+)", line).group(1))
+    assert claimed == drawn, line
+    if scheme.spreads:
+        assert f"its {windows} windows" in line and "the target allows 255" in line
+    if name == "shifted":
+        assert claimed == 15                                       # the shift moves ids, not distances
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("spec", [f"{name} text=span" for name in SPREADING])
+def test_span_windows_hold_the_spans_tokens_at_the_ids(spec):
+    """text=span draws the same ids as text=window and takes every per-token tensor of the span at them: the
+    distance between two tokens of the window is their distance in the text."""
+    span, window = P.scheme(spec, target=256), P.scheme(spec.replace("text=span", ""), target=256)
+    spans = torch.arange(3 * 256).reshape(3, 256) + 7
+    out = span.add_position_ids({"input_ids": spans, "labels": -spans, "other": "kept"}, seed=1, first_index=5,
+                                window=64)
+    assert out["input_ids"].shape == out["attention_mask"].shape == out["position_ids"].shape == (3, 64)
+    assert bool(out["attention_mask"].all()) and out["other"] == "kept"
+    for r in range(3):
+        ids = window.position_ids(64, seed=1, index=5 + r)
+        assert torch.equal(out["position_ids"][r], ids)
+        assert torch.equal(out["input_ids"][r], spans[r, ids]) and torch.equal(out["labels"][r], -spans[r, ids])
+    collated = span.collator(window=64, seed=1)([{"input_ids": row.tolist()} for row in spans[:2]])
+    for r in range(2):
+        assert torch.equal(collated["input_ids"][r], spans[r, collated["position_ids"][r]])
+    assert not torch.equal(collated["position_ids"][0], collated["position_ids"][1])   # keyed by each span
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("name", list(P.SCHEMES))
+def test_a_scheme_says_what_it_is_and_builds_from_its_own_spec(name):
+    cls = P.SCHEMES[name]
+    assert cls.summary and cls.__doc__ and cls.name == name
+    built = P.scheme(name, target=4096)
+    assert P.scheme(built.spec) == built                          # the text the card and the log show rebuilds it
+    assert P.scheme(built, contiguous_share=0.5).contiguous_share == 0.5
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_help_the_docs_and_readme_name_every_shipped_scheme(name):
+    """What a user reads lists the registry: train.positions' help, docs/finetune.md's table of schemes and
+    README's train-long-on-short paragraph."""
+    help_text = FC.TrainArgs.__dataclass_fields__["positions"].metadata["help"]
+    assert re.search(rf"\b{name}\b", help_text), f"train.positions' help (recipes/finetune_config.py) omits {name}"
+    table = re.findall(r"^\| `(\w+)[^`]*`", (ROOT / "docs/finetune.md").read_text(), re.M)
+    assert name in table, f"docs/finetune.md's table of position schemes has no row for {name}"
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("**Train long on short**"):][:600]
+    assert name == "contiguous" or f"`{name}`" in paragraph, f"README's train-long-on-short paragraph omits {name}"
+
+
+def test_the_docs_table_names_only_registered_schemes():
+    text = (ROOT / "docs/finetune.md").read_text()
+    table = text[text.index("| `train.positions` |"):]
+    rows = re.findall(r"^\| `(\w+)[^`]*`", table[:table.index("\n\n")], re.M)[1:]   # past the header
+    assert sorted(rows) == sorted(SHIPPED)
+
+
+def test_architecture_shows_the_worked_example_as_it_is():
+    """docs/ARCHITECTURE.md's scheme example is the file the contract runs (after its docstring)."""
+    text = (ROOT / "docs/ARCHITECTURE.md").read_text()
+    section = text[text.index("## Position schemes"):]
+    section = section[:section.index("\n## ", 1)]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = EXAMPLE.read_text()
+    assert block.strip() == code[code.index('"""', 3) + 3:].strip()
+
+
+# ----------------------------------------------------------------------------- a scheme that breaks the contract
+@dataclasses.dataclass(frozen=True)
+class Broken(P.PositionScheme):
+    """A scheme whose draw breaks the contract in the way `how` says (for the refusals below)."""
+
+    name: ClassVar[str] = "broken"
+    how: str = "reversed"
+
+    def draw(self, n, rng):
+        ids = np.arange(n) * (self.target // n)
+        return {"reversed": ids[::-1].copy(), "repeated": np.sort(rng.integers(0, 3, size=n)),
+                "past_target": ids + self.target - int(ids[-1]), "negative": ids - 1,
+                "short": ids[:-1], "floats": ids + 0.5,
+                "sometimes": ids if rng.random() < 0.5 else ids[::-1].copy()}[self.how]
+
+
+BROKEN_WORDS = {
+    "reversed": "drew ids[1]=", "repeated": "repeated or decreasing ids", "past_target": "outside [0, 256)",
+    "negative": "ids from -1 to", "short": "ids of shape (63,) for a window of 64 tokens",
+    "floats": "ids of dtype float64, not integers",
+}
+
+
+@pytest.mark.parametrize("how", list(BROKEN_WORDS))
+def test_a_scheme_drawing_wrong_ids_is_refused_at_its_first_wrong_window(how):
+    broken = Broken(target=256, how=how)
+    for call in (lambda: broken.position_ids(64, seed=0, index=0),
+                 lambda: broken.add_position_ids({"input_ids": token_ids(64)}, seed=0, first_index=0),
+                 lambda: dataclasses.replace(broken, text="span").add_position_ids(
+                     {"input_ids": token_ids(256)}, seed=0, first_index=0, window=64),
+                 lambda: broken.collator()([{"input_ids": list(range(64))}])):
+        with pytest.raises(InvalidParameterError) as caught:
+            call()
+        message = str(caught.value)
+        assert BROKEN_WORDS[how] in message and "position scheme 'broken target=256" in message
+        assert "strictly increasing in [0, target)" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("how", ["reversed", "repeated", "past_target", "sometimes"])
+def test_the_recipe_refuses_a_wrong_scheme_before_anything_loads(tmp_path, tiny_dir, text_file, monkeypatch,
+                                                                  capsys, how):
+    """The recipe's checks draw the run's first windows: a scheme that gets them wrong is one `error:` line,
+    exit code 2, before the model loads or the output folder is written."""
+    from hf_posenc.recipes import finetune
+
+    monkeypatch.setitem(P.SCHEMES, "broken", Broken)
+    config = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                          train={"positions": f"broken how={how}"})
+    assert finetune.cli(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]   # (datasets prints its progress)
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith(f"error: train.positions='broken how={how}': position scheme 'broken")
+    assert "(test_positions.Broken) drew " in lines[0] and "(seed 3)" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_register_scheme_refuses_a_taken_name_naming_both_classes():
+    @dataclasses.dataclass(frozen=True)
+    class Pose(P.PositionScheme):
+        name: ClassVar[str] = "pose"
+
+    with pytest.raises(InvalidParameterError, match=r"'pose' is registered twice: hf_posenc.positions.Pose and "
+                                                    r"test_positions.*Pose"):
+        P.register_scheme(Pose)
+    with pytest.raises(InvalidParameterError, match="takes a @dataclass"):
+        P.register_scheme(dict)
+    Broken.name = "Not A Name"
+    try:
+        with pytest.raises(InvalidParameterError, match="name must be a lowercase word"):
+            P.register_scheme(Broken)
+    finally:
+        Broken.name = "broken"
+    assert P.SCHEMES["pose"] is P.Pose and "broken" not in P.SCHEMES
+
+
+# ------------------------------------------------------------------------------------------ each scheme's paper
 def test_pose_layout_first_id_zero_and_chunks_shifted_by_growing_skips():
     for chunks in (1, 2, 3, 5):
         for ids in draws(f"pose chunks={chunks}", 40, 500, 200):
@@ -126,26 +318,6 @@ def test_a_window_longer_than_the_target_is_refused():
         P.scheme("pose chunks=4", target=64).position_ids(3, seed=0, index=0)
 
 
-@pytest.mark.parametrize("spec", [f"{name} text=span" for name in SPREADING])
-def test_span_windows_hold_the_spans_tokens_at_the_ids(spec):
-    """text=span draws the same ids as text=window and takes every per-token tensor of the span at them: the
-    distance between two tokens of the window is their distance in the text."""
-    span, window = P.scheme(spec, target=256), P.scheme(spec.replace("text=span", ""), target=256)
-    spans = torch.arange(3 * 256).reshape(3, 256) + 7
-    out = span.add_position_ids({"input_ids": spans, "labels": -spans, "other": "kept"}, seed=1, first_index=5,
-                                window=64)
-    assert out["input_ids"].shape == out["attention_mask"].shape == out["position_ids"].shape == (3, 64)
-    assert bool(out["attention_mask"].all()) and out["other"] == "kept"
-    for r in range(3):
-        ids = window.position_ids(64, seed=1, index=5 + r)
-        assert torch.equal(out["position_ids"][r], ids)
-        assert torch.equal(out["input_ids"][r], spans[r, ids]) and torch.equal(out["labels"][r], -spans[r, ids])
-    collated = span.collator(window=64, seed=1)([{"input_ids": row.tolist()} for row in spans[:2]])
-    for r in range(2):
-        assert torch.equal(collated["input_ids"][r], spans[r, collated["position_ids"][r]])
-    assert not torch.equal(collated["position_ids"][0], collated["position_ids"][1])   # keyed by each span
-
-
 def test_span_windows_refuse_what_cannot_hold_their_ids():
     span = P.scheme("pose text=span", target=256)
     with pytest.raises(InvalidParameterError, match="give window="):
@@ -154,11 +326,100 @@ def test_span_windows_refuse_what_cannot_hold_their_ids():
         span.collator()
     mask = torch.ones(2, 256, dtype=torch.long)
     mask[1, 200:] = 0                                  # the corpus' last span, padded
-    with pytest.raises(InvalidParameterError, match="spans of 256 tokens, but row 1 has 200"):
+    with pytest.raises(InvalidInputError, match="spans of 256 tokens, but row 1 has 200"):
         span.add_position_ids({"input_ids": token_ids(256, batch=2), "attention_mask": mask}, seed=0,
                               first_index=0, window=64)
-    with pytest.raises(InvalidParameterError, match="but row 0 has 100"):
+    with pytest.raises(InvalidInputError, match="but row 0 has 100"):
         span.add_position_ids({"input_ids": token_ids(100)}, seed=0, first_index=0, window=64)
+
+
+POSE64, SPAN64 = P.scheme("pose", target=64), P.scheme("pose text=span", target=64)
+ROWS = {"input_ids": torch.zeros(2, 10, dtype=torch.long)}
+
+
+@pytest.mark.parametrize("call, error, words", [
+    # unbatched, mismatched, not a batch: refused, not guessed at
+    (lambda: P.scheme("contiguous").add_position_ids({"input_ids": torch.arange(10)}, seed=0, first_index=0),
+     InvalidInputError, "input_ids must be 2-D [rows, tokens], got shape (10,): one row is input_ids[None]"),
+    (lambda: P.scheme("randomized", target=64).add_position_ids({"input_ids": torch.arange(10)}, seed=0,
+                                                                first_index=0), InvalidInputError, "got shape (10,)"),
+    (lambda: POSE64.add_position_ids({"input_ids": torch.zeros(2, 3, 4, dtype=torch.long)}, seed=0, first_index=0),
+     InvalidInputError, "got shape (2, 3, 4)"),
+    (lambda: POSE64.add_position_ids({**ROWS, "attention_mask": torch.ones(2, 9)}, seed=0, first_index=0),
+     InvalidInputError, "attention_mask (2, 9) beside input_ids (2, 10)"),
+    (lambda: POSE64.add_position_ids({**ROWS, "attention_mask": [[1] * 10] * 2}, seed=0, first_index=0),
+     InvalidInputError, "attention_mask list beside input_ids (2, 10)"),
+    (lambda: POSE64.add_position_ids({"input_ids": [[1, 2, 3]]}, seed=0, first_index=0),
+     InvalidInputError, "input_ids as a tensor [rows, tokens], got input_ids of type list"),
+    (lambda: POSE64.add_position_ids({"tokens": torch.zeros(1, 3)}, seed=0, first_index=0),
+     InvalidInputError, "got no input_ids (keys: tokens)"),
+    (lambda: POSE64.add_position_ids([[1, 2, 3]], seed=0, first_index=0), InvalidInputError, "got a list"),
+    (lambda: POSE64.batch_position_ids(torch.ones(10), seed=0, first_index=0), InvalidInputError,
+     "attention_mask must be a 2-D tensor [rows, tokens], got shape (10,)"),
+    # numbers of the wrong kind
+    (lambda: POSE64.position_ids(2.5, seed=0, index=0), ParameterTypeError,
+     "n (the tokens of the window) must be an int, got 2.5"),
+    (lambda: POSE64.position_ids(0, seed=0, index=0), InvalidParameterError, "n (the tokens of the window) must be >= 1"),
+    (lambda: POSE64.position_ids(8, seed=0.5, index=0), ParameterTypeError, "seed must be an int"),
+    (lambda: POSE64.add_position_ids(ROWS, seed=0, first_index=0, window=10.5), ParameterTypeError,
+     "window must be an int, got 10.5"),
+    (lambda: POSE64.add_position_ids(ROWS, seed=0, first_index=1.5), ParameterTypeError, "first_index must be an int"),
+    (lambda: POSE64.add_position_ids(ROWS, seed=0, first_index=-1), InvalidParameterError, "first_index must be >= 0"),
+    (lambda: SPAN64.add_position_ids(ROWS, seed=0, first_index=0, window=True), ParameterTypeError,
+     "window must be an int, got True"),
+    (lambda: P.scheme("pose", target=2.5), ParameterTypeError, "target must be an int, got 2.5"),
+    (lambda: P.scheme(P.scheme("pose"), chunkz=3), InvalidParameterError,
+     "position scheme 'pose' has no parameter(s) ['chunkz']; its parameters: target, contiguous_share, text, chunks"),
+    (lambda: P.scheme(P.scheme("pose"), chunks=0), InvalidParameterError, "chunks must be >= 1"),
+    # a window: the rows' length, honoured by the collator as by add_position_ids
+    (lambda: POSE64.add_position_ids(ROWS, seed=0, first_index=0, window=8), InvalidInputError,
+     "row 0 has 10 tokens, more than window=8"),
+    (lambda: POSE64.collator(window=8)([{"input_ids": list(range(10))}]), InvalidInputError,
+     "row 0 has 10 tokens, more than window=8"),
+    (lambda: POSE64.collator(window=65), InvalidParameterError, "a window of 65 tokens is longer than the target"),
+    # text=span: a row is exactly one span
+    (lambda: SPAN64.add_position_ids({"input_ids": torch.zeros(2, 128, dtype=torch.long)}, seed=0, first_index=0,
+                                     window=8), InvalidInputError,
+     "takes each window from one span of 64 tokens, but the rows hold 128"),
+    (lambda: SPAN64.collator(window=8)([{"input_ids": list(range(128))}]), InvalidInputError, "the rows hold 128"),
+    # the collator's rows
+    (lambda: POSE64.collator()([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2]}]), InvalidInputError,
+     "row 0 has 3 tokens and row 1 2, and the collator has no base collator to pad them"),
+    (lambda: POSE64.collator()([{"input_ids": [1, 2]}, {"labels": [1, 2]}]), InvalidInputError,
+     "row 1 has no input_ids (its keys: labels)"),
+    (lambda: POSE64.collator()([[1, 2, 3], [4, 5, 6]]), InvalidInputError, "row 0 is a list: the collator's rows are dicts"),
+    (lambda: POSE64.collator()([{"input_ids": "to be"}]), InvalidInputError, "row 0's input_ids must be one list of token ids"),
+    (lambda: POSE64.collator()([{"input_ids": [[1, 2], [3, 4]]}]), InvalidInputError, "one list of token ids"),
+    (lambda: POSE64.collator()([]), InvalidInputError, "got an empty batch"),
+    (lambda: POSE64.collator()({"input_ids": [1, 2]}), InvalidInputError, "got a dict"),
+    (lambda: POSE64.collator(lambda rows: {"ids": 1})([{"input_ids": [1]}]), InvalidInputError, "got no input_ids"),
+    (lambda: POSE64.collator(base="tok"), ParameterTypeError, "base must be a collator"),
+    (lambda: P.PositionIdsCollator("pose"), ParameterTypeError, "scheme must be a PositionScheme"),
+])
+def test_the_batch_helpers_refuse_what_they_cannot_use_in_one_line(call, error, words):
+    with pytest.raises(error) as caught:
+        call()
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_collator_honours_window_as_add_position_ids_does():
+    """text=window with window=: a row shorter than the window keeps 0..n-1 (the collator used to draw for it)."""
+    rows = [{"input_ids": list(range(8))}, {"input_ids": list(range(10, 18))}]
+    drawn = POSE64.collator(window=8, seed=2)(rows)["position_ids"]
+    assert not any(torch.equal(r, torch.arange(8)) for r in drawn)              # full windows: drawn
+    short = POSE64.collator(window=12, seed=2)(rows)["position_ids"]
+    assert all(torch.equal(r, torch.arange(8)) for r in short)                  # short windows: 0..n-1
+    same = POSE64.add_position_ids({"input_ids": torch.tensor([r["input_ids"] for r in rows])}, seed=2,
+                                   first_index=0, window=12)["position_ids"]
+    assert torch.equal(same, short)
+
+
+def test_an_empty_batch_tensor_gives_empty_ids():
+    """Zero rows is not an error for the tensor helpers (nothing to number): ids of the same empty shape."""
+    out = POSE64.add_position_ids({"input_ids": torch.zeros(0, 10, dtype=torch.long)}, seed=0, first_index=0)
+    assert out["position_ids"].shape == (0, 10)
+    out = SPAN64.add_position_ids({"input_ids": torch.zeros(0, 64, dtype=torch.long)}, seed=0, first_index=0, window=8)
+    assert out["position_ids"].shape == out["input_ids"].shape == (0, 8)
 
 
 # --------------------------------------------------------------------------------- with a transformers model
@@ -237,7 +498,11 @@ def test_pose_without_room_to_skip_trains_bit_identically_to_contiguous(tmp_path
     assert not torch.equal(state(skipped)["model.layers.0.self_attn.q_proj.weight"],
                            a["model.layers.0.self_attn.q_proj.weight"])
     card = (tmp_path / "c" / "out" / "README.md").read_text()
-    assert "`pose target=256`" in card and "distances up to 255" in card
+    pose = P.scheme("pose target=256")
+    drawn = max(int(pose.position_ids(64, seed=3, index=w).max() - pose.position_ids(64, seed=3, index=w).min())
+                for w in range(6 * 2 * 2))                 # steps x grad_accum x batch_size windows, one process
+    assert "`pose target=256`" in card and f"its 24 windows put distances up to {drawn} in front of attention" in card
+    assert 200 < drawn < 255                                 # the run's own, not the target's 255
     # the folder is a plain yarn checkpoint: stock transformers loads it with the same logits
     stock = tiny_model_from(tmp_path / "c" / "out")
     assert stock.config.rope_parameters["rope_type"] == "yarn"
@@ -352,7 +617,7 @@ def test_each_process_draws_the_ids_of_its_own_windows():
 
     preflight = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8)
     cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=3, batch_size=2, seed=0))
-    batch = {"attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
     seen = {}
     for rank in range(2):
         acc = SimpleNamespace(num_processes=2, process_index=rank)

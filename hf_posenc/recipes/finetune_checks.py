@@ -150,6 +150,7 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
                           f"lower the target")
     try:
         resolved.check_window(window)
+        resolved.check_draws(window, seed=cfg.train.seed)   # a scheme drawing wrong ids: refused before training
     except PosEncError as err:
         raise ConfigError(f"{where}: {err} (data.seq_len={window})") from None
     if resolved.span and cfg.data.short_share:
