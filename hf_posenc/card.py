@@ -103,6 +103,7 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
 - **Position ids**: {positions_line(preflight, cfg, steps)}
 - **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
+- **Attention and loss in training**: {preflight.long_training.describe()}
 - **Steps**: {steps} optimizer step{'' if steps == 1 else 's'}, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 
 ## Evaluation (on {evaluated_on})

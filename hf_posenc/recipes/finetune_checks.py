@@ -23,6 +23,7 @@ from ..train_data import load_documents
 from .recipe_config import old_names, one_line
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
+from .finetune_long import LongTraining, check_long_training
 
 
 @dataclasses.dataclass
@@ -38,6 +39,7 @@ class Preflight:
     positions: PositionScheme = dataclasses.field(default_factory=Contiguous)   # resolved: target set
     routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
     resume_changes: tuple[str, ...] = ()   # --resume: the settings changed that leave the run as it was
+    long_training: LongTraining = dataclasses.field(default_factory=LongTraining)   # train.attention, train.loss
 
     @property
     def block_len(self) -> int:
@@ -106,6 +108,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                           f"sequences")
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
+    long_training = check_long_training(cfg, model, ref, original, seq_len, short_len, positions)
     if exact:
         from ..families.learned_tables import check_length
 
@@ -115,7 +118,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
     return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config),
-                     resume_changes)
+                     resume_changes, long_training=long_training)
 
 
 def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> PositionScheme:

@@ -141,6 +141,25 @@ class TrainArgs:
                 "that a short window teaches long distances: 'pose chunks=2', 'cream', 'randomized'; each takes "
                 "target=N (default: the patched context), contiguous_share=S and text=span (each window's tokens "
                 "taken at its ids from a target-long span: the text's own distances) (hf_posenc/positions.py)"})
+    attention: str = field(default="full", metadata={**FIXED,
+        "help": "full, or s2: LongLoRA's shifted sparse attention in training (attention inside groups of s2_group "
+                "tokens, half the heads on groups shifted by half a group); the saved model and every evaluation "
+                "use full attention (hf_posenc/s2_attention.py)"})
+    s2_group: Optional[int] = field(default=None, metadata={**FIXED,
+        "help": "s2: tokens per attention group, dividing data.seq_len (null: a quarter of it, LongLoRA's)"})
+    s2_shift: bool = field(default=True, metadata={**FIXED,
+        "help": "s2: half the heads see the groups shifted by s2_group / 2 (false: plain groups)"})
+    loss: str = field(default="ce", metadata={**FIXED,
+        "help": "ce (cross-entropy), or longce: each token's loss weighted by min(P(long) / P(short), "
+                "longce_clip), the short-context probability computed by the model without gradient in the "
+                "same step (Fang et al. 2025; hf_posenc/losses.py)"})
+    longce_window: Optional[int] = field(default=None, metadata={**FIXED,
+        "help": "longce: the short context in tokens (null: the original context)"})
+    longce_stride: Optional[int] = field(default=None, metadata={**FIXED,
+        "help": "longce: tokens scored per short forward, each with longce_window .. longce_window + stride - 1 "
+                "tokens of context (null: longce_window)"})
+    longce_clip: float = field(default=5.0, metadata={**FIXED,
+        "help": "longce: the largest weight a token gets (the paper's gamma)"})
 
     def __post_init__(self):
         if self.objective not in ("lm", "distill"):
@@ -177,6 +196,9 @@ class TrainArgs:
                                               f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
+        from .finetune_long import check_fields
+
+        check_fields(self)
         from ..positions import scheme
 
         try:

@@ -46,6 +46,7 @@ from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noq
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
+from hf_posenc.recipes.finetune_long import disable_s2, enable_s2  # noqa: E402
 from hf_posenc.recipes.finetune_model import (apply_lora, disable_dropout, load_model,  # noqa: E402
                                               load_tokenizer, mixed_precision, select_trainable)
 from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
@@ -147,6 +148,7 @@ class FinetuneRecipe:
         select_trainable(model, cfg.train.trainable)
         if cfg.train.lora:
             model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
+        enable_s2(model, preflight.long_training)   # train.attention=s2: grouped in training mode only
         chunk = cfg.train.loss_chunk if preflight.causal else 0
         why = chunk and output_logits_mismatch(model)
         if why:
@@ -154,7 +156,7 @@ class FinetuneRecipe:
             chunk = 0
         self.model = model
         self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
-                                      temperature=cfg.train.temperature)
+                                      temperature=cfg.train.temperature, longce=preflight.long_training.longce)
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
@@ -322,6 +324,7 @@ class FinetuneRecipe:
         cfg, accelerator = self.cfg, self.accelerator
         accelerator.wait_for_everyone()
         unwrapped = accelerator.unwrap_model(self.objective).model
+        disable_s2(unwrapped)   # the saved model and its evaluation: full attention
         if cfg.train.lora:
             final, state_dict = unwrapped.merge_and_unload(), None
         else:   # the wrapper's state dict, its "model." prefix off
@@ -389,6 +392,8 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     shares = f", {cfg.data.short_share:.0%} of them cut to {preflight.short_len}" if preflight.short_len else ""
     shares += f", each taken from a span of {preflight.block_len} tokens" if preflight.positions.span else ""
     positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
+    long = preflight.long_training
+    positions += f"; {long.describe()}" if long.s2_group or long.longce else ""
     lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
              f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
              f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
