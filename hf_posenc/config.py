@@ -15,7 +15,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from .errors import InvalidParameterError, ParameterTypeError, PosEncError, SequenceTooLongError, UnsupportedModelError
 
@@ -115,13 +115,28 @@ class Contract:
     `unchanged_within`: a share of the original context: inputs up to that many tokens give the unpatched
     model's logits with the first example (dynamic scaling inside the original context, DCA inside a chunk), bit
     for bit, or within `unchanged_tolerance` (absolute and relative) for a method that computes them another way.
-    `reference`: the test that checks the method against its paper or transformers ("tests/test_x.py::test_y")."""
+    `reference`: the test that checks the method against its paper or transformers ("tests/test_x.py::test_y").
+
+    For a RoPE method (tests/test_rope.py, tests/test_rope_families.py, tests/test_serving.py):
+    `unpatched_at_factor_1`: whether the method at its defaults with a target of the original context (factor 1)
+    is the unpatched model, bit for bit, on every family (False for a method whose own parameters change the
+    rotation at any factor: NTK at a fixed alpha). Checked both ways: a method that says False must change it.
+    `factor_1_tolerance`: within it (absolute and relative) rather than bit for bit, for a formula that rounds at
+    factor 1 (Llama 3.1's ramp mixes inv_freq / 1 and inv_freq: 1 ulp apart on some families).
+    `expected_rope_parameters`: for a `stock_checkpoint` method, the rope_parameters it must write, written out
+    from the paper, independently of the method's code: a function of the layer's rope_theta, its rotary dimension
+    and its original context giving the keys the first example writes at twice the original context (completed by
+    `variant_defaults` as above), e.g. `lambda theta, dim, original: {"rope_type": "linear", "factor": 2.0}`; the
+    families' own rotary modules are then checked against transformers' built from them."""
 
     examples: tuple[dict[str, Any], ...]
     refused: tuple[Refused, ...]
     unchanged_within: float | None = None
     unchanged_tolerance: float = 0.0
     reference: str | None = None
+    unpatched_at_factor_1: bool = True
+    factor_1_tolerance: float = 0.0
+    expected_rope_parameters: Callable[[float, int, int], dict[str, Any]] | None = None
 
 
 class RegistrationError(PosEncError, ValueError):
@@ -177,6 +192,9 @@ class MethodConfig:
     # Why a serving engine cannot run the patch from a config override (vLLM's --hf-overrides, llama.cpp's flags),
     # or None when the saved rope_parameters decide (hf_posenc/serving.py reads them)
     export_refusal: ClassVar[str | None] = None
+    # False when the method's own parameters say what it does (NTK at a fixed alpha; the attention methods): without
+    # max_position_embeddings= or factor=, the target context is the original one. True: one of them is required
+    needs_target: ClassVar[bool] = True
 
     max_position_embeddings: int | None = None
     factor: float | None = None
@@ -191,6 +209,8 @@ class MethodConfig:
     def resolve(self, original: int) -> MethodConfig:
         """A copy with `factor` and `max_position_embeddings` both set, checked against `original`."""
         factor, target = self.factor, self.max_position_embeddings
+        if factor is None and target is None and not self.needs_target:
+            factor, target = 1.0, original
         if factor is None and target is None:
             raise InvalidParameterError(
                 f"method {self.name!r} needs max_position_embeddings= (the target context, >= the original "
@@ -388,16 +408,12 @@ class AttentionMethodConfig(MethodConfig):
 
     adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
     removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
+    needs_target: ClassVar[bool] = False  # the advertised context stays the original one unless given
     export_refusal: ClassVar[str | None] = (
         "it changes the attention computation itself, which engines do not load from a config")
     skipped_positions: ClassVar[str | None] = (
         "it computes the distances inside attention from the order of the tokens, not from position ids, so "
         "skipped ids would change nothing it learns")
-
-    def resolve(self, original: int) -> AttentionMethodConfig:
-        if self.factor is None and self.max_position_embeddings is None:
-            return dataclasses.replace(self, factor=1.0, max_position_embeddings=int(original))
-        return super().resolve(original)
 
     def for_model(self, config, layer_types: list[str | None]) -> AttentionMethodConfig:
         """The method (resolved) for the RoPE model whose text config is `config`, with the RoPE `layer_types`

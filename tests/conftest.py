@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/tiny.py
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import examples  # noqa: E402,F401  docs/ARCHITECTURE.md's worked methods, registered for the tests only
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -258,6 +258,8 @@ def contract_problems(cls: type[MethodConfig]) -> list[str]:
             f"        refused=(Refused({{...}}, \"words of the error\"),),  # refused parameters; at least one\n"
             f"        unchanged_within=None,  # or the share of the original context where inputs give the unpatched model\n"
             f"        reference=None,  # or 'tests/test_<name>.py::test_...' against the paper / transformers\n"
+            f"        # a RoPE method: unpatched_at_factor_1=False where its parameters change the rotation at factor 1;\n"
+            f"        # a stock_checkpoint one: expected_rope_parameters=lambda theta, dim, original: {{...}}\n"
             f"    )\n"
             f"with `from ..config import Contract, Refused`"]
     problems = []
@@ -279,6 +281,21 @@ def contract_problems(cls: type[MethodConfig]) -> list[str]:
     tolerance = contract.unchanged_tolerance
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         problems.append(f"{where}.contract.unchanged_tolerance must be a number in [0, 1), got {tolerance!r}")
+    if not isinstance(contract.unpatched_at_factor_1, bool):
+        problems.append(f"{where}.contract.unpatched_at_factor_1 must be a bool, got {contract.unpatched_at_factor_1!r}")
+    tolerance = contract.factor_1_tolerance
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        problems.append(f"{where}.contract.factor_1_tolerance must be a number in [0, 1), got {tolerance!r}")
+    expected = contract.expected_rope_parameters
+    if expected is not None and not callable(expected):
+        problems.append(f"{where}.contract.expected_rope_parameters must be None or a function (theta, dim, "
+                        f"original) -> dict, got {expected!r}")
+    if expected is None and issubclass(cls, RopeMethodConfig) and cls.stock_checkpoint:
+        problems.append(
+            f"{where} says stock_checkpoint (transformers builds it from the rope_parameters it writes), so its "
+            f"contract must say which, written out from the paper: tests/test_rope_families.py checks them on every "
+            f"RoPE family. Add to its Contract(...), for its first example at twice the original context:\n"
+            f"        expected_rope_parameters=lambda theta, dim, original: {{\"rope_type\": ..., ...}},")
     if contract.reference is not None:
         file, _, test = str(contract.reference).partition("::")
         path = ROOT / file
@@ -325,13 +342,24 @@ def test_a_malformed_contract_says_what_is_wrong():
     @dataclasses.dataclass
     class Bad(RopeMethodConfig):
         contract = Contract(examples=(), refused=(("factor", 0),), unchanged_within=2.0,
-                            reference="tests/test_contracts.py::test_nothing_here")
+                            reference="tests/test_contracts.py::test_nothing_here", unpatched_at_factor_1="yes",
+                            factor_1_tolerance=-1, expected_rope_parameters={"rope_type": "linear"})
 
     Bad.name = "bad_contract"
     problems = "\n".join(contract_problems(Bad))
     for words in ("examples must be a non-empty tuple of dicts", "refused must be a non-empty tuple of Refused",
-                  "unchanged_within must be None or a share", "names no test"):
+                  "unchanged_within must be None or a share", "names no test", "unpatched_at_factor_1 must be a bool",
+                  "factor_1_tolerance must be a number in [0, 1)", "expected_rope_parameters must be None or a function"):
         assert words in problems, problems
+
+    class Stock(RopeMethodConfig):  # a stock checkpoint must say what it writes
+        stock_checkpoint = True
+        contract = Contract(examples=({},), refused=(Refused({"factor": 0}, "factor must be > 0"),))
+
+    Stock.name = "stock_contract"
+    assert ["expected_rope_parameters=lambda theta, dim, original:" in p for p in contract_problems(Stock)] == [True]
+    Stock.contract = dataclasses.replace(Stock.contract, expected_rope_parameters=lambda theta, dim, original: {})
+    assert not contract_problems(Stock)
 
 
 def test_every_registered_model_type_has_a_tiny_model():

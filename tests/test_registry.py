@@ -23,7 +23,7 @@ from hf_posenc.config import RopeMethodConfig
 from hf_posenc.registry import FAMILIES, METHODS, Family, RegistrationError, register_method
 from hf_posenc.methods.alibi import AlibiConfig
 from hf_posenc.methods.bias import AlibiBias
-from hf_posenc.methods.learned import too_long_message
+from hf_posenc.methods.learned import GrownTableConfig, too_long_message
 from hf_posenc.methods.rope import ntk_theta
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,8 +53,21 @@ class FixedNtkConfig(RopeMethodConfig):
 def test_every_method_module_is_imported_and_every_method_registered_where_it_is_defined():
     modules = {f"hf_posenc.methods.{m.name}" for m in pkgutil.iter_modules(hf_posenc.methods.__path__)}
     assert all(importlib.import_module(m) for m in modules)
-    assert {cls.__module__ for cls in METHODS.values()} <= modules
+    # the package's methods, and docs/ARCHITECTURE.md's worked examples, which tests/conftest.py registers
+    examples = {f"examples.{m.name}" for m in pkgutil.iter_modules(importlib.import_module("examples").__path__)}
+    assert {cls.__module__ for cls in METHODS.values()} <= modules | examples
     assert len(METHODS) == len(set(METHODS.values())) >= 18
+
+
+def test_an_installed_hf_posenc_lists_only_its_own_methods():
+    """The worked examples are registered in the test process only: a fresh interpreter lists the package's."""
+    code = ("import hf_posenc as hp\n"
+            "print(','.join(m['name'] for m in hp.list_methods()))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = result.stdout.strip().split(",")
+    assert listed == sorted(n for n, cls in METHODS.items() if cls.__module__.startswith("hf_posenc.methods."))
+    assert not {"ntk_alpha", "reflect", "linear_bias"} & set(listed)
 
 
 def test_a_name_taken_by_another_method_is_refused_naming_both():
@@ -158,7 +171,9 @@ def test_a_bias_module_must_say_what_it_is():
 def test_the_too_long_message_names_the_registered_table_methods():
     message = too_long_message(600, 512, None)
     assert "hp.patch(model, 'sinusoidal', max_position_embeddings=...) has no length limit" in message
-    assert "'hierarchical' or 'interpolate' or 'tile' with max_position_embeddings >= 600" in message
+    grown = sorted(n for n, cls in METHODS.items() if issubclass(cls, GrownTableConfig))
+    assert {"hierarchical", "interpolate", "tile"} <= set(grown)
+    assert f"{' or '.join(map(repr, grown))} with max_position_embeddings >= 600" in message
 
 
 def test_any_path_to_a_patch_gives_hf_posencs_rope_types_a_validator():

@@ -23,10 +23,12 @@ ROPE = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig))
 STATIC = [n for n in ROPE if not METHODS[n].length_dependent]  # one rotation at every length
 
 
-def params_for(method, factor=2.0):
-    if method == "longrope":
-        return {"factor": factor, "long_factor": [factor] * 8}  # head_dim 16 -> 8 rotary pairs
-    return {"factor": factor}
+def params_for(method, factor=2, example=0):
+    """The method's contract example (hf_posenc.config.Contract), completed for the tiny Llama at `factor` times its
+    context as an evaluation variant is (example=None: the method at its defaults)."""
+    cls = METHODS[method]
+    params = {} if example is None else dict(cls.contract.examples[example])
+    return cls.variant_defaults(params, factor * CTX, {"max_position_embeddings": CTX, "rotary_dim": 16})
 
 
 @torch.no_grad()
@@ -78,17 +80,25 @@ def _patched_models():
     if not _CACHE:
         for method in STATIC:
             model = tiny_model().double()
-            _CACHE[method] = hp.patch(model, method, **params_for(method, 4.0))
+            _CACHE[method] = hp.patch(model, method, **params_for(method, 4))
     return _CACHE
 
 
 @pytest.mark.parametrize("method", ROPE)
 def test_factor_one_is_bit_identical(method):
+    """At its defaults with a target of the original context, a method is the unpatched model (bit for bit, or within
+    its contract's factor_1_tolerance), or it changes the model where its contract says it is not (ntk_alpha)."""
+    contract = METHODS[method].contract
     model = tiny_model()
     ids = token_ids(3 * CTX)
     before = logits(model, ids)
-    hp.patch(model, method, **params_for(method, 1.0))
-    assert torch.equal(logits(model, ids), before)
+    hp.patch(model, method, **params_for(method, 1, example=None))
+    assert hp.describe(model)["factor"] == 1.0
+    after, tolerance = logits(model, ids), contract.factor_1_tolerance
+    same = torch.allclose(after, before, atol=tolerance, rtol=tolerance) if tolerance else torch.equal(after, before)
+    assert same == contract.unpatched_at_factor_1, (
+        f"{method}'s contract says unpatched_at_factor_1={contract.unpatched_at_factor_1}, but at factor 1 the logits "
+        f"{'are' if same else 'are not'} the unpatched model's")
 
 
 def test_base_with_own_theta_is_bit_identical():
@@ -140,7 +150,7 @@ def _greedy(model, prompt, new_tokens):
 
 @pytest.mark.parametrize("method", STATIC)
 def test_cached_generation_past_the_original_context_equals_full_forwards(method):
-    model = hp.patch(tiny_model().double(), method, **params_for(method, 4.0))
+    model = hp.patch(tiny_model().double(), method, **params_for(method, 4))
     prompt = token_ids(CTX - 8)
     out = _greedy(model, prompt, 2 * CTX)
     assert out.shape[1] == 3 * CTX - 8
@@ -205,7 +215,7 @@ def test_method_config_object():
 # -- bad input: a clear error naming the parameter, and the model left as it was ---------------
 
 BAD = [
-    ("nope", {"factor": 2.0}, hp.UnknownMethodError, "unknown method 'nope'; known methods: alibi, base, dca, dynamic, dynamic_yarn"),
+    ("nope", {"factor": 2.0}, hp.UnknownMethodError, f"unknown method 'nope'; known methods: {', '.join(sorted(METHODS))}"),
     ("linear", {"factor": 0}, hp.InvalidParameterError, "factor must be > 0, got 0"),
     ("linear", {"factor": -2.0}, hp.InvalidParameterError, "factor must be > 0"),
     ("linear", {"factor": float("nan")}, hp.InvalidParameterError, "factor must be finite, got nan"),

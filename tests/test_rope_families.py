@@ -16,12 +16,15 @@ import hf_posenc as hp
 from hf_posenc.config import RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.registry import METHODS
+from hf_posenc.serving import _written_rope_type
 from tiny import tiny_config, token_ids
 
 CTX = 64  # the tiny models' original context (tiny.TINY)
 LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
-# expressible as stock rope_parameters, from the registry (a new stock RoPE method is in these checks)
-STOCK = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
+# From the registry, with what each method declares in its contract (hf_posenc.config.Contract), so a new RoPE
+# method is in every check here with nothing to edit: every RoPE method; those expressible as stock rope_parameters
+ROPE = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig))
+STOCK = [n for n in ROPE if METHODS[n].stock_checkpoint]
 
 # model_type -> config overrides on top of tiny.TINY (and the attention implementation to use).
 FAMILIES = {
@@ -59,11 +62,14 @@ FAMILIES = {
                     "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 16},
 }
 
-# Methods a family's own config check refuses (so transformers could neither save nor load them):
-# hf_posenc refuses them at patch time, before the model is touched.
-REFUSED = {
-    "phi3": {"linear", "yarn", "llama3", "dynamic", "dynamic_yarn"},  # Phi3Config accepts default / longrope only
+# The rope_types a family's own config check accepts, where it restricts them (so transformers could neither save
+# nor load the others): hf_posenc refuses a method that writes another at patch time, before the model is touched.
+ACCEPTED_ROPE_TYPES = {
+    "phi3": {"default", "longrope"},  # Phi3Config's own check
 }
+# family -> the RoPE methods it refuses, from the rope_type each writes
+REFUSED = {family: {m for m in ROPE if _written_rope_type(METHODS[m]) not in accepted}
+           for family, accepted in ACCEPTED_ROPE_TYPES.items()}
 
 
 def supported(family, methods):
@@ -100,28 +106,18 @@ def rotary_dim(config, native):
     return int(head_dim * native.get("partial_rotary_factor", 1.0))
 
 
-def method_params(method, dim, factor=2.0):
-    params = {"factor": factor}
-    if method == "longrope":
-        params["long_factor"] = [1.0 + i / (dim // 2) for i in range(dim // 2)]
-    return params
+def method_params(method, model, factor=2):
+    """The method's first contract example, completed for `model` at `factor` times its context as an evaluation
+    variant is (what tests/test_contracts.py runs; longrope's ramp of per-pair factors, ...)."""
+    cls = METHODS[method]
+    return cls.variant_defaults(dict(cls.contract.examples[0]), factor * CTX, hp.describe(model))
 
 
 def expected_parameters(method, native, dim):
-    """The rope_parameters that express `method` at factor 2 in transformers' own terms, written
-    out here independently of hf_posenc."""
+    """The rope_parameters that express `method`'s first example at factor 2 in transformers' own terms, as the
+    method's contract writes them out from its paper (`expected_rope_parameters`), on the layer's own settings."""
     plain = {k: native[k] for k in ("rope_theta", "partial_rotary_factor") if k in native}
-    theta = native["rope_theta"]
-    extended = {"factor": 2.0, "original_max_position_embeddings": CTX}
-    return plain | {
-        "base": {"rope_type": "default", "rope_theta": theta * 2.0},
-        "ntk": {"rope_type": "default", "rope_theta": theta * 2.0 ** (dim / (dim - 2))},
-        "linear": {"rope_type": "linear", "factor": 2.0},
-        "yarn": {"rope_type": "yarn", **extended},
-        "llama3": {"rope_type": "llama3", **extended, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-        "longrope": {"rope_type": "longrope", **extended, "long_factor": method_params("longrope", dim)["long_factor"],
-                     "short_factor": [1.0] * (dim // 2)},
-    }[method]
+    return plain | METHODS[method].contract.expected_rope_parameters(native["rope_theta"], dim, CTX)
 
 
 # what transformers' ROPE_INIT_FUNCTIONS use for optional keys a config leaves out
@@ -175,7 +171,7 @@ def test_rotary_matches_transformers_and_the_paper_formula(family, method):
     before = {name: b.clone() for name, b in the_rotary(model).named_buffers()}
     untouched = {k: dict(v) for k, v in model.config.rope_parameters.items() if k != key} if key else {}
 
-    hp.patch(model, method, **method_params(method, dim))
+    hp.patch(model, method, **method_params(method, model))
     expected = expected_parameters(method, native, dim)
     config = model.config
     got = native_parameters(config, key)
@@ -185,7 +181,7 @@ def test_rotary_matches_transformers_and_the_paper_formula(family, method):
     # anything else written must be what transformers assumes when the key is absent
     assert {k: v for k, v in got.items() if k not in expected} == {
         k: v for k, v in TRANSFORMERS_DEFAULTS.get(expected["rope_type"], {}).items() if k in got}
-    assert config.max_position_embeddings == (CTX if method == "base" else 2 * CTX)
+    assert config.max_position_embeddings == 2 * CTX
 
     # transformers' own computation on a fresh config carrying the same rope_parameters
     overrides = {k: v for k, v in FAMILIES[family].items() if k != "attn_implementation"}
@@ -201,10 +197,9 @@ def test_rotary_matches_transformers_and_the_paper_formula(family, method):
     assert torch.equal(getattr(rotary, prefix(key) + "inv_freq"), ref_freq)
     assert getattr(rotary, prefix(key) + "attention_scaling") == ref_scaling
 
-    if method in ("base", "ntk"):
-        # RoPE's formula theta_i = base'^(-2i/d), computed here in float64
-        theta = native["rope_theta"]
-        new_base = theta * 2.0 if method == "base" else theta * 2.0 ** (dim / (dim - 2))
+    if expected["rope_type"] == "default":
+        # RoPE's formula theta_i = base'^(-2i/d) with the new base, computed here in float64
+        new_base = expected["rope_theta"]
         seed = torch.tensor([new_base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
         torch.testing.assert_close(getattr(rotary, prefix(key) + "inv_freq").double(), seed, rtol=1e-6, atol=0)
         assert getattr(rotary, prefix(key) + "attention_scaling") == 1.0
@@ -251,7 +246,7 @@ def test_refused_methods_leave_the_model_untouched(family, method):
     original = model.config.to_dict()
     rotary = the_rotary(model)
     with pytest.raises(hp.MethodNotApplicableError, match=f"method '{method}' cannot be written into this {family}"):
-        hp.patch(model, method, factor=2.0)
+        hp.patch(model, method, **method_params(method, model))
     assert hp.describe(model)["method"] is None
     assert model.config.to_dict() == original
     assert the_rotary(model) is rotary
@@ -263,12 +258,19 @@ def test_refused_methods_leave_the_model_untouched(family, method):
 # refuses, and patch / unpatch on every family: tests/test_contracts.py, for every method on every family.
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_factor_one_is_bit_identical(family):
+# the RoPE methods whose contract says factor 1 is the unpatched model (tests/test_rope.py checks the others change it)
+IDENTICAL_AT_1 = [m for m in ROPE if METHODS[m].contract.unpatched_at_factor_1]
+
+
+@pytest.mark.parametrize(("family", "method"), [(f, m) for f in FAMILIES for m in supported(f, IDENTICAL_AT_1)])
+def test_factor_one_is_bit_identical(family, method):
+    """The method at its defaults with a target of the original context, past it (3x): the unpatched model."""
     model = build(family)
     ids = token_ids(3 * CTX)
-    before = logits(model, ids)
-    for method in supported(family, ["linear", "yarn", "ntk", "dynamic", "dynamic_yarn"]):
-        hp.patch(model, method, factor=1.0)
-        assert torch.equal(logits(model, ids), before), method
-        hp.unpatch(model)
+    hp.patch(model, method, **method_params(method, model, factor=1))
+    assert hp.describe(model)["factor"] == 1.0
+    tolerance = METHODS[method].contract.factor_1_tolerance
+    if tolerance:
+        torch.testing.assert_close(logits(model, ids), baseline(family, ids), atol=tolerance, rtol=tolerance)
+    else:
+        assert torch.equal(logits(model, ids), baseline(family, ids))

@@ -14,15 +14,21 @@ from transformers import AutoConfig
 
 import hf_posenc as hp
 from hf_posenc import loading, serving
+from hf_posenc.registry import METHODS
 from tiny import tiny_config, tiny_model
 
 gguf = pytest.importorskip("gguf")
 
+# Every stock RoPE method with each example of its contract (hf_posenc.config.Contract), completed at 4x the tiny
+# Llama's context as an evaluation variant is: from the registry, so a new one is in these checks with nothing to
+# edit here. Then settings engines spell their own way: YaRN's attention factor and mscale, a base given as theta.
 STOCK_CASES = [
-    ("base", {"theta": 5e5}), ("ntk", {"factor": 4}), ("linear", {"factor": 4}), ("yarn", {"factor": 4}),
-    ("yarn", {"factor": 4, "attention_factor": 1.3, "beta_fast": 16}), ("yarn", {"factor": 4, "mscale": 0.8,
-                                                                              "mscale_all_dim": 0.5}),
-    ("llama3", {"factor": 4}), ("longrope", {"factor": 4, "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0]}),
+    (method, METHODS[method].variant_defaults(dict(example), 4 * 64, {"max_position_embeddings": 64, "rotary_dim": 16}))
+    for method in serving.STOCK_METHODS for example in METHODS[method].contract.examples
+] + [
+    ("base", {"theta": 5e5}), ("yarn", {"factor": 4, "attention_factor": 1.3, "beta_fast": 16}),
+    ("yarn", {"factor": 4, "mscale": 0.8, "mscale_all_dim": 0.5}),
+    ("longrope", {"factor": 4, "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0]}),
 ]
 
 
@@ -50,7 +56,7 @@ def test_overrides_make_transformers_build_the_patched_rotary(method, params):
         assert overrides["rope_parameters"]["attention_factor"] == pytest.approx(ours.attention_scaling)
 
 
-@pytest.mark.parametrize("method,params", STOCK_CASES[:5], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("method,params", STOCK_CASES, ids=lambda v: v if isinstance(v, str) else None)
 def test_legacy_overrides_read_by_transformers_as_a_v4_config(method, params):
     model = hp.patch(tiny_model(), method, **params)
     legacy = serving.serving_overrides(model, legacy=True)

@@ -26,8 +26,12 @@ class BaseConfig(RopeMethodConfig):
         refused=(Refused({"theta": 0}, "theta must be > 0"),
                  Refused({"theta": 50000.0, "factor": 3.0}, "disagree")),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        # without theta= or factor=, an evaluation variant's base is NTK's for its target: theta * 2^(d/(d-2))
+        expected_rope_parameters=lambda theta, dim, original: {
+            "rope_type": "default", "rope_theta": theta * 2.0 ** (dim / (dim - 2))},
     )
     stock_checkpoint: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = False  # theta= alone says what it does (resolve: the context stays the original)
 
     theta: float | None = None
 

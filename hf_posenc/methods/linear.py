@@ -20,6 +20,7 @@ class LinearConfig(RopeMethodConfig):
         examples=({},),
         refused=(Refused({"factor": -1}, "factor must be > 0"),),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        expected_rope_parameters=lambda theta, dim, original: {"rope_type": "linear", "factor": 2.0},
     )
     stock_checkpoint: ClassVar[bool] = True
 

@@ -22,6 +22,10 @@ class Llama3Config(RopeMethodConfig):
         refused=(Refused({"factor": 2, "low_freq_factor": 4, "high_freq_factor": 1},
                          "high_freq_factor must be > low_freq_factor"),),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        factor_1_tolerance=1e-5,  # at factor 1 the ramp mixes inv_freq / 1 and inv_freq: rounding apart
+        expected_rope_parameters=lambda theta, dim, original: {  # Llama 3.1's own low / high frequency factors
+            "rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": original,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0},
     )
     stock_checkpoint: ClassVar[bool] = True
 

@@ -25,6 +25,10 @@ class LongRopeConfig(RopeMethodConfig):
         refused=(Refused({"factor": 2}, "needs long_factor="),
                  Refused({"factor": 2, "long_factor": [1.0, 2.0]}, "long_factor has 2 values")),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        expected_rope_parameters=lambda theta, dim, original: {  # the example's ramp, 1 to 2 over the d/2 pairs
+            "rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": original,
+            "long_factor": [round(1 + i / (dim // 2 - 1), 4) for i in range(dim // 2)],
+            "short_factor": [1.0] * (dim // 2)},
     )
     stock_checkpoint: ClassVar[bool] = True
     length_dependent: ClassVar[bool] = True  # switches between the two sets with the input length

@@ -22,6 +22,8 @@ class NTKConfig(RopeMethodConfig):
         refused=(Refused({"factor": 0.5}, "factor must be >= 1"),
                  Refused({"max_position_embeddings": 32}, "shorter than the model's original context")),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        expected_rope_parameters=lambda theta, dim, original: {  # theta * s^(d/(d-2)), s = 2
+            "rope_type": "default", "rope_theta": theta * 2.0 ** (dim / (dim - 2))},
     )
     stock_checkpoint: ClassVar[bool] = True
 

@@ -62,6 +62,8 @@ class YarnConfig(RopeMethodConfig):
         refused=(Refused({"factor": 2, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be > beta_slow"),
                  Refused({"factor": 2, "truncate": "yes"}, "truncate must be a bool")),
         reference="tests/test_rope_families.py::test_rotary_matches_transformers_and_the_paper_formula",
+        expected_rope_parameters=lambda theta, dim, original: {
+            "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": original},
     )
     stock_checkpoint: ClassVar[bool] = True
 
