@@ -1,20 +1,29 @@
 """The documentation speaks for the code: README.md starts with the two commands CI and users run, every
 relative link in README.md, docs/ and benchmarks/RESULTS.md reaches a file (and a heading, for #anchors),
-and README names every registered method and every model_type a family matches."""
+README and the docs page of its kind name every method the package registers, no page counts the methods in
+prose (a count goes stale with the next method), README names every model_type a family matches, and
+docs/ARCHITECTURE.md's worked examples are the files the suite runs (tests/examples/)."""
 
 import re
 from pathlib import Path
 
+import examples
 import pytest
 
-import hf_posenc as hp
+from hf_posenc.config import AttentionMethodConfig, LearnedMethodConfig, RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
-from hf_posenc.registry import FAMILIES
+from hf_posenc.registry import FAMILIES, METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+ARCHITECTURE = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+# the methods the package ships (its own modules; not the worked examples tests/conftest.py registers)
+SHIPPED = sorted(n for n, cls in METHODS.items() if cls.__module__.startswith("hf_posenc.methods."))
+# each kind of method (hf_posenc/config.py) and the page that documents the methods of that kind
+KIND_PAGES = {RopeMethodConfig: "docs/rope_methods.md", LearnedMethodConfig: "docs/learned_tables.md",
+              AttentionMethodConfig: "docs/attention_methods.md"}
 
 
 def slug(heading: str) -> str:
@@ -59,10 +68,75 @@ def test_relative_links_resolve(page):
     assert not broken, broken
 
 
-def test_readme_names_every_method_in_its_table():
+@pytest.mark.parametrize("method", SHIPPED)
+def test_readme_names_every_method_in_its_table(method):
     rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", README, re.M)}
-    missing = [m["name"] for m in hp.list_methods() if m["name"] not in rows]
-    assert not missing, missing
+    assert method in rows, f"README.md's method table has no row | `{method}` | ... |"
+
+
+def prose(page: str) -> str:
+    """The page without its code blocks."""
+    return re.sub(r"^```.*?^```", "", page, flags=re.M | re.S)
+
+
+def missing_from_its_page(method: str) -> str | None:
+    """What is wrong when the docs page of `method`'s kind does not name it (as `name`, outside code); None when it does."""
+    page = next((page for kind, page in KIND_PAGES.items() if issubclass(METHODS[method], kind)), None)
+    if page is None:
+        return f"{method}: a kind of method without a docs page; add it to KIND_PAGES in tests/test_docs.py"
+    if f"`{method}`" not in prose((ROOT / page).read_text(encoding="utf-8")):
+        return f"{page} does not name method {method!r} (as `{method}`): give it a row or a section there"
+    return None
+
+
+@pytest.mark.parametrize("method", SHIPPED)
+def test_the_docs_page_of_its_kind_names_every_method(method):
+    problem = missing_from_its_page(method)
+    assert problem is None, problem
+
+
+def test_a_method_missing_from_its_page_is_caught():
+    # the worked example `reflect` (a table method, registered for the tests only) is on no docs page
+    assert "docs/learned_tables.md does not name method 'reflect'" in missing_from_its_page("reflect")
+    assert missing_from_its_page("tile") is None
+
+
+NUMBER = (r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|"
+          r"seventeen|eighteen|nineteen|twenty)")
+# "Eight methods rescale ...", "18 methods", "six attention methods": a count of the registry, stale with the next
+COUNT = re.compile(rf"\b{NUMBER}\s+(?:(?:RoPE|rope|scaling|learned-table|table|attention|registered)\s+)?methods\b",
+                   re.I)
+COUNTED_PAGES = ["README.md", "docs/ARCHITECTURE.md", *KIND_PAGES.values()]
+
+
+@pytest.mark.parametrize("page", COUNTED_PAGES)
+def test_no_page_counts_the_methods(page):
+    counts = COUNT.findall(prose((ROOT / page).read_text(encoding="utf-8")))
+    assert not counts, f"{page} counts methods in prose ({counts}): the next method makes it wrong; drop the count"
+
+
+def test_a_count_of_methods_is_caught():
+    assert COUNT.findall("Eight methods rescale RoPE. 18 methods. Six attention methods work.") == [
+        "Eight methods", "18 methods", "Six attention methods"]
+    assert not COUNT.findall("Two more (`dca`, `self_extend`) and the methods below")
+
+
+# docs/ARCHITECTURE.md: a link to a worked example, then (after prose without code) the Python block that shows it
+EXAMPLE_BLOCK = re.compile(r"\]\(\.\./tests/examples/(\w+)\.py\)(?:(?!```).)*?```python\n(.*?)^```", re.M | re.S)
+
+
+@pytest.mark.parametrize("name", sorted(examples.EXAMPLES))
+def test_architecture_shows_each_worked_example_as_the_file_the_suite_runs(name):
+    shown = dict(EXAMPLE_BLOCK.findall(ARCHITECTURE))
+    module = examples.EXAMPLES[name].__module__.rpartition(".")[2]
+    assert module in shown, f"docs/ARCHITECTURE.md shows no block after a link to ../tests/examples/{module}.py"
+    assert shown[module] == (ROOT / "tests" / "examples" / f"{module}.py").read_text(encoding="utf-8"), (
+        f"docs/ARCHITECTURE.md's block of tests/examples/{module}.py differs from the file: copy the file into it")
+
+
+def test_every_worked_example_file_is_shown():
+    modules = sorted(cls.__module__.rpartition(".")[2] for cls in examples.EXAMPLES.values())
+    assert sorted(dict(EXAMPLE_BLOCK.findall(ARCHITECTURE))) == modules
 
 
 def test_readme_names_every_model_type_a_family_matches():
