@@ -155,3 +155,50 @@ def plot_retrieval_depths(results: dict[str, dict], path: str | Path, *, title: 
 
 def _cells(grid):
     return [((i, j), v) for i, row in enumerate(grid) for j, v in enumerate(row)]
+
+
+def plot_recall(variants: dict[str, dict], path: str | Path, *, original_context: int | None = None,
+                title: str = "recall at a distance") -> Path:
+    """One line per variant: the mean recall gap of each distance bin (hf_posenc.eval.recall.summarize_recall)
+    with its 95 % bootstrap band, and each passage's gap as a faint dot. A gap near 0: the model gains nothing
+    from the first copy that far back."""
+    fig = Figure(figsize=(8, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for i, (label, cell) in enumerate(variants.items()):
+        colour = f"C{i % 10}"
+        passages = cell.get("passages", [])
+        ax.scatter([p["distance"] for p in passages], [p["gap"] for p in passages], s=5, alpha=0.25, color=colour)
+        bins = [b for b in cell["bins"] if b["n"] > 0]
+        mids = [(b["start"] + b["end"]) / 2 for b in bins]
+        ax.plot(mids, [b["mean"] for b in bins], marker="o", markersize=3, color=colour,
+                label=f"{label}: {cell['gap']['mean']:.2f} ± {cell['gap']['half_width']:.2f} (n {cell['gap']['n']})")
+        banded = [(m, b) for m, b in zip(mids, bins) if b["n"] > 1]
+        if banded:
+            ax.fill_between([m for m, _ in banded], [b["low"] for _, b in banded], [b["high"] for _, b in banded],
+                            color=colour, alpha=0.15, linewidth=0)
+    ax.axhline(0, color="0.5", linewidth=0.8)
+    _context_line(ax, original_context, [p["distance"] for c in variants.values() for p in c.get("passages", [])])
+    ax.set(xlabel="distance from the first copy (tokens)", ylabel="recall gap (nats / token)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _save(fig, path)
+
+
+def plot_accuracy_by_length(cells: dict[str, dict[int, dict]], path: str | Path, *,
+                            original_context: int | None = None, title: str = "retrieval accuracy") -> Path:
+    """One line per (variant, family): accuracy at each length with its Wilson 95 % interval as error bars."""
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for label, by_length in cells.items():
+        lengths = sorted(by_length)
+        acc = [by_length[n]["accuracy"] for n in lengths]
+        err = [[a - by_length[n]["low"] for a, n in zip(acc, lengths)],
+               [by_length[n]["high"] - a for a, n in zip(acc, lengths)]]
+        ax.errorbar(lengths, acc, yerr=err, marker="o", capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g}k"))
+    _context_line(ax, original_context, [n for c in cells.values() for n in c])
+    ax.set(xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.03, 1.03), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _save(fig, path)

@@ -96,7 +96,46 @@ def summary(results: dict, context: int) -> str:
             first = next(iter(runs.values()))
             lines += [f"{task} accuracy at each length ({first['trials'] // len(first['lengths'])} trials per length, "
                       f"depths {first['depths']}):", "", *retrieval_table(runs), ""]
+    lines += recall_lines(variants, shown) + task_lines(variants, shown)
     return "\n".join(lines)
+
+
+def recall_lines(variants: dict, shown: dict) -> list[str]:
+    """Recall at a distance: per variant and length the gap with its 95 % interval and n, which form (control
+    pass or one pass), the recall distance, the gap by distance bin."""
+    from .stats import interval_text
+
+    rows = [(shown[k], length, c) for k, v in variants.items() for length, c in v.get("recall", {}).items()]
+    if not rows:
+        return []
+    out = ["Recall at a distance: the repeat's loss without its first copy minus with it (nats / token, mean of "
+           "the passages, 95 % bootstrap interval); recall distance: the last distance bin whose gap stays above "
+           "half the shortest bin's ('+': every bin measured does):", "",
+           *table(["variant", "length", "gap", "form", "recall distance", "by distance"],
+                  ([name, length, interval_text(c["gap"]), c["form"],
+                    "-" if c["recall_distance"] is None else f"{c['recall_distance']}{'+' if c['beyond_measured'] else ''}",
+                    ", ".join(f"<{b['end']}: {b['mean']:.2f} (n {b['n']})" for b in c["bins"])]
+                   for name, length, c in rows)), ""]
+    return out
+
+
+def task_lines(variants: dict, shown: dict) -> list[str]:
+    """Retrieval families: per variant, family and length the accuracy with its Wilson interval and n, the mean
+    answer log-prob with its interval, and whether the probes shared one prefill; the effective length."""
+    from .stats import interval_text, share_text
+
+    rows = [(shown[k], family, length, c, v["tasks"][family])
+            for k, v in variants.items() for family in v.get("tasks", {})
+            for length, c in v["tasks"][family]["cells"].items()]
+    if not rows:
+        return []
+    return ["Retrieval families (RULER's; found = greedy decoding gives the whole answer; accuracy with its Wilson "
+            "95 % interval; effective length: the longest length up to which accuracy stays above the threshold):",
+            "", *table(["variant", "family", "length", "found", "answer log-prob", "prefill", "effective length"],
+                       ([name, family, length, share_text(c), interval_text(c["logprob"]),
+                         "shared" if c["shared"] else "a full pass per probe",
+                         f"{f['effective_length'] or '-'} (> {f['threshold']:.2f})"]
+                        for name, family, length, c, f in rows)), ""]
 
 
 def figures(results: dict, out: str | Path, context: int) -> list[Path]:
@@ -120,6 +159,16 @@ def figures(results: dict, out: str | Path, context: int) -> list[Path]:
             written.append(plots.plot_retrieval_by_length(runs, out / f"{task}.png", original_context=context,
                                                           title=f"{model}: {task} accuracy"))
             written.append(plots.plot_retrieval_depths(runs, out / f"{task}_depths.png", title=f"{model}: {task} accuracy"))
+    recall = {f"{variant_label(k, v)} @{int(n) / 1024:g}k": c for k, v in variants.items()
+              for n, c in v.get("recall", {}).items()}
+    if recall:
+        written.append(plots.plot_recall(recall, out / "recall.png", original_context=context,
+                                         title=f"{model}: recall at a distance"))
+    tasks = {f"{variant_label(k, v)} {family}": {int(n): c for n, c in t["cells"].items()}
+             for k, v in variants.items() for family, t in v.get("tasks", {}).items()}
+    if tasks:
+        written.append(plots.plot_accuracy_by_length(tasks, out / "tasks.png", original_context=context,
+                                                     title=f"{model}: retrieval families"))
     return written
 
 

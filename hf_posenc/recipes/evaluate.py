@@ -81,7 +81,28 @@ class EvalArgs:
     depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9],
                                 metadata={"help": "where the passkey / needle is hidden (fraction of the haystack)"})
     trials: int = field(default=1, metadata={"help": "retrieval trials per (length, depth)"})
-    seed: int = field(default=0, metadata={"help": "seed of the retrieval trials (keys, needles)"})
+    seed: int = field(default=0, metadata={"help": "seed of the retrieval trials and the recall passages"})
+    recall_lengths: list[int] = field(default_factory=list, metadata={
+        "help": "recall at a distance (passages repeated later in one sequence, against a control pass) at each "
+                "length"})
+    recall_passages: int = field(default=24, metadata={
+        "help": "passages a recall cell (the n of its interval), over as many sequences as the density needs"})
+    recall_passage_tokens: int = field(default=192, metadata={"help": "tokens of each recall passage"})
+    recall_distances: list[int] = field(default_factory=list, metadata={
+        "help": "distances (tokens) from each first copy to its repeat; empty: spread over the whole length"})
+    recall_corpus: str = field(default="", metadata={
+        "help": "the held-out text of the recall passages (a load_corpus spec; empty: data.corpus)"})
+    recall_control: bool = field(default=True, metadata={
+        "help": "a control pass per sequence (false: the first copy's own loss as the baseline, half the cost, "
+                "wrong where the model breaks down)"})
+    recall_bin: int = field(default=0, metadata={"help": "width of the distance bins (0: length / 8)"})
+    tasks: list[str] = field(default_factory=list, metadata={
+        "help": "retrieval families of RULER (passkey, single, multikey, multivalue, multiquery, vt), each at "
+                "task_lengths"})
+    task_lengths: list[int] = field(default_factory=list, metadata={"help": "context lengths of eval.tasks"})
+    task_samples: int = field(default=8, metadata={"help": "samples per (task, length)"})
+    task_needles: int = field(default=4, metadata={"help": "needles of multikey / multivalue / multiquery"})
+    task_hops: int = field(default=4, metadata={"help": "links of the variable-tracking chain"})
 
 
 @dataclass
@@ -98,7 +119,9 @@ class EvalConfig:
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
-MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid")
+MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid",
+            "recall_lengths", "task_lengths")
+RECALL_DENSITY = 16 / 9   # tokens of sequence half per passage token: 24 passages of 192 in each half of 16k
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # after the command
 
 
@@ -137,7 +160,7 @@ def check_args(args: EvalConfig) -> None:
         values = getattr(ev, name)
         need(len(set(values)) == len(values), f"eval.{name} lists a value twice: {values}")
     for name, least in (("max_position_embeddings", 2), ("perplexity_lengths", 2), ("strided_windows", 2),
-                        ("passkey_lengths", 1), ("needle_lengths", 1)):
+                        ("passkey_lengths", 1), ("needle_lengths", 1), ("recall_lengths", 2), ("task_lengths", 2)):
         values = getattr(ev, name)
         need(all(v >= least for v in values), f"eval.{name} must hold token counts >= {least}, got {values}")
     for name in ("perplexity_documents", "tune_documents", "curve_documents", "curve_bucket", "trials"):
@@ -152,10 +175,47 @@ def check_args(args: EvalConfig) -> None:
     need(all(0 <= d <= 1 for d in ev.depths), f"eval.depths must be fractions in [0, 1], got {ev.depths}")
     need(bool(ev.depths) or not (ev.passkey_lengths or ev.needle_lengths),
          "eval.depths is empty; eval.passkey_lengths / eval.needle_lengths need at least one depth")
+    check_recall_and_tasks(ev, need)
     need(any(getattr(ev, name) for name in MEASURES),
          f"nothing to measure: set at least one of {', '.join(f'eval.{name}' for name in MEASURES)}")
     need(not ev.grid or bool(ev.tune_length or ev.perplexity_lengths),
          "eval.grid needs eval.tune_length (or eval.perplexity_lengths, whose longest is the default)")
+
+
+def recall_plan(ev: EvalArgs, length: int) -> tuple[int, int]:
+    """(passages a sequence, sequences) of a recall cell at `length`: the cell's passages at the density of
+    RECALL_DENSITY at most, over as many sequences as that needs."""
+    most = max(1, int((length // 2) / (ev.recall_passage_tokens * RECALL_DENSITY)))
+    per_sequence = min(ev.recall_passages, most)
+    return per_sequence, -(-ev.recall_passages // per_sequence)
+
+
+def check_recall_and_tasks(ev: EvalArgs, need) -> None:
+    """Recall cells that cannot fit and retrieval families that do not exist, refused from the numbers alone."""
+    from hf_posenc.eval import recall, ruler
+
+    for name in ("recall_passages", "recall_passage_tokens", "task_samples"):
+        need(getattr(ev, name) >= 1, f"eval.{name} must be >= 1, got {getattr(ev, name)}")
+    need(ev.recall_bin >= 0, f"eval.recall_bin must be 0 (length / 8) or a token count, got {ev.recall_bin}")
+    need(not ev.recall_distances or bool(ev.recall_lengths),
+         "eval.recall_distances needs eval.recall_lengths (the lengths to measure recall at)")
+    for length in ev.recall_lengths:
+        per_sequence, _ = recall_plan(ev, length)
+        try:
+            recall.plan_layout(length, passages=per_sequence, passage_tokens=ev.recall_passage_tokens,
+                               distances=ev.recall_distances or None, head=1, seed=ev.seed)
+        except ValueError as err:
+            raise ConfigError(f"eval.recall_lengths {length}: {err}") from None
+    unknown = [t for t in ev.tasks if t not in ruler.FAMILIES]
+    need(not unknown, f"eval.tasks: unknown {', '.join(map(repr, unknown))}; the families are "
+                      f"{', '.join(ruler.FAMILIES)}")
+    need(len(set(ev.tasks)) == len(ev.tasks), f"eval.tasks lists a family twice: {ev.tasks}")
+    need(bool(ev.tasks) == bool(ev.task_lengths),
+         "eval.tasks and eval.task_lengths go together: the families, and the lengths to run them at")
+    need(2 <= ev.task_needles <= len(ruler.KEYS),
+         f"eval.task_needles must be in 2..{len(ruler.KEYS)}, got {ev.task_needles}")
+    need(ev.task_hops >= 1, f"eval.task_hops must be >= 1, got {ev.task_hops}")
+    need(bool(ev.depths) or not ev.tasks, "eval.depths is empty; eval.tasks needs at least one depth")
 
 
 __getattr__ = recipe_config.old_names(globals(), {"variant_plan": "variant_runs"})   # its name until this release
@@ -178,7 +238,7 @@ def max_length(args: EvalConfig) -> int:
     """The longest input any measure asks of the model."""
     ev = args.eval
     return max([ev.curve_length, ev.tune_length, *ev.perplexity_lengths, *ev.strided_windows, *ev.passkey_lengths,
-                *ev.needle_lengths])
+                *ev.needle_lengths, *ev.recall_lengths, *ev.task_lengths])
 
 
 def variant_runs(args: EvalConfig) -> list[tuple[str, str, int]]:
@@ -225,6 +285,19 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
         if prefix and stride >= window:
             raise ConfigError(f"eval.strided_stride={stride}: with the BOS before every window, a window of "
                               f"{window} holds {window - 1} tokens of text; use a stride of at most {window - 1}")
+    if ev.recall_lengths:
+        out["recall"] = recall_sets(args, tokenizer, corpus, prefix)
+    if ev.tasks:
+        from hf_posenc.eval import ruler
+
+        hay = "\n".join(corpus["text"])[:16 * max(ev.task_lengths)]
+        try:
+            out["tasks"] = {task: ruler.make_samples(task, tokenizer, lengths=ev.task_lengths,
+                                                     samples=ev.task_samples, depths=ev.depths,
+                                                     needles=ev.task_needles, hops=ev.task_hops, haystack=hay,
+                                                     seed=ev.seed, bos=bos) for task in ev.tasks}
+        except ValueError as err:
+            raise ConfigError(f"eval.tasks at eval.task_lengths {ev.task_lengths}: {err}") from None
     for task, lengths in (("passkey", ev.passkey_lengths), ("needle", ev.needle_lengths)):
         if lengths:  # the needle hides in the corpus text: enough of it for the longest prompt
             haystack = "\n".join(corpus["text"])[:16 * max(lengths)] if task == "needle" else None
@@ -233,6 +306,28 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
                                                       trials=ev.trials, haystack=haystack, seed=ev.seed, bos=bos)
             except ValueError as err:
                 raise ConfigError(f"eval.{task}_lengths {lengths}: {err}") from None
+    return out
+
+
+def recall_sets(args: EvalConfig, tokenizer, corpus, prefix: list[int]) -> dict:
+    """The recall sequences of each length, from eval.recall_corpus (default: the corpus read)."""
+    from hf_posenc import data
+    from hf_posenc.eval import recall
+
+    ev = args.eval
+    text_corpus = data.load_corpus(ev.recall_corpus) if ev.recall_corpus else corpus
+    ids = tokenizer("\n".join(text_corpus["text"]), add_special_tokens=False)["input_ids"]
+    out = {}
+    for length in ev.recall_lengths:
+        per_sequence, sequences = recall_plan(ev, length)
+        layout = recall.plan_layout(length, passages=per_sequence, passage_tokens=ev.recall_passage_tokens,
+                                    distances=ev.recall_distances or None, head=len(prefix), seed=ev.seed)
+        try:
+            out[length] = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=ev.seed,
+                                             prefix=prefix)
+        except ValueError as err:
+            raise ConfigError(f"eval.recall_lengths {length} (eval.recall_corpus "
+                              f"{ev.recall_corpus or args.data.corpus!r}): {err}") from None
     return out
 
 
@@ -261,11 +356,15 @@ def describe(model) -> dict:
         return {"model_type": model.config.model_type, "note": str(err)}
 
 
-def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
-    """Every measure of one variant, and the seconds each took ("seconds_by_measure")."""
+def evaluate_variant(model, args: EvalConfig, inputs: dict, cells: dict | None = None, keep=None) -> dict:
+    """Every measure of one variant, and the seconds each took ("seconds_by_measure"). The recall and task
+    cells are long: each one done is handed to `keep(name, cell)` (saved at once), and one already in `cells`
+    (an interrupted run's) is taken as it is."""
     from hf_posenc import eval as hpe
+    from hf_posenc.eval import recall, ruler
 
     res, seconds = {}, {}
+    cells = {} if cells is None else cells
 
     def timed(name, fn):
         start = time.perf_counter()
@@ -285,6 +384,24 @@ def evaluate_variant(model, args: EvalConfig, inputs: dict) -> dict:
             model, inputs["strided"], window=window, stride=ev.strided_stride or window // 2, bos=inputs["bos"]))
     for task, trials in inputs["trials"].items():
         res[task] = timed(task, lambda: hpe.summarize(trials, hpe.score_trials(model, trials)))
+
+    def cell(name: str, fn) -> dict:
+        if name not in cells:
+            cells[name] = timed(name, fn)
+            if keep is not None:
+                keep(name, cells[name])
+        return cells[name]
+
+    for length, sets in inputs.get("recall", {}).items():
+        res.setdefault("recall", {})[str(length)] = cell(f"recall {length}", lambda: recall.summarize_recall(
+            recall.score_recall(model, sets, control=ev.recall_control), length=length,
+            bin_width=ev.recall_bin or None, seed=ev.seed))
+    for task, samples in inputs.get("tasks", {}).items():
+        rows = []
+        for length in ev.task_lengths:
+            mine = [s for s in samples if s.length == length]
+            rows += cell(f"{task} {length}", lambda: ruler.score_samples(model, mine))
+        res.setdefault("tasks", {})[task] = {**ruler.summarize_samples(rows)[task], "rows": rows}
     res["seconds_by_measure"] = seconds
     return res
 
@@ -321,6 +438,10 @@ def passes(args: EvalConfig, inputs: dict) -> list[int]:
     for task, trials in inputs["trials"].items():
         lengths = ev.passkey_lengths if task == "passkey" else ev.needle_lengths
         out += [n for n in lengths for _ in range(len(trials) // len(lengths))]
+    for length, sets in inputs.get("recall", {}).items():
+        out += [length] * len(sets) * (2 if ev.recall_control else 1)
+    for samples in inputs.get("tasks", {}).values():   # one prefill a sample where it is shared
+        out += [s.length for s in samples]
     return out
 
 
@@ -443,7 +564,8 @@ def run(args: EvalConfig) -> dict:
                                                        for point in hpe.expand_grid(spec)])
 
     results = {"config": config, "model": describe(model), "framing": inputs["framing"],
-               "grid": saved.get("grid", {}), "variants": saved.get("variants", {})}
+               "grid": saved.get("grid", {}), "variants": saved.get("variants", {}),
+               "partial": saved.get("partial", {})}
     results["dtype"] = {"used": str(dtype).removeprefix("torch."), "why": why}
     results["machine"] = {"date": datetime.date.today().isoformat(), "device": device, "python": platform.python_version(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
@@ -460,7 +582,8 @@ def run(args: EvalConfig) -> dict:
     try:
         evaluate_all(model, args, inputs, results, runs, grids, save, device)
     except KeyboardInterrupt:
-        done = [*results["variants"], *(f"grid {label}" for label in results["grid"])]
+        done = [*results["variants"], *(f"grid {label}" for label in results["grid"]),
+                *(f"{label}: {cell}" for label, cells in results["partial"].items() for cell in cells)]
         raise Interrupted(
             f"interrupted: {results_path} holds {len(done)} finished evaluation(s) ({', '.join(done)}); run the "
             f"same command again to do the rest (resume: true skips what is saved)" if done else
@@ -498,10 +621,18 @@ def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: lis
             continue
         print(f"== {label}", file=sys.stderr)
         start = time.perf_counter()
+        partial = results.setdefault("partial", {}).setdefault(label, {})
+
+        def keep(name: str, cell) -> None:   # a finished recall / task cell survives an interrupted run
+            partial[name] = cell
+            save()
+
         with hpe.variant(model, spec, target) as params, pass_progress(model, label, min_tokens=long_pass):
-            res = {"params": params, "describe": describe(model), **evaluate_variant(model, args, inputs)}
+            res = {"params": params, "describe": describe(model),
+                   **evaluate_variant(model, args, inputs, cells=partial, keep=keep)}
         res.update(seconds=round(time.perf_counter() - start, 1), date=datetime.date.today().isoformat(), device=device)
         results["variants"][label] = res
+        results["partial"].pop(label, None)
         save()
 
 

@@ -1,0 +1,180 @@
+"""Recall at a distance (hf_posenc/eval/recall.py) and probes on one shared prefill, for the training-free methods
+on SmolLM2-135M (8k) at 16k and 32k, and for fine-tuned folders: which differences are real, with intervals.
+
+A cell is one (row, length): `passages` passages of 192 tokens of a held-out text (default: the King James
+Bible, not a play: the fine-tunes trained on plays), first copies in the first half of each sequence and repeats
+in the second, one pass with the first copies and one control pass per sequence (--one-pass: none). The same
+passages at the same places for every row, so rows are compared passage by passage (paired differences).
+Rows: `none` (unpatched: inside its own 8k the reference, at 16k the negative control past its context), `ntk`,
+`yarn`, `dynamic_yarn`, `dca`, `self_extend` (each patched to the cell's length), or NAME=FOLDER (a saved
+fine-tune, loaded with hp.from_pretrained).
+
+`--probes N` adds one cell: N multikey probes (hf_posenc/eval/ruler.py) on one prefill of the longest length,
+the prefill's CPU time against the probes', for the first row.
+
+Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. Long: run it in the
+background with one thread (the CPU seconds are then one core's).
+
+    OMP_NUM_THREADS=1 nice python benchmarks/bench_recall.py --rows none yarn dca self_extend --lengths 16384 32768
+    python benchmarks/bench_recall.py --report --figure docs/recall_distance.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+import common
+import hf_posenc as hp
+from hf_posenc import data
+from hf_posenc import eval as hpe
+from hf_posenc.eval import probes as probes_module
+from hf_posenc.eval import recall, ruler, stats
+
+ORIGINAL = 8192   # SmolLM2-135M's own context
+PASSAGE = 192
+PAIRS = [("self_extend", "yarn"), ("dca", "yarn"), ("self_extend", "dca"), ("ntk", "yarn"), ("dynamic_yarn", "yarn")]
+
+
+def load_row(row: str, length: int, dtype: torch.dtype):
+    name, _, folder = row.partition("=")
+    if folder:
+        return hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").eval()
+    if name != "none":
+        params = hpe.variant_params(model, name, {}, length)
+        hp.patch(model, name, **params)
+    return model
+
+
+def text_ids(tokenizer, corpus: str) -> list[int]:
+    docs = data.load_corpus(corpus)
+    return tokenizer("\n".join(docs["text"]), add_special_tokens=False)["input_ids"]
+
+
+def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, control: bool, seed: int) -> dict:
+    per_sequence = min(passages, (length // 2) // (PASSAGE * 16 // 9))    # the prototype's density: 24 at 16k
+    sequences = -(-passages // per_sequence)
+    prefix = data.bos_prefix(tokenizer)
+    layout = recall.plan_layout(length, passages=per_sequence, passage_tokens=PASSAGE, head=len(prefix), seed=seed)
+    sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+    start, cpu = time.perf_counter(), time.process_time()
+    rows = recall.score_recall(model, sets, control=control)
+    summary = recall.summarize_recall(rows, length=length, bin_width=4096)
+    return {**summary, "sequences": sequences, "wall_s": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu}
+
+
+def probes_cell(model, tokenizer, length: int, count: int, seed: int) -> dict:
+    """`count` multikey probes on one prefill: CPU time of the prefill alone, then of prefill + probes."""
+    text = "\n".join(data.load_corpus("kjv")["text"])[:12 * length]
+    sample = ruler.make_samples("multikey", tokenizer, lengths=[length], samples=1, needles=count, haystack=text,
+                                seed=seed)[0]
+    probes = [(p.prompt, p.answer) for p in sample.probes]
+    prefix = probes_module.common_prefix([p for p, _ in probes])
+    cpu = time.process_time()
+    with torch.inference_mode():
+        model(torch.tensor([probes[0][0][:prefix]]), use_cache=False, logits_to_keep=1)
+    prefill = time.process_time() - cpu
+    cpu = time.process_time()
+    out = probes_module.score_probes(model, probes)
+    total = time.process_time() - cpu
+    return {"probes": count, "prefix": prefix, "shared": out["shared"], "prefill_cpu_s": prefill,
+            "with_probes_cpu_s": total, "ratio": total / prefill,
+            "found": sum(s["correct"] for s in out["scores"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", nargs="+", default=["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--passages", type=int, default=48, help="passages a cell (over as many sequences as needed)")
+    parser.add_argument("--one-pass", action="store_true", help="the first copy's own loss as the baseline")
+    parser.add_argument("--corpus", default="kjv", help="the held-out text (a load_corpus spec)")
+    parser.add_argument("--probes", type=int, default=0, help="N multikey probes on one prefill (first row)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
+    parser.add_argument("--out", default="benchmarks/results/recall.json")
+    parser.add_argument("--report", action="store_true", help="print the tables of --out (and draw --figure)")
+    parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
+    args = parser.parse_args()
+    for length in args.lengths:
+        recall.plan_layout(length, passages=min(args.passages, (length // 2) // (PASSAGE * 16 // 9)),
+                           passage_tokens=PASSAGE)   # refused here, before any loading, when it cannot fit
+    args.dtype = common.dtype_name(args.dtype)
+    results, save = common.results_file(args.out, {"passages": args.passages, "passage_tokens": PASSAGE,
+                                                   "control": not args.one_pass, "corpus": args.corpus,
+                                                   "seed": args.seed, "dtype": args.dtype},
+                                        ["recall", "probes"])
+    if args.report:
+        return report(results, args.figure)
+    here = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
+    results.setdefault("machine", here)
+    print(here, flush=True)
+    dtype = getattr(torch, args.dtype)
+    _, tokenizer = common.smollm2(args.dtype)
+    ids = text_ids(tokenizer, args.corpus)
+    for length in args.lengths:
+        for row in args.rows:
+            key = f"{row.partition('=')[0]} {length}"
+            if key in results["recall"]:
+                continue
+            model = load_row(row, length, dtype)
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                cell = recall_cell(model, tokenizer, ids, length, args.passages, not args.one_pass, args.seed)
+            results["recall"][key] = cell
+            save()
+            print(f"{key}: gap {stats.interval_text(cell['gap'])}, recall distance {cell['recall_distance']}, "
+                  f"{cell['cpu_s']:.0f} CPU-s", flush=True)
+    if args.probes and f"{args.rows[0]} {max(args.lengths)}" not in results["probes"]:
+        length = max(args.lengths)
+        model = load_row(args.rows[0], length, dtype)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            results["probes"][f"{args.rows[0]} {length}"] = probes_cell(model, tokenizer, length, args.probes,
+                                                                        args.seed)
+        save()
+        print(results["probes"], flush=True)
+    report(results, None)
+
+
+def report(results: dict, figure: str | None) -> None:
+    cells = results["recall"]
+    print(results.get("machine", ""))
+    print("\n| row | length | gap (95 %) | recall distance | by distance (4k bins) | CPU-s |\n|---|---|---|---|---|---|")
+    for key, c in cells.items():
+        bins = ", ".join(f"{b['start'] // 1024}-{b['end'] // 1024}k {b['mean']:.2f}" for b in c["bins"])
+        far = f"{c['recall_distance']}" + ("+" if c["beyond_measured"] else "")
+        print(f"| {key.split()[0]} | {key.split()[1]} | {stats.interval_text(c['gap'])} | {far} | {bins} | "
+              f"{c['cpu_s']:.0f} |")
+    print("\nPaired differences on the same passages (a - b, nats, 95 %; 'same' when the interval holds 0):")
+    lengths = sorted({int(k.split()[1]) for k in cells})
+    for length in lengths:
+        for a, b in PAIRS:
+            ca, cb = cells.get(f"{a} {length}"), cells.get(f"{b} {length}")
+            if not (ca and cb):
+                continue
+            for low, high, label in ((0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")):
+                ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
+                gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
+                if len(ga) > 1 and len(ga) == len(gb):
+                    d = stats.paired_difference(ga, gb)
+                    print(f"- {length}: {a} - {b} ({label}, n {d['n']}): {d['mean']:+.3f} "
+                          f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
+    for key, p in results.get("probes", {}).items():
+        print(f"\nprobes, {key}: {p['probes']} probes on one prefill of {p['prefix']} tokens: prefill "
+              f"{p['prefill_cpu_s']:.0f} CPU-s, with the probes {p['with_probes_cpu_s']:.0f} CPU-s "
+              f"({p['ratio']:.2f}x), found {p['found']}/{p['probes']}")
+    if figure:
+        variants = {f"{k.split()[0]} @{int(k.split()[1]) // 1024}k": c for k, c in cells.items()}
+        from hf_posenc.eval import plots
+
+        plots.plot_recall(variants, figure, original_context=ORIGINAL,
+                          title="Recall at a distance, SmolLM2-135M (8k native)")
+        print(f"figure: {figure}")
+
+
+if __name__ == "__main__":
+    main()

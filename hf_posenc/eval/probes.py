@@ -1,0 +1,100 @@
+"""Many probes on one long context: the context runs once into a KV cache, each probe (question + answer) runs
+on that cache, and the cache is put back as it was before the next probe. A probe then costs its own few tokens
+instead of a whole long pass.
+
+Exact where a cached continuation is the full forward: every position-encoding method whose positions do not
+follow the length of the whole input (tested for every registered method, tests/test_probes.py). A method
+whose frequencies follow the input length (dynamic NTK, dynamic YaRN, LongRoPE's switch) rotates the cached
+keys for the context's length, not the probe's: those get a full forward per probe, and the result says so
+("shared": False)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from .. import _compat
+from ..errors import InvalidInputError
+from .perplexity import is_length_dependent
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """The number of leading tokens every sequence shares."""
+    first, n = sequences[0], min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences):
+            return i
+    return n
+
+
+def can_share(model: torch.nn.Module) -> bool:
+    """Whether a probe on a restored cache equals a full forward for this model (see the module's text)."""
+    return not is_length_dependent(model)
+
+
+def _snapshot(cache) -> list[dict]:
+    # A layer's update builds new tensors (a DynamicCache concatenates), so keeping references restores it;
+    # a static cache writes past the context, where the next probe's positions overwrite it.
+    return [dict(layer.__dict__) for layer in cache.layers]
+
+
+def _restore(cache, snapshot: list[dict]) -> None:
+    for layer, state in zip(cache.layers, snapshot):
+        layer.__dict__.clear()
+        layer.__dict__.update(state)
+
+
+def _logits(model, ids: torch.Tensor, keep: int, **kw) -> torch.Tensor:
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return model(ids, logits_to_keep=keep, **kw).logits
+    return model(ids, **kw).logits[:, -keep:]
+
+
+def _score(logits: torch.Tensor, answer: torch.Tensor) -> dict:
+    logits = logits.float()
+    return {"correct": bool((logits.argmax(-1) == answer).all()),
+            "logprob": logits.log_softmax(-1).gather(-1, answer[:, None]).sum().item()}
+
+
+@torch.inference_mode()
+def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                 share: bool | None = None) -> dict:
+    """Score each probe (prompt ids, answer ids) by teacher forcing: "correct" when greedy decoding gives the
+    answer (the argmax at every answer position), "logprob" of the whole answer. The prompts' common prefix
+    runs once and is shared (`share=None`: where that is exact, `can_share`). Returns {"scores": [...],
+    "shared": bool, "prefix": tokens shared, "tokens": tokens run in all}."""
+    if not probes:
+        raise InvalidInputError("score_probes needs at least one (prompt, answer) probe")
+    for i, (prompt, answer) in enumerate(probes):
+        if not len(prompt) or not len(answer):
+            raise InvalidInputError(f"probe {i} has an empty prompt or answer ({len(prompt)}, {len(answer)} tokens)")
+    device = next(model.parameters()).device
+    full = [list(p) + list(a) for p, a in probes]
+    share = can_share(model) if share is None else share
+    # the shared prefix leaves at least one prompt token to every probe: its logit predicts the first answer token
+    prefix = min(common_prefix([list(p) for p, _ in probes]), *(len(p) - 1 for p, _ in probes)) if share else 0
+    scores, ran = [], 0
+    if prefix < 1 or len(probes) == 1:
+        for ids, (_, answer) in zip(full, probes):
+            logits = _logits(model, torch.tensor([ids], device=device), len(answer) + 1, use_cache=False)
+            scores.append(_score(logits[0, :-1], torch.tensor(list(answer), device=device)))
+            ran += len(ids)
+        return {"scores": scores, "shared": False, "prefix": 0, "tokens": ran}
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    context = torch.tensor([full[0][:prefix]], device=device)
+    by = {_compat.cache_argument(model): cache}
+    model(context, use_cache=True, **by)
+    ran += prefix
+    kept = _snapshot(cache)
+    for ids, (_, answer) in zip(full, probes):
+        rest = torch.tensor([ids[prefix:]], device=device)
+        positions = torch.arange(prefix, len(ids), device=device)[None]
+        logits = _logits(model, rest, len(answer) + 1, use_cache=True, position_ids=positions, **by)
+        scores.append(_score(logits[0, :-1], torch.tensor(list(answer), device=device)))
+        _restore(cache, kept)
+        ran += rest.shape[1]
+    return {"scores": scores, "shared": True, "prefix": prefix, "tokens": ran}

@@ -1,0 +1,72 @@
+"""Probes on a shared prefill (hf_posenc/eval/probes.py) against a full forward per probe, for every registered
+method on every causal family of the contract suite (tests/test_contracts.py's pairs): float32, tiny models,
+a context past the original length and three probes that share it. `pytest -m contract -k <method>` runs a
+method's pairs here with the rest of its contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_contracts import CASES, auto_class, build, params_of, patch
+from transformers import AutoModelForCausalLM
+from test_attention_methods import randomize_tables
+from tiny import tiny_model, token_ids
+
+import hf_posenc as hp
+from hf_posenc.eval import probes as hpp
+
+pytestmark = pytest.mark.contract
+
+# every method on its reference family with each example, and the contract suite's quick share of the others:
+# the cache path is the family's, so the wide sweep adds time, not cover
+CAUSAL = params_of([c for c in CASES if auto_class(c.model_type) is AutoModelForCausalLM and c.tier != "slow"])
+
+
+def probe_set(original: int, vocab: int = 120) -> list[tuple[list[int], list[int]]]:
+    context = (token_ids(3 * original // 2, vocab=vocab - 3, seed=1)[0] + 3).tolist()
+    return [(context + [5 + i, 7, 9 + i], [11 + i, 4, 6]) for i in range(3)]
+
+
+def full_forward_logprobs(model, probe_list) -> list[float]:
+    return [s["logprob"] for s in hpp.score_probes(model, probe_list, share=False)["scores"]]
+
+
+@pytest.mark.parametrize("case", CAUSAL)
+def test_probes_on_a_restored_cache_equal_full_forwards(case):
+    model = build(case.model_type)
+    original = patch(case, model)
+    randomize_tables(model)
+    probes = probe_set(original, vocab=min(120, model.config.get_text_config().vocab_size))
+    shared = hpp.score_probes(model, probes)
+    assert shared["shared"] == hpp.can_share(model)
+    if case.cls.length_dependent:   # frequencies follow the input length: a full forward per probe, said so
+        assert not shared["shared"]
+    else:
+        assert shared["shared"] and shared["prefix"] == 3 * original // 2
+    reference = full_forward_logprobs(model, probes)
+    torch.testing.assert_close([s["logprob"] for s in shared["scores"]], reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_unpatched_model_shares_its_prefill_exactly_and_runs_fewer_tokens():
+    model = tiny_model()
+    probes = probe_set(48)
+    shared = hpp.score_probes(model, probes)
+    assert shared["shared"] and shared["tokens"] == 72 + 3 * 6
+    torch.testing.assert_close([s["logprob"] for s in shared["scores"]], full_forward_logprobs(model, probes),
+                               atol=1e-5, rtol=1e-5)
+    # the restore is what makes it exact: without it the second probe would see the first one's tokens
+    assert [s["correct"] for s in shared["scores"]] == [s["correct"] for s in
+                                                         hpp.score_probes(model, probes, share=False)["scores"]]
+
+
+def test_probes_that_share_nothing_run_whole():
+    model = tiny_model()
+    probes = [([1, 2, 3], [4]), ([5, 6, 7], [8])]
+    out = hpp.score_probes(model, probes)
+    assert not out["shared"] and out["tokens"] == 8
+
+
+@pytest.mark.parametrize("bad", [[], [([], [1])], [([1, 2], [])]])
+def test_empty_probes_are_refused(bad):
+    with pytest.raises(hp.InvalidInputError):
+        hpp.score_probes(tiny_model(), bad)

@@ -1,0 +1,226 @@
+"""Recall at a distance, RULER's retrieval families and the intervals of hf_posenc/eval (recall.py, ruler.py,
+stats.py), and the evaluate recipe's recall / task cells, on tiny models and a byte-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from test_eval_recipe import TEXT, checkpoint, corpus_dir, recipe  # noqa: F401  (fixtures)
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+import hf_posenc as hp
+from hf_posenc.eval import recall, ruler, stats
+from hf_posenc.eval.perplexity import token_nll
+
+PROSE = "".join(f"Verse {i}: and the {random.Random(i).choice(['lamb', 'lion', 'dove', 'vine'])} went unto "
+                f"{random.Random(i + 99).randint(100, 999)} hills by the river.\n" for i in range(400))
+
+
+# -- stats ---------------------------------------------------------------------------------------------
+
+def test_wilson_matches_the_formula_and_stays_inside_0_1():
+    # Wilson's interval for 5/10: 0.2366 .. 0.7634 (the textbook value); 0/10 reaches 0.2775, never below 0
+    mid, none, all_ = stats.wilson(5, 10), stats.wilson(0, 10), stats.wilson(10, 10)
+    assert (round(mid["low"], 4), round(mid["high"], 4)) == (0.2366, 0.7634)
+    assert none["low"] == 0 and round(none["high"], 4) == 0.2775 and all_["high"] == 1
+    assert math.isnan(stats.wilson(0, 0)["accuracy"])
+    with pytest.raises(hp.InvalidInputError):
+        stats.wilson(3, 2)
+
+
+def test_bootstrap_interval_holds_the_mean_shrinks_with_n_and_is_reproducible():
+    rng = random.Random(0)
+    small, large = [rng.gauss(1, 1) for _ in range(12)], [rng.gauss(1, 1) for _ in range(400)]
+    a, b = stats.bootstrap_mean(small), stats.bootstrap_mean(large)
+    assert a["low"] < a["mean"] < a["high"] and b["low"] < b["mean"] < b["high"]
+    assert b["half_width"] < a["half_width"] / 3            # ~ 1 / sqrt(n)
+    assert abs(b["half_width"] - 1.96 / math.sqrt(400)) < 0.03
+    assert stats.bootstrap_mean(small) == a
+    with pytest.raises(hp.InvalidInputError):
+        stats.bootstrap_mean([1.0, float("nan")])
+
+
+def test_a_paired_difference_sees_a_shift_the_unpaired_intervals_hide():
+    rng = random.Random(1)
+    base = [rng.gauss(0, 2) for _ in range(48)]        # how hard each passage is: shared by both variants
+    a, b = [x + 0.2 + rng.gauss(0, 0.05) for x in base], base
+    assert stats.bootstrap_mean(a)["low"] < stats.bootstrap_mean(b)["high"]    # the intervals overlap
+    d = stats.paired_difference(a, b)
+    assert d["differs"] and 0.15 < d["mean"] < 0.25
+    assert not stats.paired_difference(base, base)["differs"]
+    with pytest.raises(hp.InvalidInputError):
+        stats.paired_difference([1, 2], [1])
+
+
+def test_effective_length_is_the_last_length_before_the_first_fall():
+    assert stats.effective_length({4096: 0.9, 8192: 0.88, 16384: 0.5, 32768: 0.9}, 0.856) == 8192
+    assert stats.effective_length({4096: 0.5}, 0.856) is None
+
+
+# -- layout and sequences ----------------------------------------------------------------------------------
+
+def spans(layout):
+    size = layout.passage_tokens
+    return sorted([(f, f + size) for f in layout.firsts] + [(r, r + size) for r in layout.repeats])
+
+
+@pytest.mark.parametrize("distances", [None, [100, 300, 700]])
+def test_passages_never_overlap_and_sit_at_the_distances_asked(distances):
+    layout = recall.plan_layout(1024, passages=6, passage_tokens=32, distances=distances, head=1, seed=3)
+    taken = spans(layout)
+    assert all(a[1] <= b[0] for a, b in zip(taken, taken[1:])) and taken[0][0] >= 1 and taken[-1][1] <= 1024
+    assert all(r > f for f, r in zip(layout.firsts, layout.repeats))
+    if distances:   # each within one slot of what was asked (round robin over the list)
+        pitch = max(abs(d - distances[i % 3]) for i, d in enumerate(layout.distances))
+        assert pitch <= (1024 - 1) // 12
+    else:           # first copies in the first half, repeats in the second
+        assert max(layout.firsts) < 512 < min(layout.repeats)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(length=300, passages=4, passage_tokens=64), "need 512 tokens"),
+    (dict(length=1024, passages=2, passage_tokens=32, distances=[1000]), "distance 1000 does not fit"),
+    (dict(length=1024, passages=2, passage_tokens=32, distances=[]), "distances is empty"),
+    (dict(length=1024, passages=0), "passages"),
+    (dict(length=1024, passages=2, passage_tokens=4), "passage_tokens"),
+])
+def test_a_layout_that_cannot_fit_is_refused_naming_why(kw, words):
+    with pytest.raises(hp.InvalidParameterError, match=words):
+        recall.plan_layout(**kw)
+
+
+def test_the_control_differs_only_in_the_first_copies_and_the_repeats_are_the_passages():
+    tok = tiny_tokenizer()
+    layout = recall.plan_layout(1200, passages=5, passage_tokens=40, head=1, seed=0)
+    sets = recall.make_recall(tok, PROSE, layout, sequences=2, seed=0, prefix=[256])
+    size, seen = layout.passage_tokens, set()
+    for s in sets:
+        assert len(s.with_copy) == len(s.control) == 1200 and s.with_copy[0] == s.control[0] == 256
+        firsts = {p for f in layout.firsts for p in range(f, f + size)}
+        assert all(a == b for i, (a, b) in enumerate(zip(s.with_copy, s.control)) if i not in firsts)
+        for f, r in zip(layout.firsts, layout.repeats):
+            assert s.with_copy[f:f + size] == s.with_copy[r:r + size] == s.control[r:r + size]
+            assert s.control[f:f + size] != s.with_copy[f:f + size]
+            seen.add(tuple(s.with_copy[f:f + size]))
+    assert len(seen) == 10      # every passage its own
+    with pytest.raises(hp.InvalidInputError, match="recall text has"):
+        recall.make_recall(tok, PROSE[:1000], layout, prefix=[256])
+
+
+def test_gaps_are_the_control_loss_minus_the_loss_with_the_copy():
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=1024), tiny_tokenizer()
+    layout = recall.plan_layout(600, passages=3, passage_tokens=32, seed=0)
+    (s,) = recall.make_recall(tok, PROSE, layout, seed=0)
+    rows = recall.score_recall(model, [s], progress=False)
+    with_nll, base_nll = (token_nll(model, torch.tensor([ids]))[0] for ids in (s.with_copy, s.control))
+    for row, r in zip(rows, layout.repeats):   # tokens 2..32 of the repeat: its first token is unpredictable
+        expected = base_nll[r:r + 31].mean() - with_nll[r:r + 31].mean()
+        assert row["gap"] == pytest.approx(expected.item(), abs=1e-6) and row["form"] == "control"
+    one = recall.score_recall(model, [s], control=False, progress=False)
+    f = layout.firsts[0]
+    assert one[0]["baseline"] == pytest.approx(with_nll[f:f + 31].mean().item(), abs=1e-6)
+    assert one[0]["form"] == "one-pass" and recall.summarize_recall(one)["form"] == "one-pass"
+
+
+def test_the_recall_distance_is_where_the_gap_falls_below_half_the_shortest():
+    rows = [{"sequence": 0, "passage": i, "distance": d, "gap": g, "repeat_at": 8000, "form": "control"}
+            for i, (d, g) in enumerate([(500, 2.0), (700, 2.2), (1500, 1.6), (1700, 1.4), (2500, 0.5), (2700, 0.7),
+                                         (3500, 1.9), (3700, 2.0)])]
+    out = recall.summarize_recall(rows, length=4096, bin_width=1024)
+    assert [b["n"] for b in out["bins"]] == [2, 2, 2, 2] and out["recall_distance"] == 2048
+    assert not out["beyond_measured"] and out["gap"]["n"] == 8
+    held = recall.summarize_recall([dict(r, gap=2.0) for r in rows], length=4096, bin_width=1024)
+    assert held["beyond_measured"] and held["recall_distance"] == 3700
+
+
+# -- retrieval families ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ruler.FAMILIES)
+def test_every_family_is_canonical_fits_its_length_and_answers_in_the_prompt(family):
+    tok = tiny_tokenizer()
+    samples = ruler.make_samples(family, tok, lengths=[900], samples=2, haystack=PROSE, seed=5)
+    assert samples == ruler.make_samples(family, tok, lengths=[900], samples=2, haystack=PROSE, seed=5)
+    for sample in samples:
+        assert len(sample.probes) == (4 if family == "multikey" else 1)
+        for p in sample.probes:
+            full = p.prompt + p.answer
+            assert 900 - 100 < len(full) <= 900     # whole haystack lines: within one line of the length
+            assert tok(tok.decode(full), add_special_tokens=False)["input_ids"] == full
+            answer = tok.decode(p.answer).strip()
+            assert answer and answer.split(",")[0].split()[0] in tok.decode(p.prompt)   # the needle is there
+            assert 0 < p.distance < len(p.prompt)
+
+
+@pytest.mark.parametrize("kw, error", [
+    (dict(family="nope"), hp.InvalidParameterError), (dict(lengths=[20]), hp.InvalidParameterError),
+    (dict(depths=[1.5]), hp.InvalidParameterError), (dict(haystack=None), hp.InvalidInputError),
+    (dict(needles=1), hp.InvalidParameterError),
+])
+def test_impossible_samples_are_refused(kw, error):
+    args = dict(family="multikey", lengths=[900], haystack=PROSE) | kw
+    with pytest.raises(error):
+        ruler.make_samples(args.pop("family"), tiny_tokenizer(), **args)
+
+
+def test_multikey_probes_share_one_prefill_and_score_as_full_passes():
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=1024), tiny_tokenizer()
+    samples = ruler.make_samples("multikey", tok, lengths=[600], samples=1, haystack=PROSE, seed=0)
+    rows = ruler.score_samples(model, samples, progress=False)
+    assert len(rows) == 4 and all(r["shared"] for r in rows)
+    for r, p in zip(rows, samples[0].probes):
+        with torch.no_grad():
+            logits = model(torch.tensor([p.prompt + p.answer])).logits[0, len(p.prompt) - 1:-1]
+        expected = logits.log_softmax(-1).gather(-1, torch.tensor(p.answer)[:, None]).sum().item()
+        assert r["logprob"] == pytest.approx(expected, abs=1e-4)
+    cell = ruler.summarize_samples(rows)["multikey"]["cells"][600]
+    assert cell["n"] == 4 and cell["low"] <= cell["accuracy"] <= cell["high"] and cell["shared"]
+
+
+# -- the recipe ----------------------------------------------------------------------------------------
+
+def run_recall(checkpoint, corpus_dir, out, *extra):
+    return recipe.main(["--model.name", str(checkpoint), "--model.dtype", "float32", "--data.corpus",
+                        str(corpus_dir), "--output_dir", str(out), "--eval.variants", "none", "yarn",
+                        "--eval.max_position_embeddings", "512", "--eval.recall_lengths", "512",
+                        "--eval.recall_passages", "4", "--eval.recall_passage_tokens", "24", "--eval.tasks",
+                        "passkey", "multikey", "--eval.task_lengths", "700", "--eval.task_samples", "2", *extra])
+
+
+def test_the_recipe_measures_recall_and_tasks_with_intervals_and_resumes_cell_by_cell(
+        checkpoint, corpus_dir, tmp_path, monkeypatch):  # noqa: F811
+    results = run_recall(checkpoint, corpus_dir, tmp_path)
+    yarn = results["variants"]["yarn"]
+    cell = yarn["recall"]["512"]
+    assert cell["gap"]["n"] == 4 and cell["form"] == "control" and len(cell["passages"]) == 4
+    assert yarn["tasks"]["multikey"]["cells"][700]["n"] == 8 and yarn["tasks"]["passkey"]["cells"][700]["n"] == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Recall at a distance" in summary and "(n 4)" in summary and "Retrieval families" in summary
+    assert (tmp_path / "recall.png").stat().st_size > 0 and (tmp_path / "tasks.png").stat().st_size > 0
+    # a run killed inside a variant keeps its finished cells: the rerun takes them and measures only the rest
+    saved = json.loads((tmp_path / "results.json").read_text())
+    saved["partial"] = {"yarn": {"recall 512": saved["variants"]["yarn"]["recall"]["512"]}}
+    del saved["variants"]["yarn"]
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(recall, "score_recall", lambda *a, **k: pytest.fail("recall measured again"))
+    again = run_recall(checkpoint, corpus_dir, tmp_path)
+    assert again["variants"]["yarn"]["recall"]["512"]["gap"] == cell["gap"] and not again["partial"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--eval.recall_passage_tokens", "300"], "need 600 tokens"),
+    (["--eval.recall_distances", "9000"], "does not fit"),
+    (["--eval.tasks", "bogus"], "unknown 'bogus'"),
+    (["--eval.depths", "1.5"], "depths"),
+])
+def test_recall_and_tasks_that_cannot_run_are_refused_before_loading(checkpoint, corpus_dir, tmp_path, capsys,
+                                                                     monkeypatch, extra, words):  # noqa: F811
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit) as stop:
+        run_recall(checkpoint, corpus_dir, tmp_path / "out", *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].startswith("error: ") and words in err[-1]
+    assert not (tmp_path / "out").exists()
