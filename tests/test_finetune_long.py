@@ -83,6 +83,26 @@ def test_longce_with_pose_resumes_bit_exact_and_says_so_on_the_card(tmp_path, ti
     assert ckpt.read_log(tmp_path / "ce" / "out")[0]["loss"] != ckpt.read_log(out)[0]["loss"]
 
 
+def test_s2_with_lora_plus_in_two_processes_matches_one(tmp_path, tiny_dir, text_file):  # noqa: F811
+    """DDP over gloo: the LoRA adapters, embeddings and norms get their gradients through the groups on each
+    process, and two processes of batch 2 train what one of batch 4 does."""
+    from test_finetune import two_processes
+    from transformers import AutoModelForCausalLM
+
+    common = dict(data={"corpus": str(text_file)}, train={**S2, "steps": 3, "grad_accum": 1, "save_every": 3})
+    one = write_config(tmp_path / "one" / "c.yaml", tiny_dir, **common)
+    run_recipe(one, "--train.batch_size", "4")
+    proc = two_processes(write_config(tmp_path / "two" / "c.yaml", tiny_dir, **common), "--train.batch_size", "2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "2 processes" in proc.stdout and "S2-Attn (LongLoRA) in training" in proc.stdout
+    log1, log2 = ckpt.read_log(tmp_path / "one" / "out"), ckpt.read_log(tmp_path / "two" / "out")
+    assert [r["loss"] for r in log2] == pytest.approx([r["loss"] for r in log1], rel=2e-5)
+    w1 = AutoModelForCausalLM.from_pretrained(tmp_path / "one" / "out").state_dict()
+    w2 = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "out").state_dict()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
 # ------------------------------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
