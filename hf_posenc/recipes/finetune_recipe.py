@@ -127,8 +127,11 @@ class FinetuneRecipe:
                                                       collate_fn=train_data.collate(self.pad_id))
         if accelerator.is_main_process:
             prepare_output_dir(cfg)
-            with open(f"{cfg.output_dir}/finetune_config.json", "w") as f:
+            # whole or not at all: a later --resume compares its settings with this file (check_resume)
+            saved = f"{cfg.output_dir}/finetune_config.json"
+            with open(f"{saved}.tmp", "w") as f:
                 json.dump(cfg.to_dict(), f, indent=2)
+            os.replace(f"{saved}.tmp", saved)
         accelerator.wait_for_everyone()
         self.phase = "data"
 
