@@ -260,7 +260,7 @@ def test_cli_refuses_with_one_line_and_changes_nothing(argv, pattern, root, caps
 
 @pytest.mark.parametrize("argv,pattern", [c[1:] for c in EVAL_CASES], ids=[c[0] for c in EVAL_CASES])
 def test_evaluate_refuses_with_one_line_and_changes_nothing(argv, pattern, root, capsys, monkeypatch):
-    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("measured"))
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured"))
     name = next(c[0] for c in EVAL_CASES if c[1] is argv)
     check_refusal(recipe.main, argv, pattern, root, capsys, alone=name not in AFTER_LOADING)
 

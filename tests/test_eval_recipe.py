@@ -73,7 +73,7 @@ def test_recipe_writes_results_summary_and_figures(checkpoint, corpus_dir, tmp_p
     assert sum(yarn["seconds_by_measure"].values()) <= yarn["seconds"] + 0.2
 
     # a second run with the same configuration resumes: nothing is evaluated again
-    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated again"))
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("evaluated again"))
     assert run(checkpoint, corpus_dir, tmp_path)["variants"] == json.loads((tmp_path / "results.json").read_text())["variants"]
 
 
@@ -139,7 +139,7 @@ def refusal(capsys, argv) -> str:
 
 
 def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a: pytest.fail("evaluated"))
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("evaluated"))
     # lengths past a learned table: named, before anything runs or is written
     gpt2 = tmp_path / "gpt2"
     tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB).save_pretrained(gpt2)

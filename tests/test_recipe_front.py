@@ -66,11 +66,11 @@ def test_evaluate_ctrl_c_says_what_was_saved_and_how_to_continue(checkpoint, cor
             "--eval.curve_length", "64", "--eval.curve_bucket", "32", "--plots", "false"]
     real, calls = eval_recipe.evaluate_variant, []
 
-    def second_interrupted(*a):
+    def second_interrupted(*a, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(*a)
+        return real(*a, **kw)
 
     monkeypatch.setattr(eval_recipe, "evaluate_variant", second_interrupted)
     with pytest.raises(SystemExit) as stop:
