@@ -6,6 +6,8 @@
     harness.write_tasks("tasks/", tokenizer, lengths=[4096, 16384])
     harness.evaluate(lm, "tasks/")["results"]                  # {"hf_posenc_passkey_4096": {"acc,none": ...}, ...}
 
+    harness.evaluate(lm, tasks=["niah_single_1", "ruler_vt"], metadata={"max_seq_lengths": [4096]})  # RULER, offline
+
     python -m hf_posenc.harness --model hf_posenc --model_args pretrained=ckpt-32k \
         --include_path tasks/ --tasks hf_posenc_long          # lm_eval's own command line, model registered
 
@@ -17,13 +19,22 @@ its context window from the config, then silently left-truncates every longer re
 The tasks are the passkey and needle trials of `hf_posenc.eval.retrieval`, written as local JSON
 files with one task per (kind, length) and a group `hf_posenc_long` over all of them; they need no
 download. Each is a `loglikelihood` task: a trial counts as right when greedy decoding gives the whole
-answer (lm-eval's `acc` on the `is_greedy` flag), the rule of `hf_posenc.eval.score_trials`."""
+answer (lm-eval's `acc` on the `is_greedy` flag), the rule of `hf_posenc.eval.score_trials`.
+
+lm-eval's RULER tasks build their samples with a tokenizer they load by name (`AutoTokenizer.from_pretrained`
+of the `tokenizer` or `pretrained` model argument: for `smollm2` or a .gguf file, a hub lookup); `evaluate` and
+this command line hand them the model's own tokenizer as a local folder (`tokenizer_folder`)."""
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +54,27 @@ except ImportError as err:  # pragma: no cover - the message is the point
 
 GROUP = "hf_posenc_long"
 
+# The model arguments HFPosencLM takes: its own, then those of lm-eval's HFLM that act on a model already loaded.
+# HFLM ignores its loading arguments (revision, peft, parallelize, ...) for a model object, and sends unknown
+# ones to `from_pretrained`, which HFPosencLM does not call: both are refused, not dropped.
+OWN_ARGS = ("pretrained", "tokenizer", "patch", "max_length", "dtype", "attn_implementation")
+HFLM_ARGS = ("device", "batch_size", "max_batch_size", "truncation", "logits_cache", "softmax_dtype",
+             "mixed_precision_dtype", "add_bos_token", "prefix_token_id", "think_end_token", "enable_thinking",
+             "chat_template_args")
+MODEL_ARGS = OWN_ARGS + HFLM_ARGS
+
+
+def check_model_args(args: dict) -> None:
+    """Refuse model arguments HFPosencLM does not take (a misspelt `dtype=` would otherwise be ignored)."""
+    unknown = [name for name in args if name not in MODEL_ARGS]
+    if not unknown:
+        return
+    given = ", ".join(f"{name}={args[name]!r}" for name in unknown)
+    close = [match for name in unknown for match in difflib.get_close_matches(str(name), MODEL_ARGS, n=1)]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise InvalidParameterError(f"unknown hf_posenc model argument{'s' if len(unknown) > 1 else ''} {given}{hint}; "
+                                f"the model takes: {', '.join(MODEL_ARGS)}")
+
 
 def context_length(model: torch.nn.Module) -> int:
     """The context a (patched) model is meant to take: the patch's target, else the config's."""
@@ -59,6 +91,7 @@ class HFPosencLM(HFLM):
 
     def __init__(self, pretrained=None, tokenizer=None, *, patch: str | None = None, max_length: int | None = None,
                  dtype: str | torch.dtype | None = None, attn_implementation: str | None = None, **kwargs):
+        check_model_args(kwargs)
         if pretrained is None:
             raise InvalidParameterError("HFPosencLM needs pretrained=: a model in memory, or a hub id / folder / .gguf "
                                         "file (lm_eval: --model_args pretrained=FOLDER,...)")
@@ -69,9 +102,13 @@ class HFPosencLM(HFLM):
             ref = str(pretrained)
             if patch is not None:
                 parse_variant(patch)  # the method and its parameters, checked before any weights load
+            device = _device(kwargs.get("device"))
             tokenizer = tokenizer if tokenizer is not None else _saved_tokenizer(ref)
             pretrained = api.from_pretrained(ref, **extra).eval()
-        elif not isinstance(pretrained, torch.nn.Module):
+        elif isinstance(pretrained, torch.nn.Module):
+            device = None  # a model in memory stays where it is
+            _same_device(pretrained, kwargs.get("device"))
+        else:
             raise ParameterTypeError(f"pretrained must be a model or a checkpoint path, got {type(pretrained).__name__}")
         if tokenizer is None:
             raise ParameterTypeError("HFPosencLM(model) needs the tokenizer: HFPosencLM(model, tokenizer)")
@@ -81,8 +118,10 @@ class HFPosencLM(HFLM):
             method, params = parse_variant(patch)
             if method != "none":
                 api.patch(pretrained, method, **params)
+        if device is not None:  # HFLM leaves a model object where it is: lm_eval's --device is applied here
+            pretrained.to(device)
         length = length if length is not None else context_length(pretrained)
-        kwargs.setdefault("device", str(next(pretrained.parameters()).device))
+        kwargs["device"] = str(next(pretrained.parameters()).device)  # what HFLM uses for a model object
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, max_length=length, **kwargs)
 
 
@@ -99,6 +138,60 @@ def _max_length(value) -> int | None:
         raise InvalidParameterError(f"max_length must be a token count >= 1 (the longest request lm-eval sends "
                                     f"unshortened; default: the patched context), got {value!r}")
     return number
+
+
+def _device(value) -> torch.device | None:
+    """Where a model loaded from a path goes: lm_eval's --device. Its default, cuda:0, also reaches a machine
+    without CUDA; there the model stays on the CPU, as lm-eval's HFLM does, with a warning."""
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise InvalidParameterError(f"device must be a torch device (cpu, cuda, cuda:0, mps), got {value!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        warnings.warn(f"device {value}: this machine has no CUDA device, the model runs on the CPU", stacklevel=3)
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise InvalidParameterError(f"device {value}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                                    f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
+def _same_device(model: torch.nn.Module, value) -> None:
+    """A device named beside a model in memory must be the model's own (HFLM would silently ignore it)."""
+    if value is None:
+        return
+    want, have = _device(value), next(model.parameters()).device
+    if want.type != have.type or (want.index is not None and have.index is not None and want.index != have.index):
+        raise InvalidParameterError(f"device {value}: the model given is on {have}; move it first (model.to(...)) "
+                                    f"or leave device out")
+
+
+def tokenizer_folder(tokenizer) -> str:
+    """A local folder holding `tokenizer`, for lm-eval tasks that load their tokenizer by name (RULER:
+    `AutoTokenizer.from_pretrained(metadata["tokenizer"])`, which for an alias or a .gguf file goes to the hub).
+    Saved once in the hf_posenc cache, under a name taken from its files' content."""
+    if not hasattr(tokenizer, "save_pretrained"):
+        raise ParameterTypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
+    root = loading.CACHE_DIR / "tokenizers"
+    root.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".saving-", dir=root))
+    try:
+        tokenizer.save_pretrained(fresh)
+        digest = hashlib.sha1()
+        for file in sorted(fresh.iterdir()):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+        folder = root / digest.hexdigest()[:16]
+        if not folder.exists():
+            try:
+                os.replace(fresh, folder)  # whole or not at all
+            except OSError:  # another run saved the same tokenizer first
+                if not folder.exists():
+                    raise
+        return str(folder)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
 
 
 def _saved_tokenizer(ref: str):
@@ -179,27 +272,79 @@ def _task_yaml(name: str, data: Path) -> str:
             "    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
 
 
-def evaluate(lm: HFLM, folder: str | os.PathLike, tasks: Sequence[str] = (GROUP,), *, log_samples: bool = False,
-             **kwargs) -> dict:
-    """Run lm-eval on `tasks` (default: the whole group) that `write_tasks` wrote into `folder`; returns
-    lm-eval's results dict ("results" per task and group; "samples" per request when log_samples)."""
+def evaluate(lm: HFLM, folder: str | os.PathLike | None = None, tasks: str | Sequence[str] = (GROUP,), *,
+             metadata: dict | None = None, log_samples: bool = False, **kwargs) -> dict:
+    """Run lm-eval on `tasks`: those `write_tasks` wrote into `folder` (default: the whole group) and lm-eval's own,
+    such as RULER's offline ones (`metadata={"max_seq_lengths": [4096]}`). Returns lm-eval's results dict
+    ("results" per task and group; "samples" per request when log_samples). Tasks that load a tokenizer by name
+    get the model's, as a local folder (metadata "tokenizer", unless given)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(folder))
-    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=log_samples,
-                                   **kwargs)
+    tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+    if folder is None and tasks == [GROUP]:
+        raise InvalidParameterError(f"evaluate: the group {GROUP} lives in the folder write_tasks wrote; pass it "
+                                    "(evaluate(lm, folder)), or name lm-eval's tasks (tasks=['niah_single_1'])")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ParameterTypeError(f"metadata must be a dict (e.g. {{'max_seq_lengths': [4096]}}), got {metadata!r}")
+    metadata = {"tokenizer": tokenizer_folder(lm.tokenizer), **(metadata or {})}
+    manager = None
+    if folder is not None:  # the folder's tasks alone when it holds all those asked for: indexing lm-eval's takes ~20 s
+        manager = TaskManager(include_path=str(folder), include_defaults=False, metadata=metadata)
+        if not all(task in manager.all_tasks for task in tasks):
+            manager = None
+    if manager is None:
+        manager = TaskManager(include_path=None if folder is None else str(folder), metadata=metadata)
+    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=log_samples, **kwargs)
+
+
+def _prepare_run(args) -> None:
+    """`run --model hf_posenc` on lm_eval's parsed command line: unknown model arguments refused before anything
+    loads, and the metadata given a `tokenizer` folder (the model's own tokenizer) unless it names one: RULER's
+    tasks would otherwise look `pretrained` up on the hub (`smollm2`, a .gguf file)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    if getattr(args, "command", None) != "run":
+        return
+    config = {}
+    if getattr(args, "config", None):
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+
+        config = EvaluatorConfig.load_yaml_config(args.config)
+
+    def merged(name):  # the command line over the config file, as lm_eval merges them
+        parts = [config.get(name), getattr(args, name, None)]
+        return {k: v for part in parts if part for k, v in
+                (simple_parse_args_string(part) if isinstance(part, str) else part).items()}
+
+    if (args.model or config.get("model")) != "hf_posenc":
+        return
+    model_args, metadata = merged("model_args"), merged("metadata")
+    check_model_args(model_args)
+    if "tokenizer" in metadata or not model_args.get("pretrained"):
+        return  # named by the user; or no model at all, which HFPosencLM refuses
+    if model_args.get("tokenizer"):
+        tokenizer = loading.load_tokenizer(str(model_args["tokenizer"]))
+    else:
+        tokenizer = _saved_tokenizer(str(model_args["pretrained"]))
+    args.metadata = {**metadata, "tokenizer": tokenizer_folder(tokenizer)}
 
 
 def main(argv: list[str] | None = None) -> int:
     """lm_eval's command line with the `hf_posenc` model registered (this module's import did it); a
-    model hf_posenc refuses (a missing path, a bad patch) ends as one `error:` line and exit code 2."""
-    from lm_eval.__main__ import cli_evaluate
+    model hf_posenc refuses (a missing path, a bad patch, an unknown model argument) ends as one `error:` line
+    and exit code 2."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     try:
-        cli_evaluate()
+        setup_logging()
+        parser = HarnessCLI()
+        args = parser.parse_args()
+        _prepare_run(args)
+        parser.execute(args)
     except (PosEncError, OSError) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +18,18 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import eval as hpe  # noqa: E402
-from hf_posenc import harness  # noqa: E402
+from hf_posenc import harness, loading  # noqa: E402
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer  # noqa: E402
 
 ORIGINAL = 256
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Tokenizer folders saved for RULER go to a cache of the test's own."""
+    monkeypatch.setattr(loading, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
 
 
 def patched_model(method="yarn", **params):
@@ -112,6 +123,7 @@ def test_lm_eval_command_line_with_the_registered_model(tmp_path):
          "--tasks", harness.GROUP, "--device", "cpu", "--output_path", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list((tmp_path / "cache" / "tokenizers").iterdir())  # the tokenizer folder RULER's tasks would read
     [result] = list((tmp_path / "out").rglob("results*.json"))
     assert "hf_posenc_passkey_300" in json.loads(result.read_text())["results"]
     missing = subprocess.run([sys.executable, "-m", "hf_posenc.harness", "--model", "hf_posenc", "--model_args",
@@ -119,3 +131,155 @@ def test_lm_eval_command_line_with_the_registered_model(tmp_path):
                               str(tmp_path / "tasks")], capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith("error: no model at ")
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    tokenizer, model = tiny_tokenizer(), tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=ORIGINAL)
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_unknown_model_arguments_are_refused_before_any_weights_load(checkpoint, monkeypatch):
+    monkeypatch.setattr(harness.api, "from_pretrained", lambda *a, **k: pytest.fail("the weights were loaded"))
+    allowed = "the model takes: pretrained, tokenizer, patch, max_length, dtype, attn_implementation, device, batch_size"
+    with pytest.raises(hp.InvalidParameterError, match=re.escape("unknown hf_posenc model argument bogus=1; " + allowed)):
+        harness.HFPosencLM(str(checkpoint), bogus=1)
+    with pytest.raises(hp.InvalidParameterError, match=r"argument dtyp='bfloat16' \(did you mean dtype\?\)"):
+        harness.HFPosencLM(str(checkpoint), dtyp="bfloat16")
+    # HFLM's loading arguments do nothing to a model already loaded: refused, not dropped
+    with pytest.raises(hp.InvalidParameterError, match=r"arguments revision='v2', peft='adapter/'"):
+        harness.HFPosencLM(str(checkpoint), revision="v2", peft="adapter/")
+
+
+def test_unknown_model_arguments_end_the_command_line_with_one_error_line(checkpoint, capsys, monkeypatch):
+    # lm-eval's log handler, made once a process, would keep writing to this test's captured (then closed) stderr
+    monkeypatch.setattr("lm_eval.utils._LOGGING_CONFIGURED", True)
+    code = harness.main(["--model", "hf_posenc", "--model_args", f"pretrained={checkpoint},dtyp=float32,bogus=1",
+                         "--tasks", harness.GROUP])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(lines)
+    assert lines[-1].startswith("error: unknown hf_posenc model arguments dtyp='float32', bogus=1 (did you mean dtype?);")
+    assert lines[-1].endswith(", ".join(harness.MODEL_ARGS))
+
+
+def test_the_model_goes_to_the_device_lm_eval_names(checkpoint):
+    if torch.cuda.is_available():
+        assert harness.HFPosencLM(str(checkpoint), device="cuda").model.device.type == "cuda"
+    else:  # lm_eval's default, cuda:0, on a machine without CUDA: the CPU, as lm-eval's HFLM does, and a warning
+        with pytest.warns(UserWarning, match="no CUDA device, the model runs on the CPU"):
+            assert harness.HFPosencLM(str(checkpoint), device="cuda:0").model.device.type == "cpu"
+    with pytest.raises(hp.InvalidParameterError, match="device 'gpu0'|device must be a torch device"):
+        harness.HFPosencLM(str(checkpoint), device="gpu0")
+    model = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=ORIGINAL)
+    with pytest.raises(hp.InvalidParameterError, match="the model given is on cpu; move it first"):
+        harness.HFPosencLM(model, tiny_tokenizer(), device="meta")
+
+
+def test_lm_eval_reaches_the_model_by_its_plug_in_entry_point(tmp_path):
+    """pyproject declares the model in lm-eval's plug-in group; an lm-eval that reads the group (its docs/plugins.md)
+    runs the bare `lm_eval --model hf_posenc`, 0.4.13 and older do not know the name, as the docs say."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["lm_eval.models"]
+    module, _, name = declared["hf_posenc"].partition(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is harness.HFPosencLM
+
+    import lm_eval.api.registry as registry
+
+    # what `lm_eval --model hf_posenc` does first, in a fresh process that never imported hf_posenc
+    lookup = subprocess.run([sys.executable, "-c", "from lm_eval.api.registry import get_model; "
+                             "print(get_model('hf_posenc').__module__)"], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)  # not the checkout, whose build folders may hold older metadata
+    docs = (ROOT / "docs" / "evaluate.md").read_text()
+    if hasattr(registry, "import_plugins"):  # lm-eval with plug-ins
+        assert lookup.returncode == 0 and lookup.stdout.split()[-1] == "hf_posenc.harness", lookup.stderr[-1000:]
+    else:
+        assert lookup.returncode != 0 and "no model for this name found" in lookup.stderr
+        assert "python -m hf_posenc.harness --model hf_posenc" in docs
+        assert re.search(r"bare `lm_eval --model hf_posenc` does not know the name in lm-eval 0\.4\.13", docs)
+    assert '[project.entry-points."lm_eval.models"]' in docs
+
+
+def word_tokenizer():
+    """A word-level tokenizer (RULER's variable tracking needs its few-shot example in 500 tokens: bytes are too
+    many), any text, no hub: ids 0-259, like tiny_tokenizer()."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>", "VAR", "=", ".", ":", ",", "?", "the", "is", "of", "variables", "are", "assigned",
+             "value", "Answer", "According", "to", "chain", "(", ")", "s", "assignment", "Memorize", "and", "track"]
+    words += [str(i) for i in range(100)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+
+
+# RULER's variable tracking as lm-eval's ruler/vt.yaml sets it up, without its `include` of niah_single_1.yaml, whose
+# import (wonderwords' 6 million word pairs) costs 10-40 s
+RULER_VT = """task: ruler_vt_alone
+dataset_path: ""
+output_type: generate_until
+test_split: test
+custom_dataset: !function lm_eval.tasks.ruler.vt_utils.get_vt_dataset
+doc_to_text: "{{input}}"
+doc_to_target: "{{outputs}}"
+gen_prefix: "{{gen_prefix}}"
+target_delimiter: " "
+process_results: !function lm_eval.tasks.ruler.common_utils.process_results
+metric_list:
+  - metric: "1024"
+    aggregation: !function lm_eval.tasks.ruler.common_utils.aggregate_metrics
+    higher_is_better: true
+generation_kwargs: {do_sample: false, temperature: 0.0, max_gen_toks: 30, until: []}
+metadata: {version: 1.0}
+"""
+
+
+def test_rulers_offline_task_runs_on_the_models_own_tokenizer(tmp_path, monkeypatch):
+    """RULER builds its samples with `AutoTokenizer.from_pretrained(metadata["tokenizer"] or "pretrained")`: it
+    gets a local folder holding the model's tokenizer, never a name for the hub."""
+    from transformers import AutoTokenizer
+
+    loaded = []
+    original = AutoTokenizer.from_pretrained.__func__
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        classmethod(lambda cls, name, *a, **k: loaded.append(name) or original(cls, name, *a, **k)))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "vt.yaml").write_text(RULER_VT)
+    tokenizer = word_tokenizer()
+    lm = harness.HFPosencLM(tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=2048), tokenizer)
+    out = harness.evaluate(lm, tmp_path / "tasks", ["ruler_vt_alone"], metadata={"max_seq_lengths": [1024]}, limit=2,
+                           log_samples=True)
+
+    [folder] = set(loaded)
+    assert Path(folder).parent == tmp_path / "cache" / "tokenizers"
+    text = "VAR A = 12 . VAR B = VAR A"
+    assert AutoTokenizer.from_pretrained(folder)(text).input_ids == tokenizer(text).input_ids
+    samples = out["samples"]["ruler_vt_alone"]
+    assert len(samples) == 2 and all(s["doc"]["max_length"] == 1024 for s in samples)
+    assert 0 <= out["results"]["ruler_vt_alone"]["1024,none"] <= 1
+
+
+def test_the_command_line_gives_ruler_the_models_tokenizer(checkpoint, tmp_path, monkeypatch):
+    from lm_eval._cli import HarnessCLI
+
+    def prepared(*argv):
+        monkeypatch.setattr(sys, "argv", ["lm_eval", *argv])
+        args = HarnessCLI().parse_args()
+        harness._prepare_run(args)
+        return args
+
+    args = prepared("--model", "hf_posenc", "--model_args", f"pretrained={checkpoint},dtype=float32",
+                    "--tasks", "ruler_vt", "--metadata", '{"max_seq_lengths": [4096]}')
+    folder = args.metadata.pop("tokenizer")
+    assert args.metadata == {"max_seq_lengths": [4096]} and Path(folder).parent == tmp_path / "cache" / "tokenizers"
+    assert loading.load_tokenizer(folder)("One two").input_ids == tiny_tokenizer()("One two").input_ids
+    given = prepared("--model", "hf_posenc", "--model_args", f"pretrained={checkpoint}", "--tasks", "ruler_vt",
+                     "--metadata", '{"tokenizer": "mine"}')
+    assert given.metadata == {"tokenizer": "mine"}  # named by the user: kept
+    other = prepared("--model", "hf", "--model_args", f"pretrained={checkpoint},bogus=1", "--tasks", "ruler_vt")
+    assert other.metadata is None  # another model: lm-eval's business
+    (tmp_path / "cfg.yaml").write_text(f"model: hf_posenc\nmodel_args: pretrained={checkpoint}\n"
+                                       "metadata: {max_seq_lengths: [8192]}\ntasks: ruler_vt\n")
+    from_config = prepared("--config", str(tmp_path / "cfg.yaml"))
+    assert from_config.metadata == {"max_seq_lengths": [8192], "tokenizer": folder}
