@@ -130,6 +130,21 @@ def test_the_unpacked_sdist_collects_its_tests(built, tmp_path):
     assert {line.split("::")[0] for line in collected} == {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
 
 
+def test_readme_install_block_installs_the_extra_the_embedded_model_needs():
+    """The embedded smollm2 is a GGUF file, which transformers reads only with the gguf package: README's install
+    block names the `gguf` extra (and only extras pyproject declares)."""
+    import tomllib
+
+    from hf_posenc import assets
+
+    assert assets.SMOLLM2_FILE.endswith(".gguf")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    extras = {extra for group in re.findall(r'pip install -e "\.\[([\w,]+)\]"', block) for extra in group.split(",")}
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "gguf" in extras and extras <= set(declared), (extras, sorted(declared))
+
+
 def test_pyproject_uses_the_license_expression():
     import tomllib
 
