@@ -6,7 +6,7 @@ Bible, not a play: the fine-tunes trained on plays), first copies in the first h
 in the second, one pass with the first copies and one control pass per sequence (--one-pass: none). The same
 passages at the same places for every row, so rows are compared passage by passage (paired differences).
 Rows: `none` (unpatched: inside its own 8k the reference, at 16k the negative control past its context), `ntk`,
-`yarn`, `dynamic_yarn`, `dca`, `self_extend` (each patched to the cell's length), or NAME=FOLDER (a saved
+`yarn`, `dynamic_yarn`, `dca`, `self_extend` (each patched to the cell's length, at least 16k), or NAME=FOLDER (a saved
 fine-tune, loaded with hp.from_pretrained).
 
 `--probes N` adds one cell: N multikey probes (hf_posenc/eval/ruler.py) on one prefill of the longest length,
@@ -39,13 +39,16 @@ PASSAGE = 192
 PAIRS = [("self_extend", "yarn"), ("dca", "yarn"), ("self_extend", "dca"), ("ntk", "yarn"), ("dynamic_yarn", "yarn")]
 
 
-def load_row(row: str, length: int, dtype: torch.dtype):
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):
     name, _, folder = row.partition("=")
     if folder:
-        return hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
-    model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").eval()
+        return hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
+    model = hp.load_model(ref, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
     if name != "none":
-        params = hpe.variant_params(model, name, {}, length)
+        params = hpe.variant_params(model, name, {}, max(length, 2 * ORIGINAL))
         hp.patch(model, name, **params)
     return model
 
@@ -68,16 +71,16 @@ def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, co
             "cpu_s": time.process_time() - cpu}
 
 
-def probes_cell(model, tokenizer, length: int, count: int, seed: int) -> dict:
+def probes_cell(model, tokenizer, ids: list[int], length: int, count: int, seed: int) -> dict:
     """`count` multikey probes on one prefill: CPU time of the prefill alone, then of prefill + probes."""
-    text = "\n".join(data.load_corpus("kjv")["text"])[:12 * length]
+    text = tokenizer.decode(ids[:3 * length])
     sample = ruler.make_samples("multikey", tokenizer, lengths=[length], samples=1, needles=count, haystack=text,
                                 seed=seed)[0]
     probes = [(p.prompt, p.answer) for p in sample.probes]
     prefix = probes_module.common_prefix([p for p, _ in probes])
     cpu = time.process_time()
     with torch.inference_mode():
-        model(torch.tensor([probes[0][0][:prefix]]), use_cache=False, logits_to_keep=1)
+        model(torch.tensor([probes[0][0][:prefix]], device=DEVICE), use_cache=False, logits_to_keep=1)
     prefill = time.process_time() - cpu
     cpu = time.process_time()
     out = probes_module.score_probes(model, probes)
@@ -94,6 +97,9 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=48, help="passages a cell (over as many sequences as needed)")
     parser.add_argument("--one-pass", action="store_true", help="the first copy's own loss as the baseline")
     parser.add_argument("--corpus", default="kjv", help="the held-out text (a load_corpus spec)")
+    parser.add_argument("--text-ids", help="the held-out text as token ids already (a .npy file, e.g. of --corpus "
+                                           "tokenized on a machine that has it): on a machine without the corpus")
+    parser.add_argument("--model", default="smollm2", help="the model: smollm2 (embedded) or its .gguf file")
     parser.add_argument("--probes", type=int, default=0, help="N multikey probes on one prefill (first row)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
@@ -111,19 +117,25 @@ def main() -> None:
                                         ["recall", "probes"])
     if args.report:
         return report(results, args.figure)
-    here = f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
+    gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
+    here = f"{gpu}{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
     results.setdefault("machine", here)
     print(here, flush=True)
     dtype = getattr(torch, args.dtype)
-    _, tokenizer = common.smollm2(args.dtype)
-    ids = text_ids(tokenizer, args.corpus)
+    tokenizer = hp.load_tokenizer(args.model)
+    if args.text_ids:
+        import numpy
+
+        ids = numpy.load(args.text_ids).tolist()
+    else:
+        ids = text_ids(tokenizer, args.corpus)
     for length in args.lengths:
         for row in args.rows:
             key = f"{row.partition('=')[0]} {length}"
             if key in results["recall"]:
                 continue
-            model = load_row(row, length, dtype)
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            model = load_row(row, length, dtype, args.model)
+            with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
                 cell = recall_cell(model, tokenizer, ids, length, args.passages, not args.one_pass, args.seed)
             results["recall"][key] = cell
             save()
@@ -131,9 +143,9 @@ def main() -> None:
                   f"{cell['cpu_s']:.0f} CPU-s", flush=True)
     if args.probes and f"{args.rows[0]} {max(args.lengths)}" not in results["probes"]:
         length = max(args.lengths)
-        model = load_row(args.rows[0], length, dtype)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            results["probes"][f"{args.rows[0]} {length}"] = probes_cell(model, tokenizer, length, args.probes,
+        model = load_row(args.rows[0], length, dtype, args.model)
+        with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
+            results["probes"][f"{args.rows[0]} {length}"] = probes_cell(model, tokenizer, ids, length, args.probes,
                                                                         args.seed)
         save()
         print(results["probes"], flush=True)
@@ -167,13 +179,15 @@ def report(results: dict, figure: str | None) -> None:
         print(f"\nprobes, {key}: {p['probes']} probes on one prefill of {p['prefix']} tokens: prefill "
               f"{p['prefill_cpu_s']:.0f} CPU-s, with the probes {p['with_probes_cpu_s']:.0f} CPU-s "
               f"({p['ratio']:.2f}x), found {p['found']}/{p['probes']}")
-    if figure:
-        variants = {f"{k.split()[0]} @{int(k.split()[1]) // 1024}k": c for k, c in cells.items()}
+    if figure:   # one figure a length (FIGURE_16k.png, ...): twelve lines in one are unreadable
         from hf_posenc.eval import plots
 
-        plots.plot_recall(variants, figure, original_context=ORIGINAL,
-                          title="Recall at a distance, SmolLM2-135M (8k native)")
-        print(f"figure: {figure}")
+        for length in lengths:
+            variants = {k.split()[0]: c for k, c in cells.items() if int(k.split()[1]) == length}
+            path = Path(figure).with_name(f"{Path(figure).stem}_{length // 1024}k.png")
+            plots.plot_recall(variants, path, original_context=ORIGINAL,
+                              title=f"Recall at a distance in {length // 1024}k tokens, SmolLM2-135M (8k native)")
+            print(f"figure: {path}")
 
 
 if __name__ == "__main__":
