@@ -7,21 +7,24 @@ nothing in the weights or the saved config changes.
 
 The groups, for a sequence of n tokens (n a multiple of g = group):
 - the first ceil(h / 2) heads (the paper's `chunk(2)` on the heads): [0, g), [g, 2g), ..., [n - g, n);
-- the other h // 2 heads: [0, g/2), [g/2, 3g/2), ..., [n - g/2, n): the same groups moved by g/2, the first
-  and the last one half as long. The paper's pseudocode rolls the tokens by g/2, which wraps the first g/2
-  tokens around into the last group, where under its causal mask they would read the end of the sequence;
-  cut at g/2 + k g instead, no token sees one after it.
-Each query attends causally inside its group (and under the model's own mask: padding, a sliding window).
+- the other h // 2 heads: the same groups moved by g/2, [g/2, 3g/2), ..., [n - 3g/2, n - g/2), and one group
+  that wraps around, [0, g/2) with [n - g/2, n): the paper's roll of the tokens by g/2. The paper's causal mask
+  runs in the rolled order, where the first g/2 tokens come after the last ones and read them; here each group
+  is causal in the order of the sequence, so no token sees one after it (the last g/2 tokens see the first g/2).
+Each query attends causally inside its group (and under the model's own mask: padding, a sliding window). With
+one group (g = n) every head sees everything: full attention.
 
 `enable(model, group)` gives each self-attention module its settings and points the model's config at the
 attention function registered here (NAME); the function groups only while the module is in training mode
 and the queries are the keys (no cache): `model.eval()`, generation and every evaluation run transformers'
 SDPA over the whole sequence. `disable(model)` puts the model's own implementation back (before saving).
-Inside each group the work is torch's scaled_dot_product_attention, the groups side by side in its batch.
+Inside the groups the work is one call of torch's scaled_dot_product_attention: each head's tokens put in the
+order of its groups (one index each for q, k, v), the groups side by side with the heads, causal in each.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -151,46 +154,71 @@ def s2_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return out.transpose(1, 2).contiguous(), None
 
 
+def group_order(n: int, group: int, heads: int, shift: bool = True, device=None) -> torch.Tensor:
+    """[heads, n]: the tokens of each head in the order of its groups (the module docstring), each group's
+    tokens ascending: the plain heads 0..n-1, the shifted heads g/2..n-g/2-1, then 0..g/2-1, n-g/2..n-1."""
+    plain = torch.arange(n, device=device)
+    half = group // 2
+    moved = torch.cat([torch.arange(half, n - half, device=device), torch.arange(half, device=device),
+                       torch.arange(n - half, n, device=device)])
+    shifted = heads // 2 if shift else 0
+    return torch.stack([plain] * (heads - shifted) + [moved] * shifted)
+
+
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                       group: int, shift: bool = True, *, scaling: float | None = None,
                       dropout: float = 0.0) -> torch.Tensor:
     """S2-Attn of query [b, h, n, d] over key / value [b, h_kv, n, d]: causal attention inside the groups of
     the module docstring, under `mask` (None: causal; else SDPA's bool mask [b | 1, 1 | h, n, n], True: attend,
     or a float one). Returns [b, h, n, d_v]."""
-    heads, n = query.shape[1], query.shape[2]
+    b, heads, n = query.shape[:3]
     if n % group:
         raise ValueError(f"S2-Attn: a sequence of {n} tokens is not a whole number of groups of {group}")
-    repeat = heads // key.shape[1]
-    if repeat > 1:   # grouped-query attention: each query head's own keys and values
-        key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
-    if mask is not None and mask.dtype != torch.bool:   # an additive float mask: where it allows
+    order, inverse, rows, kv_rows = _indices(n, group, heads, key.shape[1], shift, query.device)
+    q, k, v = query[:, rows, order], key[:, kv_rows, order], value[:, kv_rows, order]   # [b, h, n, d]
+    if mask is None:   # the groups side by side with the heads: [b, h * groups, group, d], causal in each
+        out = F.scaled_dot_product_attention(*(x.reshape(b, -1, group, x.shape[-1]) for x in (q, k, v)),
+                                             dropout_p=dropout, is_causal=True, scale=scaling)
+    else:
+        out = _masked(q, k, v, mask, order, group, scaling, dropout)
+    return out.reshape(b, heads, n, -1)[:, rows, inverse]
+
+
+@functools.lru_cache(maxsize=16)
+def _indices(n: int, group: int, heads: int, kv_heads: int, shift: bool, device: torch.device):
+    """The orders of `group_order`, their inverses, and the query / key-value head of each row (grouped-query
+    attention: query head i reads key / value head i // (heads / kv_heads)); built once per shape (every layer
+    and step reuses them)."""
+    order = group_order(n, group, heads, shift, device)
+    rows = torch.arange(heads, device=device)[:, None]
+    return order, order.argsort(-1), rows, rows // (heads // kv_heads)
+
+
+def _masked(q, k, v, mask, order, group: int, scaling, dropout) -> torch.Tensor:
+    """The groups one at a time under the model's mask, in each head's order (padding, a sliding window); a
+    query may always see itself, so that a padding query whose group holds only padding stays finite."""
+    if mask.dtype != torch.bool:   # an additive float mask: where it allows
         mask = mask > torch.finfo(mask.dtype).min / 2
-    plain = heads - heads // 2 if shift else heads
-    run = dict(mask=mask, scaling=scaling, dropout=dropout)
-    parts = [_attend(query[:, :plain], key[:, :plain], value[:, :plain], range(0, n, group), group, **run)]
-    if plain < heads:
-        half = group // 2
-        q, k, v = query[:, plain:], key[:, plain:], value[:, plain:]
-        ends = _attend(q, k, v, (0, n - half), half, **run)   # [0, g/2) and [n - g/2, n)
-        middle = [_attend(q, k, v, range(half, n - half, group), group, **run)] if n > group else []
-        parts.append(torch.cat([ends[:, :, :half], *middle, ends[:, :, half:]], dim=2))
+    n = q.shape[2]
+    eye = torch.eye(group, dtype=torch.bool, device=q.device)
+    parts = []
+    for rows in _same_order(order):   # heads that share an order share the mask
+        o = order[rows[0]]
+        ordered = (mask if mask.shape[1] == 1 else mask[:, rows])[..., o[:, None], o[None, :]]
+        parts.append(torch.cat([
+            F.scaled_dot_product_attention(q[:, rows, s:s + group], k[:, rows, s:s + group], v[:, rows, s:s + group],
+                                           attn_mask=ordered[..., s:s + group, s:s + group] | eye,
+                                           dropout_p=dropout, scale=scaling)
+            for s in range(0, n, group)], dim=2))
     return torch.cat(parts, dim=1)
 
 
-def _attend(query, key, value, starts, size: int, *, mask, scaling, dropout) -> torch.Tensor:
-    """Causal attention inside each group [s, s + size) for s in `starts`, the groups side by side in SDPA's
-    batch; returns the groups' outputs one after the other along the sequence, [b, heads, len(starts) * size, d_v]."""
-    starts = list(starts)
-    b = query.shape[0]
-
-    def gather(x: torch.Tensor) -> torch.Tensor:   # [b, heads, n, d] -> [b * groups, heads, size, d]
-        return torch.stack([x[:, :, s:s + size] for s in starts], dim=1).flatten(0, 1)
-
-    blocks = None
-    if mask is not None:   # the model's mask inside each group; a query may always see itself (padding stays finite)
-        blocks = torch.stack([mask[..., s:s + size, s:s + size] for s in starts], dim=1)
-        blocks = blocks.expand(b, *blocks.shape[1:]).flatten(0, 1)
-        blocks = blocks | torch.eye(size, dtype=torch.bool, device=blocks.device)
-    out = F.scaled_dot_product_attention(gather(query), gather(key), gather(value), attn_mask=blocks,
-                                         dropout_p=dropout, is_causal=blocks is None, scale=scaling)
-    return out.unflatten(0, (b, len(starts))).transpose(1, 2).flatten(2, 3)
+def _same_order(order: torch.Tensor) -> list[list[int]]:
+    """The heads in runs of consecutive heads with the same order (plain, then shifted)."""
+    runs: list[list[int]] = []
+    for head in range(order.shape[0]):
+        if runs and torch.equal(order[runs[-1][0]], order[head]):
+            runs[-1].append(head)
+        else:
+            runs.append([head])
+    return runs

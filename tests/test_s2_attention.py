@@ -22,10 +22,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def group_mask(n: int, heads: int, group: int, shift: bool = True) -> torch.Tensor:
     """[heads, n, n] bool, True where query i may see key j: causal, inside i's group. The shifted heads (the
-    last heads // 2) have groups [0, g/2), [g/2, 3g/2), ..., [n - g/2, n)."""
+    last heads // 2) have the groups moved by g/2: [g/2, 3g/2), ..., and [0, g/2) with [n - g/2, n)."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    groups = n // group
     plain = (i // group == j // group) & (j <= i)
-    moved = ((i + group // 2) // group == (j + group // 2) // group) & (j <= i)
+    moved = ((i + group // 2) // group % groups == (j + group // 2) // group % groups) & (j <= i)
     shifted = heads // 2 if shift else 0
     return torch.stack([plain] * (heads - shifted) + [moved] * shifted)
 
@@ -58,31 +59,30 @@ def test_each_head_sees_exactly_its_groups(heads, kv_heads):
     assert not torch.allclose(out[:, heads - heads // 2:], plain[:, heads - heads // 2:])
 
 
-def test_the_shifted_groups_are_cut_not_wrapped():
-    """No token sees one after it: the first g/2 tokens are a group of their own (the paper's roll would put
-    them in the last group, after the end of the sequence)."""
+def test_the_wrapped_group_keeps_the_order_of_the_sequence():
+    """The shifted heads' last group holds the first g/2 tokens and the last g/2 (the paper's roll), causal in
+    the sequence's order: the first tokens see none of the last ones (under the paper's mask in rolled order
+    they would read the end of the sequence), the last ones see the first."""
     allowed = group_mask(16, 2, 8)[1]
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     assert torch.equal(allowed[:4, :4], causal) and not allowed[:4, 4:].any()
-    assert torch.equal(allowed[12:, 12:], causal) and not allowed[12:, :12].any()
+    assert allowed[12:, :4].all() and torch.equal(allowed[12:, 12:], causal) and not allowed[12:, 4:12].any()
     query, key, value = qkv(heads=2, kv_heads=2, n=16)
     changed = value.clone()
-    changed[:, :, 12:] += 1.0   # the last group's values: the first tokens must not move
+    changed[:, :, 12:] += 1.0   # the last tokens' values: the first tokens must not move
     first = s2.grouped_attention(query, key, value, None, 8)
     second = s2.grouped_attention(query, key, changed, None, 8)
     torch.testing.assert_close(first[:, :, :12], second[:, :, :12])
+    assert s2.group_order(16, 8, 2).tolist() == [list(range(16)), [*range(4, 12), *range(4), *range(12, 16)]]
 
 
-def test_one_group_without_the_shift_is_full_causal_attention():
+@pytest.mark.parametrize("shift", [False, True])
+def test_one_group_is_full_causal_attention(shift):
     query, key, value = qkv(heads=4, kv_heads=2, n=16)
-    out = s2.grouped_attention(query, key, value, None, 16, shift=False, scaling=0.25)
+    out = s2.grouped_attention(query, key, value, None, 16, shift=shift, scaling=0.25)
     expected = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), is_causal=True, scale=0.25)
     torch.testing.assert_close(out, expected)
-    # with the shift, one group: the first half of the heads is full attention, the rest sees two halves
-    shifted = s2.grouped_attention(query, key, value, None, 16, scaling=0.25)
-    torch.testing.assert_close(shifted[:, :2], expected[:, :2])
-    torch.testing.assert_close(shifted, eager(query, key, value, group_mask(16, 4, 16)[None], 0.25))
 
 
 def test_the_models_mask_is_kept_inside_the_groups():
@@ -100,6 +100,8 @@ def test_the_models_mask_is_kept_inside_the_groups():
     assert torch.isfinite(out).all()                          # padding queries stay finite
     additive = torch.zeros(model_mask.shape).masked_fill(~model_mask, torch.finfo(torch.float32).min)
     torch.testing.assert_close(s2.grouped_attention(query, key, value, additive, 8), out)
+    per_head = model_mask.expand(2, heads, n, n)   # a mask of each head's own
+    torch.testing.assert_close(s2.grouped_attention(query, key, value, per_head, 8), out)
 
 
 def test_gradients_flow_through_every_group():
@@ -184,11 +186,12 @@ def test_every_rope_family_trains_on_the_groups_and_evaluates_on_everything(mode
     torch.testing.assert_close(model(ids, attention_mask=mask).logits, before, rtol=0, atol=0)
 
 
-def test_one_group_without_the_shift_trains_as_full_attention():
+@pytest.mark.parametrize("shift", [False, True])
+def test_one_group_trains_as_full_attention(shift):
     model = tiny_model().train()
     ids = token_ids(32)
     full = model(ids).logits
-    s2.enable(model, 32, shift=False)
+    s2.enable(model, 32, shift=shift)
     torch.testing.assert_close(model(ids).logits, full)
 
 
