@@ -113,6 +113,17 @@ def gpt2_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def one_head_dir(tmp_path_factory):
+    from tiny import tiny_model
+
+    folder = tmp_path_factory.mktemp("one_head")
+    tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=128, num_attention_heads=1, num_key_value_heads=1,
+               head_dim=64).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
 BAD = [
     ({"train": {"attention": "s2", "s2_group": 24}}, "train.s2_group=24: group=24 does not divide the sequence of 64"),
     ({"train": {"attention": "s2", "s2_group": 128}}, "group=128 is larger than the sequence of 64 tokens"),
@@ -126,6 +137,8 @@ BAD = [
     ({"train": {"attention": "s2", "positions": "pose chunks=2"}},
      "spreads a window's ids so that its long distances lie between its chunks"),
     ({"train": {"attention": "s2", "loss": "longce", "longce_window": 16}}, "do not go together"),
+    ({"train": {"attention": "s2"}, "model": "ONE_HEAD"},
+     "it has one attention head: there is no second half of the heads to shift"),
     ({"train": {"attention": "sparse"}}, "train.attention must be one of full, s2"),
     ({"train": {"s2_group": 1}}, "train.s2_group must be an int >= 2"),
     ({"train": {"loss": "focal"}}, "train.loss must be one of ce, longce"),
@@ -139,12 +152,13 @@ BAD = [
 
 
 @pytest.mark.parametrize("sections, message", BAD, ids=[b[1][:30] for b in BAD])
-def test_configs_that_cannot_work_are_refused_with_nothing_written(tmp_path, tiny_dir, gpt2_dir, text_file,  # noqa: F811
-                                                                    sections, message):
+def test_configs_that_cannot_work_are_refused_with_nothing_written(tmp_path, tiny_dir, gpt2_dir, one_head_dir,  # noqa: F811
+                                                                    text_file, sections, message):
     sections = {"data": {"corpus": str(text_file), **sections.get("data", {})},
                 **{k: v for k, v in sections.items() if k != "data"}}
-    if sections.get("model") == "GPT2":
-        sections["model"] = {"name": str(gpt2_dir), "dtype": "float32"}
+    folders = {"GPT2": gpt2_dir, "ONE_HEAD": one_head_dir}
+    if sections.get("model") in folders:
+        sections["model"] = {"name": str(folders[sections["model"]]), "dtype": "float32"}
     cfg = write_config(tmp_path / "cfg" / "c.yaml", tiny_dir, **sections)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     with pytest.raises(ConfigError) as refused:
