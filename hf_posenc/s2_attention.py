@@ -43,7 +43,6 @@ SETTINGS = "hf_posenc_s2"  # the attribute each self-attention module carries wh
 class S2Settings:
     group: int  # tokens per group
     shift: bool  # the second half of the heads sees the groups shifted by group / 2
-    previous: str  # the implementation the module's config ran before: put back by `disable`
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -102,19 +101,16 @@ def enable(model: nn.Module, group: int, shift: bool = True) -> None:
     if why:
         raise MethodNotApplicableError(f"S2-Attn cannot train this model: {why}")
     register()
+    base = _base(model)
+    text = base.config.get_text_config()
+    # the implementation to put back: the one before the first enable (enabling again keeps it)
+    previous = base.__dict__.get(SETTINGS) or _compat.attention_implementation(text)
     modules = [m for _, m in _compat.attention_modules(model)]
-    configs = {id(c): c for c in [_base(model).config.get_text_config(), *(getattr(m, "config", None)
-                                                                          for m in modules)] if c is not None}
     for module in modules:
-        config = getattr(module, "config", None) or _base(model).config.get_text_config()
-        previous = _compat.attention_implementation(config)
-        if previous == NAME:   # enabled before: keep what it replaced
-            previous = getattr(module, SETTINGS).previous
-        setattr(module, SETTINGS, S2Settings(group, shift, previous))
-    previous = getattr(modules[0], SETTINGS).previous
-    for config in configs.values():
+        setattr(module, SETTINGS, S2Settings(group, shift))
+    for config in {id(c): c for c in [text, *(getattr(m, "config", None) for m in modules)] if c is not None}.values():
         _compat.set_attention_implementation(config, NAME)
-    _base(model).__dict__[SETTINGS] = previous
+    base.__dict__[SETTINGS] = previous
 
 
 def disable(model: nn.Module) -> None:

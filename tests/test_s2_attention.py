@@ -265,3 +265,15 @@ def test_models_whose_attention_cannot_be_grouped_are_refused_untouched(case, me
         s2.enable(model, 8)
     assert _compat.attention_implementation(model.config.get_text_config()) == implementation
     assert not any(hasattr(m, s2.SETTINGS) for m in model.modules())
+
+
+def test_enabling_again_changes_the_group_and_disable_still_restores_the_original():
+    model = tiny_model()
+    _compat.set_attention_implementation(model.config, "eager")
+    s2.enable(model, 8)
+    s2.enable(model, 16, shift=False)
+    assert {getattr(m, s2.SETTINGS) for _, m in _compat.attention_modules(model)} == {s2.S2Settings(16, False)}
+    s2.disable(model)
+    assert _compat.attention_implementation(model.config) == "eager" and not s2.enabled(model)
+    s2.disable(model)   # off already: nothing to do
+    assert _compat.attention_implementation(model.config) == "eager"
