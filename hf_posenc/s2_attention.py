@@ -60,7 +60,7 @@ def why_not_groupable(model: nn.Module, shift: bool = True) -> str | None:
     if not all(getattr(m, "is_causal", False) for m in modules):
         return "its attention is bidirectional (an encoder); S2-Attn groups the attention of a causal LM"
     implementation = _compat.attention_implementation(config)
-    if implementation.startswith(PREFIX):
+    if implementation.startswith(PREFIX) and implementation != NAME:   # S2 itself: enabled again
         return (f"it runs hf_posenc's own attention ({implementation!r}: a posenc attention method computes it), "
                 f"which S2-Attn would replace")
     if getattr(config, "attn_logit_softcapping", None):
