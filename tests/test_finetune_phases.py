@@ -79,7 +79,9 @@ def test_train_steps_alone_update_the_weights_and_log_each_step(tmp_path, tiny_d
     recipe.setup()
     assert recipe.resume() == 0
     before = weights(recipe.model)
+    assert not recipe.model.training   # loaded in eval mode: a step taken by hand must switch it
     record = recipe.train_step(1)   # the warmup starts at lr 0: step 1 moves nothing
+    assert recipe.objective.training and recipe.model.training   # dropout, S2-Attn: on as in train()
     assert record["step"] == 1 and record["tokens"] == 2 * 2 * 64 and torch.isfinite(torch.tensor(record["loss"]))
     assert record["lr"] == pytest.approx(1e-3 / 2)   # the lr after the step: linear warmup over 2 steps
     assert all(torch.equal(before[k], v) for k, v in weights(recipe.model).items())

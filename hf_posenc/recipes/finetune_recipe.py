@@ -234,6 +234,7 @@ class FinetuneRecipe:
         if step > cfg.train.steps:
             raise PhaseOrderError(f"FinetuneRecipe.train_step({step}): the run has train.steps={cfg.train.steps}, "
                                   f"all taken; save_final() is next")
+        objective.train()   # dropout and S2-Attn are on in a step taken by hand as in train()'s (setup loads in eval)
         started, losses, tokens = time.perf_counter(), [], 0
         for micro in range(cfg.train.grad_accum):
             batch = next(self.batches)
@@ -272,7 +273,6 @@ class FinetuneRecipe:
         cfg, accelerator = self.cfg, self.accelerator
         if self.phase == "setup":
             self.resume()
-        self.objective.train()
         first = self.step + 1
         bar = tqdm(total=cfg.train.steps, initial=self.step, disable=not accelerator.is_local_main_process,
                    desc="finetune")
