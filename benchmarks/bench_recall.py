@@ -59,8 +59,7 @@ def text_ids(tokenizer, corpus: str) -> list[int]:
 
 
 def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, control: bool, seed: int) -> dict:
-    per_sequence = min(passages, (length // 2) // (PASSAGE * 16 // 9))    # the prototype's density: 24 at 16k
-    sequences = -(-passages // per_sequence)
+    per_sequence, sequences = recall.cell_sequences(length, passages, PASSAGE)   # 24 a sequence at 16k, 48 at 32k
     prefix = data.bos_prefix(tokenizer)
     layout = recall.plan_layout(length, passages=per_sequence, passage_tokens=PASSAGE, head=len(prefix), seed=seed)
     sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
@@ -108,7 +107,7 @@ def main() -> None:
     parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
     args = parser.parse_args()
     for length in args.lengths:
-        recall.plan_layout(length, passages=min(args.passages, (length // 2) // (PASSAGE * 16 // 9)),
+        recall.plan_layout(length, passages=recall.cell_sequences(length, args.passages, PASSAGE)[0],
                            passage_tokens=PASSAGE)   # refused here, before any loading, when it cannot fit
     args.dtype = common.dtype_name(args.dtype)
     results, save = common.results_file(args.out, {"passages": args.passages, "passage_tokens": PASSAGE,

@@ -66,6 +66,17 @@ class RecallSet:
     passages: list[int] = field(default_factory=list)   # where each passage starts in the text's tokens
 
 
+DENSITY = 16 / 9   # tokens of a sequence's half per passage token: 24 passages of 192 in each half of 16k
+
+
+def cell_sequences(length: int, passages: int, passage_tokens: int = 192) -> tuple[int, int]:
+    """(passages a sequence, sequences) of a recall cell of `passages` at `length`: at most DENSITY's share of
+    each half in passages, over as many sequences as that needs."""
+    most = max(1, int((length // 2) / (passage_tokens * DENSITY)))
+    per_sequence = min(passages, most)
+    return per_sequence, -(-passages // per_sequence)
+
+
 def plan_layout(length: int, *, passages: int, passage_tokens: int = 192, distances: Sequence[int] | None = None,
                 head: int = 0, seed: int = 0) -> Layout:
     """The positions of `passages` first copies and their repeats in `length` tokens (`head` framing tokens

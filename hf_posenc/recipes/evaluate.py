@@ -121,7 +121,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid",
             "recall_lengths", "task_lengths")
-RECALL_DENSITY = 16 / 9   # tokens of sequence half per passage token: 24 passages of 192 in each half of 16k
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # after the command
 
 
@@ -183,11 +182,10 @@ def check_args(args: EvalConfig) -> None:
 
 
 def recall_plan(ev: EvalArgs, length: int) -> tuple[int, int]:
-    """(passages a sequence, sequences) of a recall cell at `length`: the cell's passages at the density of
-    RECALL_DENSITY at most, over as many sequences as that needs."""
-    most = max(1, int((length // 2) / (ev.recall_passage_tokens * RECALL_DENSITY)))
-    per_sequence = min(ev.recall_passages, most)
-    return per_sequence, -(-ev.recall_passages // per_sequence)
+    """(passages a sequence, sequences) of a recall cell at `length` (hf_posenc.eval.recall.cell_sequences)."""
+    from hf_posenc.eval import recall
+
+    return recall.cell_sequences(length, ev.recall_passages, ev.recall_passage_tokens)
 
 
 def check_recall_and_tasks(ev: EvalArgs, need) -> None:
