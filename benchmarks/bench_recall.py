@@ -37,6 +37,7 @@ from hf_posenc.eval import recall, ruler, stats
 ORIGINAL = 8192   # SmolLM2-135M's own context
 PASSAGE = 192
 PAIRS = [("self_extend", "yarn"), ("dca", "yarn"), ("self_extend", "dca"), ("ntk", "yarn"), ("dynamic_yarn", "yarn")]
+CONTROL = "contiguous"   # issue 22's control fine-tune (ids 0..n-1): every other fine-tuned row is judged against it
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,7 +106,12 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/recall.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out (and draw --figure)")
     parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
+    parser.add_argument("--pairs", nargs="+", metavar="A:B", help="the paired differences to print (default: the "
+                        f"training-free pairs, and each fine-tuned row against yarn, self_extend and {CONTROL})")
     args = parser.parse_args()
+    pairs = [tuple(p.split(":")) for p in args.pairs or []]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        common.refuse(f"--pairs takes A:B (two row names), got {' '.join(args.pairs)}")
     for length in args.lengths:
         recall.plan_layout(length, passages=recall.cell_sequences(length, args.passages, PASSAGE)[0],
                            passage_tokens=PASSAGE)   # refused here, before any loading, when it cannot fit
@@ -115,7 +121,7 @@ def main() -> None:
                                                    "seed": args.seed, "dtype": args.dtype},
                                         ["recall", "probes"])
     if args.report:
-        return report(results, args.figure)
+        return report(results, args.figure, pairs)
     gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
     here = f"{gpu}{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
     results.setdefault("machine", here)
@@ -136,7 +142,7 @@ def main() -> None:
             model = load_row(row, length, dtype, args.model)
             with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
                 cell = recall_cell(model, tokenizer, ids, length, args.passages, not args.one_pass, args.seed)
-            results["recall"][key] = cell
+            results["recall"][key] = {**cell, **({"folder": row.partition("=")[2]} if "=" in row else {})}
             save()
             print(f"{key}: gap {stats.interval_text(cell['gap'])}, recall distance {cell['recall_distance']}, "
                   f"{cell['cpu_s']:.0f} CPU-s", flush=True)
@@ -148,10 +154,17 @@ def main() -> None:
                                                                         args.seed)
         save()
         print(results["probes"], flush=True)
-    report(results, None)
+    report(results, None, pairs)
 
 
-def report(results: dict, figure: str | None) -> None:
+def default_pairs(cells: dict) -> list[tuple[str, str]]:
+    """The training-free pairs, then each fine-tuned row (a cell with a folder) against the untrained YaRN it
+    started from, the training-free Self-Extend, and the contiguous control."""
+    tuned = list(dict.fromkeys(k.split()[0] for k, c in cells.items() if "folder" in c))
+    return PAIRS + [(row, other) for row in tuned for other in ("yarn", "self_extend", CONTROL) if other != row]
+
+
+def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | None = None) -> None:
     cells = results["recall"]
     print(results.get("machine", ""))
     print("\n| row | length | gap (95 %) | recall distance | by distance (4k bins) | CPU-s |\n|---|---|---|---|---|---|")
@@ -163,11 +176,14 @@ def report(results: dict, figure: str | None) -> None:
     print("\nPaired differences on the same passages (a - b, nats, 95 %; 'same' when the interval holds 0):")
     lengths = sorted({int(k.split()[1]) for k in cells})
     for length in lengths:
-        for a, b in PAIRS:
+        for a, b in pairs or default_pairs(cells):
             ca, cb = cells.get(f"{a} {length}"), cells.get(f"{b} {length}")
             if not (ca and cb):
                 continue
-            for low, high, label in ((0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")):
+            ranges = [(0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")]
+            if "folder" in ca and b == "yarn":   # issue 30: no fine-tuned row below its untrained start in any bin
+                ranges += [(x["start"], x["end"], f"{x['start'] // 1024}-{x['end'] // 1024}k") for x in ca["bins"]]
+            for low, high, label in ranges:
                 ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
                 gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
                 if len(ga) > 1 and len(ga) == len(gb):

@@ -7,11 +7,12 @@ NAME=POSITIONS: `contiguous=contiguous` (the control: the same text, steps and t
 text=span` (the tokens at the ids of a 32k span), `pose3=pose chunks=3`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
 (40 plays: Hamlet and Richard III held out) with only train.positions changed (and --train-args for all).
 
-For each row and play (--plays): one pass over the first 32768 tokens gives the perplexity of the first
+For each row and held-out text (--plays; `kjv`, the King James Bible, is a held-out text that is not a play): one pass over the first 32768 tokens gives the perplexity of the first
 2048 / 8192 / 32768 tokens and the late-token loss (mean NLL of tokens 24576-32767) given the whole prefix;
 a second pass over tokens 16384-32767 gives the same tokens' loss given only the 16k window they sit in.
 A model that uses its context past 16k has the first below the second. Then the passkey at 32768 (5 depths,
-one trial each, seed 0: the trials of bench_long_context.py). Each fine-tune's wall time, tokens/s and peak
+one trial each, seed 0: the trials of bench_long_context.py), with each trial's answer log-prob: their mean
+with its interval, and each fine-tune's paired difference from the control. Each fine-tune's wall time, tokens/s and peak
 memory come from its log.
 
 Every cell is saved as it completes (--out); a rerun goes on where the last one stopped (a fine-tune
@@ -38,8 +39,10 @@ import torch
 import common
 import hf_posenc as hp
 from hf_posenc import checkpoints as ckpt
+from hf_posenc import data
 from hf_posenc import eval as hpe
 from hf_posenc import positions
+from hf_posenc.eval import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "recipes" / "configs" / "smollm2_pose_32k_cpu_finetune.yaml"
@@ -83,6 +86,15 @@ def load_row(row: str, args, dtype: torch.dtype):
     return model
 
 
+def held_out(tokenizer, names: list[str]) -> dict[str, list[int]]:
+    """{name: its first TARGET tokens} for held-out plays and `kjv` (the books joined in order: Genesis on)."""
+    docs = common.plays(tokenizer, [n for n in names if n != "kjv"], TARGET)
+    if "kjv" in names:
+        ids = tokenizer("\n".join(data.load_corpus("kjv")["text"]), add_special_tokens=False)["input_ids"]
+        docs["kjv"] = ids[:TARGET]
+    return {n: docs[n] for n in names}
+
+
 @torch.no_grad()
 def perplexity_cell(model, ids: list[int]) -> dict:
     full = hpe.token_nll(model, torch.tensor([ids[:TARGET]]))[0].double()   # entry t scores token t + 1
@@ -96,7 +108,8 @@ def perplexity_cell(model, ids: list[int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=ROWS)
-    parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"])
+    parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"],
+                        help="held-out plays, and kjv for a held-out text that is not a play")
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="recipe overrides for every fine-tune, last on the line (--train-args --train.lr 5e-5)")
@@ -139,7 +152,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.only in (None, "perplexity"):   # 2. perplexity and late-token loss, each (row, play)
         _, tokenizer = common.smollm2(args.dtype)
-        docs = common.plays(tokenizer, args.plays, TARGET)
+        docs = held_out(tokenizer, args.plays)
         for row in args.rows:
             todo = [p for p in docs if f"{row_name(row)} {p}" not in results["perplexity"]]
             if not todo or ("=" in row and row_name(row) not in results["finetune"]):
@@ -163,7 +176,7 @@ def main() -> None:
             summary = hpe.summarize(trials, scores)
             results["passkey"][row_name(row)] = {"found": sum(bool(s["correct"]) for s in scores),
                                                  "trials": len(trials), "mean_logprob": summary["mean_logprob"],
-                                                 **elsewhere}
+                                                 "logprobs": [s["logprob"] for s in scores], **elsewhere}
             save()
             print(f"passkey {row_name(row)}: {results['passkey'][row_name(row)]}", flush=True)
     print(table(results))
@@ -188,6 +201,8 @@ def table(results: dict) -> str:
     for row in rows:
         key = results["passkey"].get(row)
         passkey = f"{key['found']}/{key['trials']}{mark(key)}" if key else ""
+        if key and "logprobs" in key:   # the answer's log-prob, mean and 95 % interval over the trials
+            passkey += f", log-prob {stats.interval_text(stats.bootstrap_mean(key['logprobs']))}"
         for play in plays:
             cell = results["perplexity"].get(f"{row} {play}")
             if cell is None:
@@ -233,6 +248,11 @@ def goal(results: dict, control: str = "contiguous") -> list[str]:
             found = passkey[row]["found"]
             checks.append(f"passkey@32768 {found}/{passkey[row]['trials']} (goal >= 4/5) "
                           f"{'met' if found >= 4 else 'missed'}")
+            mine, bar = passkey[row].get("logprobs"), passkey.get(control, {}).get("logprobs")
+            if mine and bar and len(mine) == len(bar):   # the same trials: paired
+                d = stats.paired_difference(mine, bar)
+                checks.append(f"passkey@32768 answer log-prob - the control's (n {d['n']}, 95 %): {d['mean']:+.2f} "
+                              f"[{d['low']:+.2f}, {d['high']:+.2f}] {'differs' if d['differs'] else 'no difference'}")
         if checks:
             lines += ["", f"goal, {row}:", *[f"- {c}" for c in checks]]
     return lines
