@@ -47,15 +47,15 @@ def main() -> None:
     parser.add_argument("--json", default="", help="write the raw results here")
     args = parser.parse_args()
 
+    lmax, step = args.max_length, args.step
+    four = [lmax // 8, lmax // 4, lmax // 2, lmax]
+    every = list(range(step, lmax + 1, step))
+    if any(n % step for n in four) or lmax % step:   # refused before anything loads
+        common.refuse(f"--max-length / 8 must be a multiple of --step ({step}) for the curve to be read there")
     model, tokenizer = common.smollm2(args.dtype)
     context = model.config.max_position_embeddings
     target = args.target or 2 * context
     ids, source = common.text(tokenizer, args.max_length, args.play)
-    lmax, step = args.max_length, args.step
-    four = [lmax // 8, lmax // 4, lmax // 2, lmax]
-    every = list(range(step, lmax + 1, step))
-    if any(n % step for n in four) or lmax % step:
-        raise SystemExit(f"--max-length / 8 must be a multiple of --step ({step}) for the curve to be read there")
     print(f"{common.machine()}; SmolLM2-135M {args.dtype} sdpa, {args.method!r} to {target} "
           f"(context {context}); document: {source}, {lmax} tokens", flush=True)
 
@@ -78,7 +78,7 @@ def main() -> None:
     values = {}
     with hpe.variant(model, args.method, target):
         if hpe.is_length_dependent(model):
-            raise SystemExit(f"{args.method} is length dependent: its one-pass curve is not its prefix perplexity")
+            common.refuse(f"{args.method} is length dependent: its one-pass curve is not its prefix perplexity")
         hpe.token_nll(model, ids[:step])  # warm-up
         for rep in range(max(r for _, r in paths.values())):
             for name in common.rotated(list(paths), rep):

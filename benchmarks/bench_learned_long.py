@@ -30,13 +30,14 @@ import platform
 import random
 import time
 
+import common
 import torch
 import transformers
 from transformers import AutoModel, AutoTokenizer
 
 import hf_posenc as hp
 from hf_posenc import assets
-from hf_posenc.training import mean_pool
+from hf_posenc.eval.similarity import mean_pool
 
 LENGTH, ORIGINAL = 2048, 512
 BUCKETS = [(start, start + ORIGINAL) for start in range(0, LENGTH, ORIGINAL)]
@@ -76,7 +77,7 @@ def make_passages(tokenizer, sources: list[str], count: int, seed: int) -> tuple
         windows = [ids[start: start + content] for start in range(0, len(ids) - content + 1, content)]
         take = count // len(sources) + (index < count % len(sources))
         if take > len(windows):
-            raise SystemExit(f"error: {source} holds {len(windows)} windows of {content} tokens, {take} asked")
+            common.refuse(f"{source} holds {len(windows)} windows of {content} tokens, {take} asked")
         for window in sorted(rng.sample(range(len(windows)), take)):
             passages.append(windows[window]), names.append(source)
     return passages, names

@@ -154,3 +154,13 @@ def test_a_benchmark_refusal_is_one_line_and_exit_2(tmp_path):
             f"common.results_file({str(out)!r}, {{}}, [])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("bench_*.py")))
+def test_every_benchmark_imports(script):
+    """A benchmark is run by hand, weeks after a refactor: its imports are checked here (bench_learned_long
+    imported a module that a split had removed)."""
+    import importlib
+
+    module = importlib.import_module(script)
+    assert callable(getattr(module, "main", None)), f"{script} has no main()"
