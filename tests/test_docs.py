@@ -74,6 +74,15 @@ def test_readme_names_every_method_in_its_table(method):
     assert method in rows, f"README.md's method table has no row | `{method}` | ... |"
 
 
+@pytest.mark.parametrize("method", SHIPPED)
+def test_the_serving_table_says_what_every_method_exports_to(method):
+    """docs/serving.md's table (vLLM, llama.cpp, GGUF) has a row naming each method: a new method gets one, or the
+    page is silent on what a user can serve."""
+    page = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    named = {name.strip() for m in re.finditer(r"^\| ([a-z_0-9, ]+) \|", page, re.M) for name in m.group(1).split(",")}
+    assert method in named, f"docs/serving.md's table (| method | vLLM | llama.cpp | GGUF |) has no row naming {method!r}"
+
+
 def prose(page: str) -> str:
     """The page without its code blocks."""
     return re.sub(r"^```.*?^```", "", page, flags=re.M | re.S)
