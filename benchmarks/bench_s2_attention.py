@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 MMAP = "MALLOC_MMAP_THRESHOLD_"
@@ -34,13 +33,6 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
                rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu")
 ROWS = ("full", "s2", "longce")
-
-
-def vm(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024   # MiB
-    raise KeyError(field)
 
 
 def smollm2_config():
@@ -79,6 +71,7 @@ def check(args) -> None:
 
 
 def run(args) -> dict:
+    import common   # benchmarks/common.py: torch with it, so only after the re-exec with the mmap threshold
     import torch
 
     import hf_posenc as hp
@@ -125,18 +118,8 @@ def run(args) -> dict:
                 torch.cuda.synchronize()
 
         def measured(row: str) -> tuple[float, float]:
-            if cuda:
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated() / 2**20
-                torch.cuda.reset_peak_memory_stats()
-            else:
-                base = vm("VmRSS")
-                open("/proc/self/clear_refs", "w").write("5")   # VmHWM back to the current RSS
-            started = time.perf_counter()
-            step(row)
-            seconds = time.perf_counter() - started
-            peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else vm("VmHWM")
-            return seconds, peak - base
+            seconds, peak, _ = common.peak_step(lambda: step(row), cuda)
+            return seconds, peak
 
         rows = [r for r in ROWS if r in args.rows]
         for row in rows:   # warm-up: kernels, allocator, the first gradient buffers

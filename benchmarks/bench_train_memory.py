@@ -24,13 +24,6 @@ import sys
 import common
 
 
-def vm(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024   # MiB
-    raise KeyError(field)
-
-
 def one(length: int, dtype: str, chunk: int) -> dict:
     import torch
 
@@ -56,22 +49,9 @@ def one(length: int, dtype: str, chunk: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     step(64)
-    if cuda:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated() / 2**20
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base = vm("VmRSS")
-        open("/proc/self/clear_refs", "w").write("5")   # reset VmHWM to the current RSS
-    def measured():
-        step(length)
-        if cuda:
-            torch.cuda.synchronize()
-
-    seconds = common.timed(measured).wall
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else vm("VmHWM")
+    seconds, step_peak, base = common.peak_step(lambda: step(length), cuda)
     return {"length": length, "seconds": seconds, "tokens_per_s": length / seconds, "resident_before_mib": base,
-            "peak_mib": peak, "step_peak_mib": peak - base, "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "peak_mib": base + step_peak, "step_peak_mib": step_peak, "device": torch.cuda.get_device_name() if cuda else "cpu",
             "dtype": dtype, "loss_chunk": chunk}
 
 

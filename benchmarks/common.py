@@ -210,6 +210,35 @@ def timed(fn: Callable[[], Any]) -> Timing:
     return Timing(value, time.perf_counter() - wall, time.process_time() - cpu)
 
 
+def peak_step(fn: Callable[[], Any], cuda: bool) -> tuple[float, float, float]:
+    """(wall seconds, peak MiB above what was resident before, resident MiB before) of one call of fn (a
+    training step). On a GPU `torch.cuda.max_memory_allocated`; on a CPU the peak resident set (VmHWM, reset to
+    the current RSS through /proc/self/clear_refs), which counts freed heap fragments unless glibc's mmap
+    threshold is fixed (MALLOC_MMAP_THRESHOLD_=131072, as bench_train_memory.py explains)."""
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated() / 2**20
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = _status_mib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+    started = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _status_mib("VmHWM")
+    return seconds, peak - base, base
+
+
+def _status_mib(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS, VmHWM) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
 def interleaved(fa: Callable, fb: Callable, repeats: int, warmup: int = 1) -> tuple[list[Timing], list[Timing]]:
     """`repeats` timings of fa and of fb, alternating which runs first in each round (a,b then b,a, ...), so
     a drifting load on shared cores weighs on both alike; after `warmup` untimed calls of each. What the calls
