@@ -6,6 +6,9 @@ NAME=POSITIONS: `contiguous=contiguous` (the control: the same text, steps and t
 `pose=pose chunks=2`, `cream=cream`, `pose_share=pose chunks=2 contiguous_share=0.5`, `span=pose chunks=2
 text=span` (the tokens at the ids of a 32k span), `pose3=pose chunks=3`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
 (40 plays: Hamlet and Richard III held out) with only train.positions changed (and --train-args for all).
+A row NAME=@CONFIG [OVERRIDES] runs another config instead, with its own overrides (issue 30's rows):
+`full=@recipes/configs/smollm2_full_32k_cpu_finetune.yaml`, `s2=@recipes/configs/smollm2_s2_32k_cpu_finetune.yaml`,
+`longce_span=@recipes/configs/smollm2_pose_32k_cpu_finetune.yaml --train.loss longce --train.longce_window 512`.
 
 For each row and held-out text (--plays; `kjv`, the King James Bible, is a held-out text that is not a play): one pass over the first 32768 tokens gives the perplexity of the first
 2048 / 8192 / 32768 tokens and the late-token loss (mean NLL of tokens 24576-32767) given the whole prefix;
@@ -29,6 +32,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -56,14 +60,24 @@ def row_name(row: str) -> str:
     return row.partition("=")[0]
 
 
+def recipe_args(row: str) -> list[str]:
+    """The fine-tune recipe's arguments for a row: NAME=POSITIONS (the shipped CPU config, its positions
+    changed) or NAME=@CONFIG [OVERRIDES] (another config, its overrides)."""
+    spec = row.partition("=")[2]
+    if spec.startswith("@"):
+        config, *overrides = shlex.split(spec[1:])
+        return ["--config", config, *overrides]
+    return ["--config", str(CONFIG), "--train.positions", spec]
+
+
 def finetune(row: str, args) -> dict:
     """Run (or resume) the fine-tune of `row`; its wall time, tokens/s and peak memory from its log."""
     name, _, positions = row.partition("=")
     out = Path(args.runs) / name
     done = (out / "config.json").exists() and (out / "README.md").exists()
     if not done:
-        command = [sys.executable, str(ROOT / "recipes" / "finetune.py"), "--config", str(CONFIG),
-                   "--train.positions", positions, "--output_dir", str(out), *args.train_args]
+        command = [sys.executable, str(ROOT / "recipes" / "finetune.py"), *recipe_args(row),
+                   "--output_dir", str(out), *args.train_args]
         if out.exists():
             command.append("--resume")
         print("$", " ".join(command), flush=True)
@@ -127,7 +141,10 @@ def main() -> None:
     if args.schemes_figure:
         return schemes_figure(args.schemes_figure)
     for row in args.rows:
-        if "=" in row:
+        if "=@" in row:
+            if not shlex.split(row.partition("=@")[2]) or not Path(shlex.split(row.partition("=@")[2])[0]).is_file():
+                parser.error(f"row {row!r}: NAME=@CONFIG needs a config file that exists")
+        elif "=" in row:
             positions.scheme(row.partition("=")[2])
         elif row not in ("none", "yarn", "dca"):
             parser.error(f"a row is none, yarn, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
