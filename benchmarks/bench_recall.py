@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/recall.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out (and draw --figure)")
     parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
+    parser.add_argument("--also", metavar="JSON", help="with --report: the cells of another results file of the same "
+                        "settings (another machine: the same passages), for the cells --out lacks; marked [also]")
     parser.add_argument("--pairs", nargs="+", metavar="A:B", help="the paired differences to print (default: the "
                         f"training-free pairs, and each fine-tuned row against yarn, self_extend and {CONTROL})")
     args = parser.parse_args()
@@ -121,6 +123,10 @@ def main() -> None:
                                                    "seed": args.seed, "dtype": args.dtype},
                                         ["recall", "probes"])
     if args.report:
+        if args.also:
+            also, _ = common.results_file(args.also, results["settings"], ["recall", "probes"])
+            for key, cell in also["recall"].items():
+                results["recall"].setdefault(key, {**cell, "also": also.get("machine", args.also)})
         return report(results, args.figure, pairs)
     gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
     here = f"{gpu}{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
@@ -171,8 +177,10 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
     for key, c in cells.items():
         bins = ", ".join(f"{b['start'] // 1024}-{b['end'] // 1024}k {b['mean']:.2f}" for b in c["bins"])
         far = f"{c['recall_distance']}" + ("+" if c["beyond_measured"] else "")
-        print(f"| {key.split()[0]} | {key.split()[1]} | {stats.interval_text(c['gap'])} | {far} | {bins} | "
+        print(f"| {key.split()[0]}{' [also]' if 'also' in c else ''} | {key.split()[1]} | {stats.interval_text(c['gap'])} | {far} | {bins} | "
               f"{c['cpu_s']:.0f} |")
+    for machine in dict.fromkeys(c["also"] for c in cells.values() if "also" in c):
+        print(f"[also]: measured on {machine}")
     print("\nPaired differences on the same passages (a - b, nats, 95 %; 'same' when the interval holds 0):")
     lengths = sorted({int(k.split()[1]) for k in cells})
     for length in lengths:
