@@ -37,6 +37,7 @@ from hf_posenc.eval import recall, ruler, stats
 ORIGINAL = 8192   # SmolLM2-135M's own context
 PASSAGE = 192
 PAIRS = [("self_extend", "yarn"), ("dca", "yarn"), ("self_extend", "dca"), ("ntk", "yarn"), ("dynamic_yarn", "yarn")]
+FEWEST = 5   # passages a paired difference needs: a bootstrap of 2-4 differences gives an interval far too narrow
 CONTROL = "contiguous"   # issue 22's control fine-tune (ids 0..n-1): every other fine-tuned row is judged against it
 
 
@@ -194,7 +195,9 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
             for low, high, label in ranges:
                 ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
                 gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
-                if len(ga) > 1 and len(ga) == len(gb):
+                if 0 < len(ga) < FEWEST and len(ga) == len(gb):
+                    print(f"- {length}: {a} - {b} ({label}, n {len(ga)}): too few passages for an interval")
+                elif len(ga) >= FEWEST and len(ga) == len(gb):
                     d = stats.paired_difference(ga, gb)
                     print(f"- {length}: {a} - {b} ({label}, n {d['n']}): {d['mean']:+.3f} "
                           f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
