@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/recall.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out (and draw --figure)")
     parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
+    parser.add_argument("--figure-rows", nargs="+", metavar="ROW", help="the rows the figure draws (default: all)")
     parser.add_argument("--also", metavar="JSON", help="with --report: the cells of another results file of the same "
                         "settings (another machine: the same passages), for the cells --out lacks; marked [also]")
     parser.add_argument("--pairs", nargs="+", metavar="A:B", help="the paired differences to print (default: the "
@@ -128,7 +129,7 @@ def main() -> None:
             also, _ = common.results_file(args.also, results["settings"], ["recall", "probes"])
             for key, cell in also["recall"].items():
                 results["recall"].setdefault(key, {**cell, "also": also.get("machine", args.also)})
-        return report(results, args.figure, pairs)
+        return report(results, args.figure, pairs, args.figure_rows)
     gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
     here = f"{gpu}{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
     results.setdefault("machine", here)
@@ -171,7 +172,8 @@ def default_pairs(cells: dict) -> list[tuple[str, str]]:
     return PAIRS + [(row, other) for row in tuned for other in ("yarn", "self_extend", CONTROL) if other != row]
 
 
-def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | None = None) -> None:
+def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | None = None,
+           figure_rows: list[str] | None = None) -> None:
     cells = results["recall"]
     print(results.get("machine", ""))
     print("\n| row | length | gap (95 %) | recall distance | by distance (4k bins) | CPU-s |\n|---|---|---|---|---|---|")
@@ -209,7 +211,10 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
         from hf_posenc.eval import plots
 
         for length in lengths:
-            variants = {k.split()[0]: c for k, c in cells.items() if int(k.split()[1]) == length}
+            variants = {k.split()[0] + (" [also]" if "also" in c else ""): c for k, c in cells.items()
+                        if int(k.split()[1]) == length and (not figure_rows or k.split()[0] in figure_rows)}
+            if not variants:
+                continue
             path = Path(figure).with_name(f"{Path(figure).stem}_{length // 1024}k.png")
             plots.plot_recall(variants, path, original_context=ORIGINAL,
                               title=f"Recall at a distance in {length // 1024}k tokens, SmolLM2-135M (8k native)")

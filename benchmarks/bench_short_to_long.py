@@ -213,7 +213,7 @@ def table(results: dict) -> str:
         return f" [{notes.index(machine) + 1}]"
 
     lines = [f"{results.get('machine', '')}", "",
-             "| row | play | ppl@2048 | ppl@8192 | ppl@32768 | late loss, full prefix | late loss, 16k window "
+             "| row | text | ppl@2048 | ppl@8192 | ppl@32768 | late loss, full prefix | late loss, 16k window "
              "| passkey@32768 |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         key = results["passkey"].get(row)
