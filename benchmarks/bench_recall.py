@@ -197,9 +197,11 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
             for low, high, label in ranges:
                 ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
                 gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
-                if 0 < len(ga) < FEWEST and len(ga) == len(gb):
+                if not ga or len(ga) != len(gb):
+                    continue
+                if len(ga) < FEWEST:
                     print(f"- {length}: {a} - {b} ({label}, n {len(ga)}): too few passages for an interval")
-                elif len(ga) >= FEWEST and len(ga) == len(gb):
+                else:
                     d = stats.paired_difference(ga, gb)
                     print(f"- {length}: {a} - {b} ({label}, n {d['n']}): {d['mean']:+.3f} "
                           f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
