@@ -55,11 +55,6 @@ def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):
     return model
 
 
-def text_ids(tokenizer, corpus: str) -> list[int]:
-    docs = data.load_corpus(corpus)
-    return tokenizer("\n".join(docs["text"]), add_special_tokens=False)["input_ids"]
-
-
 def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, control: bool, seed: int) -> dict:
     per_sequence, sequences = recall.cell_sequences(length, passages, PASSAGE)   # 24 a sequence at 16k, 48 at 32k
     prefix = data.bos_prefix(tokenizer)
@@ -141,7 +136,7 @@ def main() -> None:
 
         ids = numpy.load(args.text_ids).tolist()
     else:
-        ids = text_ids(tokenizer, args.corpus)
+        ids = common.corpus_ids(tokenizer, args.corpus)
     for length in args.lengths:
         for row in args.rows:
             key = f"{row.partition('=')[0]} {length}"

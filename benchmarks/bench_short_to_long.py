@@ -43,7 +43,6 @@ import torch
 import common
 import hf_posenc as hp
 from hf_posenc import checkpoints as ckpt
-from hf_posenc import data
 from hf_posenc import eval as hpe
 from hf_posenc import positions
 from hf_posenc.eval import stats
@@ -104,8 +103,7 @@ def held_out(tokenizer, names: list[str]) -> dict[str, list[int]]:
     """{name: its first TARGET tokens} for held-out plays and `kjv` (the books joined in order: Genesis on)."""
     docs = common.plays(tokenizer, [n for n in names if n != "kjv"], TARGET)
     if "kjv" in names:
-        ids = tokenizer("\n".join(data.load_corpus("kjv")["text"]), add_special_tokens=False)["input_ids"]
-        docs["kjv"] = ids[:TARGET]
+        docs["kjv"] = common.corpus_ids(tokenizer, "kjv")[:TARGET]
     return {n: docs[n] for n in names}
 
 

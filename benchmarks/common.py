@@ -29,7 +29,7 @@ import torch
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import _compat, assets
+from hf_posenc import _compat, assets, data
 from hf_posenc.loading import resolve_dtype
 
 
@@ -84,6 +84,12 @@ def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
             refuse(f"{play} has {len(ids)} tokens, fewer than {n}")
         docs[play] = ids[:n]
     return docs
+
+
+def corpus_ids(tokenizer, spec: str) -> list[int]:
+    """The token ids of a load_corpus spec's documents joined by newlines, in order (no special tokens): the
+    held-out text of bench_recall and bench_short_to_long (`kjv`: Genesis on)."""
+    return tokenizer("\n".join(data.load_corpus(spec)["text"]), add_special_tokens=False)["input_ids"]
 
 
 def refuse(message: str) -> NoReturn:
