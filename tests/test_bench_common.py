@@ -164,3 +164,16 @@ def test_every_benchmark_imports(script):
 
     module = importlib.import_module(script)
     assert callable(getattr(module, "main", None)), f"{script} has no main()"
+
+
+def test_longce_weights_counts_a_copy_only_when_the_short_context_lacks_it():
+    """bench_longce_weights's copies: token t is a copy when its g-gram was last seen before t's short context
+    began ((t - window) // stride * stride, where LongCE's short window for t starts)."""
+    import bench_longce_weights
+
+    seq = [5, 9, 0, 0, 0, 0, 5, 7]    # window 2, stride 2: tokens 4.. have a short context, t=6 starts at 4
+    flags = bench_longce_weights.copies(seq, first=4, window=2, stride=2)
+    assert flags[1] == [False, False, True, False]      # the 5 at t=6 was last seen at 0; the 0s are near
+    assert flags[2] == [False, False, False, False]     # (0, 5) and the rest: never seen before
+    seq = [1, 2, 8, 8, 8, 8, 1, 2]
+    assert bench_longce_weights.copies(seq, first=4, window=2, stride=2)[2][3]   # (1, 2) at t=7: seen at 1
