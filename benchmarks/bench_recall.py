@@ -105,9 +105,13 @@ def main() -> None:
     parser.add_argument("--figure-rows", nargs="+", metavar="ROW", help="the rows the figure draws (default: all)")
     parser.add_argument("--also", metavar="JSON", help="with --report: the cells of another results file of the same "
                         "settings (another machine: the same passages), for the cells --out lacks; marked [also]")
+    parser.add_argument("--pool", nargs="+", metavar="JSON", help="with --report: results files of other seeds (other "
+                        "passages, the same settings otherwise): the cells all share, their passages pooled")
     parser.add_argument("--pairs", nargs="+", metavar="A:B", help="the paired differences to print (default: the "
                         f"training-free pairs, and each fine-tuned row against yarn, self_extend and {CONTROL})")
     args = parser.parse_args()
+    if args.pool and not args.report:
+        common.refuse("--pool goes with --report (it pools the cells of results files)")
     pairs = [tuple(p.split(":")) for p in args.pairs or []]
     if any(len(p) != 2 or not all(p) for p in pairs):
         common.refuse(f"--pairs takes A:B (two row names), got {' '.join(args.pairs)}")
@@ -124,7 +128,9 @@ def main() -> None:
             also, _ = common.results_file(args.also, results["settings"], ["recall", "probes"])
             for key, cell in also["recall"].items():
                 results["recall"].setdefault(key, {**cell, "also": also.get("machine", args.also)})
-        return report(results, args.figure, pairs, args.figure_rows)
+        pool = pool_sets(results, args.pool) if args.pool else None   # refused before anything is printed
+        report(results, args.figure, pairs, args.figure_rows)
+        return pooled(*pool, pairs) if pool else None
     gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
     here = f"{gpu}{common.machine()}, SmolLM2-135M {args.dtype} sdpa, {torch.get_num_threads()} thread(s)"
     results.setdefault("machine", here)
@@ -167,6 +173,67 @@ def default_pairs(cells: dict) -> list[tuple[str, str]]:
     return PAIRS + [(row, other) for row in tuned for other in ("yarn", "self_extend", CONTROL) if other != row]
 
 
+def paired(cells: dict, pairs: list[tuple[str, str]] | None) -> None:
+    """Print each pair's paired difference over all distances, past 16k and 24k (and by 4k bin for a
+    fine-tuned row against yarn), on the passages both cells hold, in the same order."""
+    for length in sorted({int(k.split()[1]) for k in cells}):
+        for a, b in pairs or default_pairs(cells):
+            ca, cb = cells.get(f"{a} {length}"), cells.get(f"{b} {length}")
+            if not (ca and cb):
+                continue
+            ranges = [(0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")]
+            if "folder" in ca and b == "yarn":   # issue 30: no fine-tuned row below its untrained start in any bin
+                ranges += [(x["start"], x["end"], f"{x['start'] // 1024}-{x['end'] // 1024}k")
+                           for x in ca.get("bins", [])]
+            for low, high, label in ranges:
+                ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
+                gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
+                if not ga or len(ga) != len(gb):
+                    continue
+                if len(ga) < FEWEST:
+                    print(f"- {length}: {a} - {b} ({label}, n {len(ga)}): too few passages for an interval")
+                else:
+                    d = stats.paired_difference(ga, gb)
+                    print(f"- {length}: {a} - {b} ({label}, n {d['n']}): {d['mean']:+.3f} "
+                          f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
+
+
+def pool_sets(results: dict, paths: list[str]) -> tuple[list[dict], list[int]]:
+    """([the recall cells of --out, then of each file of `paths`], their seeds): files of other seeds (other
+    passages) with the same settings otherwise; anything else is refused."""
+    sets, seeds = [results["recall"]], [results["settings"]["seed"]]
+    for path in paths:
+        if not Path(path).is_file():
+            common.refuse(f"--pool {path}: no such results file")
+        other = common.read_results(Path(path), ["recall", "probes"])
+        ours, theirs = dict(results["settings"], seed=None), dict(other["settings"], seed=None)
+        if ours != theirs:
+            common.refuse(f"--pool {path}: taken with other settings than --out ({theirs} against {ours}); "
+                          f"only the seed may differ")
+        if other["settings"]["seed"] in seeds:
+            common.refuse(f"--pool {path}: seed {other['settings']['seed']} again: the same passages, counted twice")
+        sets.append(other["recall"])
+        seeds.append(other["settings"]["seed"])
+    return sets, seeds
+
+
+def pooled(sets: list[dict], seeds: list[int], pairs: list[tuple[str, str]] | None) -> None:
+    """Each cell that every set holds, its passages pooled: the gap over all distances and past 16k, and the
+    paired differences."""
+    keys = [k for k in sets[0] if all(k in s for s in sets[1:])]
+    cells = {k: {"passages": [p for s in sets for p in s[k]["passages"]],
+                 **({"folder": sets[0][k]["folder"]} if "folder" in sets[0][k] else {})} for k in keys}
+    print(f"\nPooled over the passages of seeds {', '.join(map(str, seeds))}:")
+    print("| row | length | gap, all (95 %) | gap, >= 16k (95 %) |\n|---|---|---|---|")
+    for key, c in cells.items():
+        far = [p["gap"] for p in c["passages"] if p["distance"] >= 16384]
+        print(f"| {key.split()[0]} | {key.split()[1]} | "
+              f"{stats.interval_text(stats.bootstrap_mean([p['gap'] for p in c['passages']]))} | "
+              f"{stats.interval_text(stats.bootstrap_mean(far)) if len(far) >= FEWEST else '-'} |")
+    print("Paired, pooled:")
+    paired(cells, pairs)
+
+
 def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | None = None,
            figure_rows: list[str] | None = None) -> None:
     cells = results["recall"]
@@ -180,26 +247,7 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
     for machine in dict.fromkeys(c["also"] for c in cells.values() if "also" in c):
         print(f"[also]: measured on {machine}")
     print("\nPaired differences on the same passages (a - b, nats, 95 %; 'same' when the interval holds 0):")
-    lengths = sorted({int(k.split()[1]) for k in cells})
-    for length in lengths:
-        for a, b in pairs or default_pairs(cells):
-            ca, cb = cells.get(f"{a} {length}"), cells.get(f"{b} {length}")
-            if not (ca and cb):
-                continue
-            ranges = [(0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")]
-            if "folder" in ca and b == "yarn":   # issue 30: no fine-tuned row below its untrained start in any bin
-                ranges += [(x["start"], x["end"], f"{x['start'] // 1024}-{x['end'] // 1024}k") for x in ca["bins"]]
-            for low, high, label in ranges:
-                ga = [p["gap"] for p in ca["passages"] if low <= p["distance"] < high]
-                gb = [p["gap"] for p in cb["passages"] if low <= p["distance"] < high]
-                if not ga or len(ga) != len(gb):
-                    continue
-                if len(ga) < FEWEST:
-                    print(f"- {length}: {a} - {b} ({label}, n {len(ga)}): too few passages for an interval")
-                else:
-                    d = stats.paired_difference(ga, gb)
-                    print(f"- {length}: {a} - {b} ({label}, n {d['n']}): {d['mean']:+.3f} "
-                          f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
+    paired(cells, pairs)
     for key, p in results.get("probes", {}).items():
         print(f"\nprobes, {key}: {p['probes']} probes on one prefill of {p['prefix']} tokens: prefill "
               f"{p['prefill_cpu_s']:.0f} CPU-s, with the probes {p['with_probes_cpu_s']:.0f} CPU-s "

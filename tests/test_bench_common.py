@@ -177,3 +177,26 @@ def test_longce_weights_counts_a_copy_only_when_the_short_context_lacks_it():
     assert flags[2] == [False, False, False, False]     # (0, 5) and the rest: never seen before
     seq = [1, 2, 8, 8, 8, 8, 1, 2]
     assert bench_longce_weights.copies(seq, first=4, window=2, stride=2)[2][3]   # (1, 2) at t=7: seen at 1
+
+
+def test_recall_pool_pairs_the_passages_of_every_seed_and_refuses_a_seed_twice(tmp_path, capsys):
+    import bench_recall
+
+    def cell(gaps):
+        return {"passages": [{"distance": 20000, "gap": g} for g in gaps]}
+
+    def results(seed, a):
+        return {"settings": {"seed": seed, "passages": 48}, "recall": {"a 32768": cell(a), "b 32768": cell([0.5] * 5)},
+                "probes": {}}
+
+    ours = results(0, [1.0] * 5)
+    (tmp_path / "s1.json").write_text(json.dumps(results(1, [2.0] * 5)))
+    sets, seeds = bench_recall.pool_sets(ours, [str(tmp_path / "s1.json")])
+    bench_recall.pooled(sets, seeds, [("a", "b")])
+    out = capsys.readouterr().out
+    assert "| a | 32768 | 1.50 +- " in out and "(n 10)" in out
+    assert "a - b (all, n 10): +1.000" in out           # (0.5 x 5 + 1.5 x 5) / 10
+    (tmp_path / "s0.json").write_text(json.dumps(results(0, [2.0] * 5)))
+    with pytest.raises(SystemExit):
+        bench_recall.pool_sets(ours, [str(tmp_path / "s0.json")])
+    assert "seed 0 again" in capsys.readouterr().err
