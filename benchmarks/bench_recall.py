@@ -17,6 +17,7 @@ background with one thread (the CPU seconds are then one core's).
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_recall.py --rows none yarn dca self_extend --lengths 16384 32768
     python benchmarks/bench_recall.py --report --figure docs/recall_distance.png
+    python benchmarks/bench_recall.py --report --pool benchmarks/results/recall_seed1.json   # + other passages
 """
 
 from __future__ import annotations
