@@ -207,10 +207,10 @@ def pool_sets(results: dict, paths: list[str]) -> tuple[list[dict], list[int]]:
         if not Path(path).is_file():
             common.refuse(f"--pool {path}: no such results file")
         other = common.read_results(Path(path), ["recall", "probes"])
-        ours, theirs = dict(results["settings"], seed=None), dict(other["settings"], seed=None)
-        if ours != theirs:
-            common.refuse(f"--pool {path}: taken with other settings than --out ({theirs} against {ours}); "
-                          f"only the seed may differ")
+        theirs = other["settings"]
+        common.check_settings(Path(path), {**results["settings"], **({"seed": theirs["seed"]} if "seed" in theirs
+                                                                    else {})}, theirs, "holds results taken with",
+                              "--pool takes results files of other seeds, the same settings otherwise")
         if other["settings"]["seed"] in seeds:
             common.refuse(f"--pool {path}: seed {other['settings']['seed']} again: the same passages, counted twice")
         sets.append(other["recall"])
