@@ -84,6 +84,20 @@ def resolve(ref: str | os.PathLike, gguf_file: str | None = None, *, model: bool
     return ref, ({"gguf_file": gguf_file} if gguf_file else {})
 
 
+def publish(fresh: Path, folder: Path, complete: str) -> None:
+    """Move the cache entry built in `fresh` to `folder` in one rename (readers see it whole or not at all).
+    Two runs that build the same entry side by side both get here: the second finds the first's entry (its
+    file `complete` present) and keeps it, leaving `fresh` to the caller to remove. A folder without
+    `complete` is a copy left incomplete (by an older version, or a run killed mid-way): replaced."""
+    if folder.exists() and not (folder / complete).exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.replace(fresh, folder)
+    except OSError:   # ENOTEMPTY / EEXIST: another run published the same entry since the check above
+        if not (folder / complete).exists():
+            raise
+
+
 def _gguf_cache(folder: str, gguf_file: str) -> Path:
     """Where the de-quantized copy of a GGUF file is kept: converting takes ~20 s, loading the copy ~1 s."""
     path = Path(folder) / gguf_file
@@ -123,9 +137,7 @@ def _load_model(ref, gguf_file, auto_class, cache, **kwargs):
                     load_tokenizer(ref, gguf_file=gguf_file).save_pretrained(fresh)
                 except (OSError, ValueError):  # a file without a tokenizer transformers builds: the model still loads
                     pass
-                if cached.exists():  # a copy left incomplete by an older version
-                    shutil.rmtree(cached)
-                os.replace(fresh, cached)
+                publish(fresh, cached, "config.json")
             finally:
                 shutil.rmtree(fresh, ignore_errors=True)
             del model

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -93,9 +94,12 @@ def prepare_data(args: DataArgs, tokenizer, preflight: Preflight, cache_root: Op
     if preflight.positions.span:
         packed = whole_spans(packed, args.corpus, preflight.block_len)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    packed.save_to_disk(str(tmp))
-    (tmp / "key.json").write_text(key)
-    os.replace(tmp, folder)
+    try:
+        packed.save_to_disk(str(tmp))
+        (tmp / "key.json").write_text(key)
+        loading.publish(tmp, folder, "dataset_info.json")   # two runs side by side: the first one's is kept
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return datasets.load_from_disk(str(folder))
 
 

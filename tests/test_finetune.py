@@ -268,6 +268,30 @@ def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
         train_data.trainable_blocks(empty, "c", document_tokens=0)
 
 
+def test_two_runs_building_the_same_data_cache_side_by_side_both_go_on(tmp_path, monkeypatch):
+    """Two fine-tunes started together on one machine build the same cache entry; the one that finishes second
+    keeps the first one's (a rename onto a folder that holds files fails) and trains on it: no error, one entry,
+    nothing left over. (Seen on a GPU machine running seven fine-tunes side by side: four ended in ENOTEMPTY.)"""
+    tok = tiny_tokenizer()
+    preflight = checks.Preflight(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("x" * 200)
+    args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
+    real = train_data.load_documents
+    first = []
+
+    def the_other_run_publishes_first(a):
+        monkeypatch.setattr(train_data, "load_documents", real)
+        first.append(train_data.prepare_data(args, tok, preflight)["input_ids"])
+        return real(a)
+
+    monkeypatch.setattr(train_data, "load_documents", the_other_run_publishes_first)
+    packed = train_data.prepare_data(args, tok, preflight)
+    assert first and packed["input_ids"] == first[0] and sum(packed["length"]) == 201
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(entries) == 1 and ".tmp" not in entries[0], entries
+
+
 def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, text_file):
     cfg = write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
                        train={"steps": 8, "lr": 1e-2, "save_every": 8, "lora": {"r": 4, "alpha": 8}})

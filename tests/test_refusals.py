@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import os
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import hf_posenc as hp
 from hf_posenc import serving
@@ -257,6 +259,48 @@ def _mutations(good: bytes, count: int, seed: int = 0):
         else:
             data = data[:at]
         yield bytes(data)
+
+
+def test_two_runs_dequantizing_the_same_gguf_side_by_side_both_load(ggufs, cache, monkeypatch):
+    """Two processes loading one GGUF file for the first time both de-quantize it; the one that finishes second
+    keeps the first one's cached copy (and never removes it from under a reader): both load, one entry stays."""
+    real = loading._from_gguf
+    first = []
+
+    def the_other_run_publishes_first(*args, **kwargs):
+        monkeypatch.setattr(loading, "_from_gguf", real)
+        first.append(loading.load_model(str(ggufs / "good.gguf")).state_dict())
+        (entry,) = (cache / "gguf").iterdir()
+        first.append((entry / "model.safetensors").stat().st_ino)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "_from_gguf", the_other_run_publishes_first)
+    model = loading.load_model(str(ggufs / "good.gguf"))
+    assert first and all(torch.equal(t, first[0][k]) for k, t in model.state_dict().items())
+    entries = list((cache / "gguf").iterdir())
+    assert len(entries) == 1 and (entries[0] / "config.json").exists() and not entries[0].name.startswith(".")
+    assert (entries[0] / "model.safetensors").stat().st_ino == first[1]   # the first run's copy, still in place
+
+
+def test_a_cache_entry_published_between_the_check_and_the_rename_is_kept(tmp_path, monkeypatch):
+    """The narrowest race: the other run renames its entry in after this one looked and before it renames."""
+    fresh, folder, other = tmp_path / ".entry.tmp1", tmp_path / "entry", tmp_path / ".entry.tmp2"
+    for path, text in ((fresh, "mine"), (other, "theirs")):
+        path.mkdir()
+        (path / "config.json").write_text(text)
+    real = os.replace
+
+    def the_other_run_renames_first(src, dst):
+        monkeypatch.setattr(os, "replace", real)
+        real(other, folder)
+        real(src, dst)   # onto a folder holding files: OSError (ENOTEMPTY)
+
+    monkeypatch.setattr(os, "replace", the_other_run_renames_first)
+    loading.publish(fresh, folder, "config.json")
+    assert (folder / "config.json").read_text() == "theirs" and fresh.exists()   # the caller removes its own
+    (folder / "config.json").unlink()   # an entry without its marker file: incomplete, replaced
+    loading.publish(fresh, folder, "config.json")
+    assert (folder / "config.json").read_text() == "mine" and not fresh.exists()
 
 
 def test_random_damage_to_a_gguf_header_is_accepted_or_refused_in_one_line(ggufs, cache, tmp_path, capsys):
