@@ -42,7 +42,7 @@ FEWEST = 5   # passages a paired difference needs: a bootstrap of 2-4 difference
 CONTROL = "contiguous"   # issue 22's control fine-tune (ids 0..n-1): every other fine-tuned row is judged against it
 
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = common.DEVICE
 
 
 def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):

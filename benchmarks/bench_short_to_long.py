@@ -89,11 +89,13 @@ def finetune(row: str, args) -> dict:
 
 
 def load_row(row: str, args, dtype: torch.dtype):
-    """The model of a row: the unpatched SmolLM2, patched with yarn / dca, or a fine-tuned folder."""
+    """The model of a row, on the GPU when there is one: the unpatched SmolLM2, patched with yarn / dca, or a
+    fine-tuned folder."""
     name = row_name(row)
     if "=" in row:
-        return hp.from_pretrained(str(Path(args.runs) / name), dtype=dtype, attn_implementation="sdpa").eval()
-    model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").eval()
+        return hp.from_pretrained(str(Path(args.runs) / name), dtype=dtype, attn_implementation="sdpa").to(
+            common.DEVICE).eval()
+    model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").to(common.DEVICE).eval()
     if name != "none":
         hp.patch(model, name, max_position_embeddings=TARGET)
     return model

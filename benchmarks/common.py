@@ -32,6 +32,8 @@ import hf_posenc as hp
 from hf_posenc import _compat, assets, data
 from hf_posenc.loading import resolve_dtype
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where the benchmarks run their models
+
 
 def dtype_name(dtype: str | torch.dtype | None) -> str:
     """"float32", "bfloat16", ...; None or "auto": bfloat16 where the hardware runs it natively, else float32."""
