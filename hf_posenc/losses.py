@@ -159,7 +159,8 @@ class LongCE:
     the clipped ratio of the token's probability given everything to its probability given a short window
     (the paper's I(x_t) with gamma = clip = 5), computed by the model being trained, without gradient, in the
     same step. The loss is sum_t w_t loss_t / N over the N real tokens (the paper's sum, divided as a mean, as
-    the plain loss is). The short windows are cut as the paper's: windows of window + stride tokens, stride
+    the plain loss is). `floor` bounds the weights from below (0, the paper's: none; 1: the long context only
+    adds weight, a token it does not help keeps its plain loss). The short windows are cut as the paper's: windows of window + stride tokens, stride
     apart, each scoring its last `stride` tokens, so a token's short context holds window .. window + stride - 1
     tokens. The first window is the whole context of the tokens it would score, so the tokens before
     window + stride have w_t = 1 exactly, and no forward is spent on them. A window keeps the ids the long pass
@@ -168,6 +169,7 @@ class LongCE:
     window: int
     stride: int
     clip: float = 5.0
+    floor: float = 0.0
 
     def __post_init__(self):
         for name in ("window", "stride"):
@@ -176,12 +178,14 @@ class LongCE:
                 raise ValueError(f"LongCE {name} must be an int >= 1, got {value!r}")
         if not (isinstance(self.clip, (int, float)) and not isinstance(self.clip, bool) and 1 <= self.clip < math.inf):
             raise ValueError(f"LongCE clip must be a number >= 1 (the largest weight), got {self.clip!r}")
+        if not (isinstance(self.floor, (int, float)) and not isinstance(self.floor, bool) and 0 <= self.floor <= 1):
+            raise ValueError(f"LongCE floor must be a number in [0, 1] (the smallest weight), got {self.floor!r}")
 
 
-def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(exp(short - long), clip) where `short` holds a loss, 1 where it is NaN (no short window)."""
+def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float, floor: float = 0.0) -> torch.Tensor:
+    """max(min(exp(short - long), clip), floor) where `short` holds a loss, 1 where it is NaN (no short window)."""
     has = ~torch.isnan(short)
-    ratio = torch.exp(torch.where(has, short - long, torch.zeros_like(long))).clamp(max=clip)
+    ratio = torch.exp(torch.where(has, short - long, torch.zeros_like(long))).clamp(min=floor, max=clip)
     return torch.where(has, ratio, torch.ones_like(ratio))
 
 
@@ -238,7 +242,7 @@ def longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
 
     def weighted_sum(losses: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        return (longce_weights(losses.detach(), s, longce.clip) * losses).sum()
+        return (longce_weights(losses.detach(), s, longce.clip, longce.floor) * losses).sum()
 
     if chunk:
         hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]

@@ -83,6 +83,16 @@ def test_longce_with_pose_resumes_bit_exact_and_says_so_on_the_card(tmp_path, ti
     assert ckpt.read_log(tmp_path / "ce" / "out")[0]["loss"] != ckpt.read_log(out)[0]["loss"]
 
 
+def test_the_card_names_the_longce_floor():
+    from hf_posenc.losses import LongCE
+    from hf_posenc.recipes.finetune_long import LongTraining
+
+    assert "weighted by min(P(long) / P(short), 3), the short context 16-23" in LongTraining(
+        longce=LongCE(16, 8, 3.0)).describe()
+    assert "weighted by max(min(P(long) / P(short), 3), 1), the short context 16-23" in LongTraining(
+        longce=LongCE(16, 8, 3.0, 1.0)).describe()
+
+
 def test_s2_with_lora_plus_in_two_processes_matches_one(tmp_path, tiny_dir, text_file):  # noqa: F811
     """DDP over gloo: the LoRA adapters, embeddings and norms get their gradients through the groups on each
     process, and two processes of batch 2 train what one of batch 4 does."""
@@ -146,6 +156,7 @@ BAD = [
      "train.longce_window=128 (its default: the original context) + train.longce_stride=128 must be below "
      "data.seq_len=64"),
     ({"train": {"loss": "longce", "longce_clip": 0.5}}, "train.longce_clip must be a number >= 1"),
+    ({"train": {"loss": "longce", "longce_floor": 2}}, "train.longce_floor must be a number in [0, 1]"),
     ({"train": {"loss": "longce", "longce_window": 16}, "model": "GPT2", "posenc": None},
      "train.loss=longce compares each token's loss given a short window at the same positions"),
 ]

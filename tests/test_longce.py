@@ -29,6 +29,16 @@ def test_the_weights_are_the_clipped_probability_ratio():
     assert longce_weights(torch.tensor([0.0]), torch.tensor([1e4]), clip=3.0).item() == 3.0   # no overflow
 
 
+def test_a_floor_bounds_the_weights_from_below_and_leaves_the_rest():
+    long = torch.tensor([1.0, 2.0, 0.5, 3.0, 1.0, 0.2])
+    short = torch.tensor([1.0, 2.0 + math.log(2), 9.0, 3.0 - math.log(4), float("nan"), 3.0 - math.log(2)])
+    torch.testing.assert_close(longce_weights(long, short, clip=5.0, floor=0.5),
+                               torch.tensor([1.0, 2.0, 5.0, 0.5, 1.0, 5.0]))
+    floored = longce_weights(long, short, clip=5.0, floor=1.0)   # the long context only ever adds weight
+    torch.testing.assert_close(floored, torch.tensor([1.0, 2.0, 5.0, 1.0, 1.0, 5.0]))
+    assert torch.equal(longce_weights(long, short, clip=5.0, floor=0.0), longce_weights(long, short, clip=5.0))
+
+
 def reference_short_losses(model, ids, window, stride, position_ids=None):
     """Token t's loss from a forward of tokens a .. t-1 alone, a = the start of the window scoring t
     (windows of window + stride tokens at stride, 2 stride, ...); NaN for t < window + stride."""
@@ -66,7 +76,7 @@ def test_the_short_windows_keep_the_long_passs_ids():
     assert (ours - contiguous).nan_to_num().abs().max() > 1e-3
 
 
-def reference_loss(model, ids, mask, clip, position_ids=None):
+def reference_loss(model, ids, mask, clip, position_ids=None, floor=0.0):
     logits = model(ids, attention_mask=mask, position_ids=position_ids).logits[:, :-1].float()
     labels = ids.masked_fill(mask == 0, -100)[:, 1:]
     losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
@@ -74,30 +84,30 @@ def reference_loss(model, ids, mask, clip, position_ids=None):
     short = reference_short_losses(model, ids, WINDOW, STRIDE, position_ids)
     short = short.masked_fill(labels == -100, float("nan"))
     ratio = torch.exp(short - losses.detach())
-    weights = torch.where(torch.isnan(short), 1.0, ratio.clamp(max=clip))
+    weights = torch.where(torch.isnan(short), 1.0, ratio.clamp(max=clip).clamp(min=floor))
     return (weights * losses).sum() / (labels != -100).sum(), weights
 
 
-@pytest.mark.parametrize("chunk", [0, 7])
-def test_the_loss_and_its_gradients_are_the_weighted_mean(chunk):
+@pytest.mark.parametrize("chunk, floor", [(0, 0.0), (7, 0.0), (7, 0.95)])
+def test_the_loss_and_its_gradients_are_the_weighted_mean(chunk, floor):
     torch.manual_seed(0)
     model = tiny_model()
     ids = token_ids(N, batch=2)
     mask = torch.ones_like(ids)
     mask[1, 33:] = 0   # padding: neither weighted nor counted
-    longce = LongCE(WINDOW, STRIDE, clip=1.1)   # the random model's ratios are 0.9-1.15
+    longce = LongCE(WINDOW, STRIDE, clip=1.1, floor=floor)   # the random model's ratios are 0.9-1.15
     model.train()
     ours = longce_loss(model, ids, mask, longce, chunk)
     ours.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    expected, weights = reference_loss(model, ids, mask, 1.1)
+    expected, weights = reference_loss(model, ids, mask, 1.1, floor=floor)
     expected.backward()
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
     for n, p in model.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
-    # the reference is not the plain loss: some weights are clipped, some below 1
-    assert (weights == 1.1).any() and (weights < 1).any()
+    # the reference is not the plain loss: some weights are clipped, some below 1 (or at the floor)
+    assert (weights == 1.1).any() and (weights < 1).any() and (not floor or (weights == floor).any())
     assert model.training and all(m.training for m in model.modules())   # the short pass gave the mode back
 
 
@@ -131,6 +141,8 @@ def test_the_short_pass_has_no_dropout_and_keeps_the_rng():
     ({"window": 8, "stride": 2.5}, "stride must be an int >= 1"),
     ({"window": 8, "stride": 4, "clip": 0.5}, "clip must be a number >= 1"),
     ({"window": 8, "stride": 4, "clip": float("inf")}, "clip must be a number >= 1"),
+    ({"window": 8, "stride": 4, "floor": -0.1}, "floor must be a number in \\[0, 1\\]"),
+    ({"window": 8, "stride": 4, "floor": 1.5}, "floor must be a number in \\[0, 1\\]"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -160,6 +160,9 @@ class TrainArgs:
                 "tokens of context (null: longce_window)"})
     longce_clip: float = field(default=5.0, metadata={**FIXED,
         "help": "longce: the largest weight a token gets (the paper's gamma)"})
+    longce_floor: float = field(default=0.0, metadata={**FIXED,
+        "help": "longce: the smallest weight a token gets, in [0, 1] (0: the paper's; 1: a token the long context "
+                "does not help keeps its plain loss)"})
 
     def __post_init__(self):
         if self.objective not in ("lm", "distill"):

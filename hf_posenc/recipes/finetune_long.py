@@ -50,6 +50,10 @@ def check_fields(train: TrainArgs) -> None:
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 1 <= clip < math.inf:
         raise ConfigError(f"train.longce_clip must be a number >= 1 (the largest weight a token gets; the paper: "
                           f"5), got {clip!r}")
+    floor = train.longce_floor
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor <= 1:
+        raise ConfigError(f"train.longce_floor must be a number in [0, 1] (the smallest weight a token gets; the "
+                          f"paper: 0), got {floor!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +72,11 @@ class LongTraining:
         else:
             attention = "full attention"
         if self.longce:
-            loss = (f"LongCE (Fang et al. 2025): each token's loss weighted by min(P(long) / P(short), "
-                    f"{self.longce.clip:g}), the short context {self.longce.window}-"
-                    f"{self.longce.window + self.longce.stride - 1} tokens")
+            weight = f"min(P(long) / P(short), {self.longce.clip:g})"
+            if self.longce.floor:
+                weight = f"max({weight}, {self.longce.floor:g})"
+            loss = (f"LongCE (Fang et al. 2025): each token's loss weighted by {weight}, the short context "
+                    f"{self.longce.window}-{self.longce.window + self.longce.stride - 1} tokens")
         else:
             loss = "cross-entropy"
         return f"{attention}; {loss}"
@@ -144,7 +150,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
             raise ConfigError(f"train.longce_window={window}{said} + train.longce_stride={stride} must be below "
                               f"data.seq_len={seq_len}: only a token after window + stride tokens has a shorter "
                               f"context to compare; lower train.longce_window")
-        longce = LongCE(window, stride, float(train.longce_clip))
+        longce = LongCE(window, stride, float(train.longce_clip), float(train.longce_floor))
     return LongTraining(group, train.s2_shift, longce)
 
 
