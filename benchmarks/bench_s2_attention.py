@@ -64,6 +64,9 @@ def check(args) -> None:
     if args.repeats < 1:
         print(f"error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         raise SystemExit(2)
+    if args.warmup < 0:
+        print(f"error: --warmup must be >= 0, got {args.warmup}", file=sys.stderr)
+        raise SystemExit(2)
     if args.out and Path(args.out).exists() and not args.overwrite:
         print(f"error: --out {args.out} exists; pass --overwrite to replace it or choose another file",
               file=sys.stderr)
@@ -122,8 +125,9 @@ def run(args) -> dict:
             return seconds, peak
 
         rows = [r for r in ROWS if r in args.rows]
-        for row in rows:   # warm-up: kernels, allocator, the first gradient buffers
-            step(row)
+        for _ in range(args.warmup):   # kernels, allocator, the first gradient buffers
+            for row in rows:
+                step(row)
         times, peaks = {r: [] for r in rows}, {r: [] for r in rows}
         for i in range(args.repeats):
             for row in rows[i % len(rows):] + rows[:i % len(rows)]:
@@ -165,6 +169,8 @@ def main(argv=None):
     parser.add_argument("--group", type=int, default=8192, help="S2-Attn's tokens per group (default 8192)")
     parser.add_argument("--longce-window", type=int, default=8192, help="LongCE's short window (default 8192)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps of each row (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each row first (default 1; 0 on a "
+                        "CPU at 32k, where a step takes many minutes and nothing is compiled)")
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

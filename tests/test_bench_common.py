@@ -200,3 +200,14 @@ def test_recall_pool_pairs_the_passages_of_every_seed_and_refuses_a_seed_twice(t
     with pytest.raises(SystemExit):
         bench_recall.pool_sets(ours, [str(tmp_path / "s0.json")])
     assert "seed 0 again" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [(["--warmup", "-1"], "--warmup must be >= 0"),
+                                        (["--repeats", "0"], "--repeats must be >= 1")])
+def test_bench_s2_attention_refuses_bad_counts_in_one_line_before_building_a_model(argv, says, capsys):
+    import bench_s2_attention
+
+    with pytest.raises(SystemExit) as done:
+        bench_s2_attention.main(["--lengths", "4096", "--group", "1024", "--longce-window", "1024", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and err == [f"error: {says}, got {argv[1]}"]
