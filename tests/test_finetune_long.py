@@ -200,3 +200,21 @@ def test_the_summary_names_the_options(tmp_path, tiny_dir, text_file, capsys):  
     assert preflight.long_training.s2_group == 16   # a quarter of data.seq_len
     assert "S2-Attn (LongLoRA) in training: attention inside groups of 16 tokens" in run_summary(cfg, preflight, 1)
     assert json.loads(json.dumps(cfg.to_dict()))["train"]["attention"] == "s2"
+
+
+def test_the_summary_names_long_training_settings_without_their_switch(tmp_path, tiny_dir, text_file):  # noqa: F811
+    """`--train.longce_floor 1` without `--train.loss longce` trains the plain loss: the summary says so."""
+    from hf_posenc.recipes.finetune_checks import check_config
+    from hf_posenc.recipes.finetune_config import parse_config
+    from hf_posenc.recipes.finetune_recipe import run_summary
+
+    def summary(**train):
+        cfg = parse_config(["--config", str(write_config(tmp_path / "c.yaml", tiny_dir,
+                                                         data={"corpus": str(text_file)}, train=train))])
+        return run_summary(cfg, check_config(cfg), 1)
+
+    said = summary(longce_floor=1.0, longce_window=16, s2_group=16, s2_shift=False)
+    assert ("  not used: train.s2_group=16 (train.attention is full), train.s2_shift=False (train.attention is "
+            "full), train.longce_window=16 (train.loss is ce), train.longce_floor=1.0 (train.loss is ce)") in said
+    assert "not used" not in summary(loss="longce", longce_floor=1.0, longce_window=16, longce_stride=8)
+    assert "not used" not in summary(longce_clip=5.0)   # a default, written out

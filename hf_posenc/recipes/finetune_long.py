@@ -56,6 +56,18 @@ def check_fields(train: TrainArgs) -> None:
                           f"paper: 0), got {floor!r}")
 
 
+def unused_settings(train: TrainArgs) -> list[str]:
+    """The s2_* / longce_* settings this run sets away from their defaults without the attention / loss that
+    reads them ("train.longce_floor=1 (train.loss is ce)"): said on the run's summary, so that an option
+    given without its switch is not silently a plain run."""
+    defaults = {f.name: f.default for f in dataclasses.fields(train)}
+    off = {"s2_": (train.attention != "s2", f"train.attention is {train.attention}"),
+           "longce_": (train.loss != "longce", f"train.loss is {train.loss}")}
+    return [f"train.{name}={getattr(train, name)} ({why})" for name in defaults
+            for prefix, (unused, why) in off.items()
+            if name.startswith(prefix) and unused and getattr(train, name) != defaults[name]]
+
+
 @dataclasses.dataclass(frozen=True)
 class LongTraining:
     """What train.attention and train.loss resolve to for this run."""

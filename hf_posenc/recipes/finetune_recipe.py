@@ -46,7 +46,7 @@ from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noq
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
-from hf_posenc.recipes.finetune_long import disable_s2, enable_s2  # noqa: E402
+from hf_posenc.recipes.finetune_long import disable_s2, enable_s2, unused_settings  # noqa: E402
 from hf_posenc.recipes.finetune_model import (apply_lora, disable_dropout, load_model,  # noqa: E402
                                               load_tokenizer, mixed_precision, select_trainable)
 from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
@@ -405,6 +405,7 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
              + f"; checkpoints every {cfg.train.save_every} steps",
              *([f"  resumed with changes that leave what it trains as it was: {', '.join(preflight.resume_changes)}"]
                if preflight.resume_changes else []),
+             *([f"  not used: {', '.join(unused)}"] if (unused := unused_settings(cfg.train)) else []),
              "  time: said after the first step" + (" (or at once from the steps logged, when resuming)"
                                                       if cfg.resume else "")]
     return "\n".join(lines)
