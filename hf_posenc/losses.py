@@ -160,9 +160,9 @@ class LongCE:
     (the paper's I(x_t) with gamma = clip = 5), computed by the model being trained, without gradient, in the
     same step. The loss is sum_t w_t loss_t / N over the N real tokens (the paper's sum, divided as a mean, as
     the plain loss is). `floor` bounds the weights from below (0, the paper's: none; 1: the long context only
-    adds weight, a token it does not help keeps its plain loss). The short windows are cut as the paper's: windows of window + stride tokens, stride
-    apart, each scoring its last `stride` tokens, so a token's short context holds window .. window + stride - 1
-    tokens. The first window is the whole context of the tokens it would score, so the tokens before
+    adds weight, a token it does not help keeps its plain loss). The short windows are cut as the paper's:
+    windows of window + stride tokens, stride apart, each scoring its last `stride` tokens, so a token's short
+    context holds window .. window + stride - 1 tokens. The first window is the whole context of the tokens it would score, so the tokens before
     window + stride have w_t = 1 exactly, and no forward is spent on them. A window keeps the ids the long pass
     gives its tokens (a position scheme's too), so the two losses differ by the context alone."""
 
