@@ -162,9 +162,10 @@ class LongCE:
     the plain loss is). `floor` bounds the weights from below (0, the paper's: none; 1: the long context only
     adds weight, a token it does not help keeps its plain loss). The short windows are cut as the paper's:
     windows of window + stride tokens, stride apart, each scoring its last `stride` tokens, so a token's short
-    context holds window .. window + stride - 1 tokens. The first window is the whole context of the tokens it would score, so the tokens before
-    window + stride have w_t = 1 exactly, and no forward is spent on them. A window keeps the ids the long pass
-    gives its tokens (a position scheme's too), so the two losses differ by the context alone."""
+    context holds window .. window + stride - 1 tokens. The first window is the whole context of the tokens it
+    would score, so the tokens before window + stride have w_t = 1 exactly, and no forward is spent on them. A
+    window keeps the ids the long pass gives its tokens (a position scheme's too), so the two losses differ by
+    the context alone."""
 
     window: int
     stride: int
