@@ -183,12 +183,7 @@ def tokenizer_folder(tokenizer) -> str:
         for file in sorted(fresh.iterdir()):
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
         folder = root / digest.hexdigest()[:16]
-        if not folder.exists():
-            try:
-                os.replace(fresh, folder)  # whole or not at all
-            except OSError:  # another run saved the same tokenizer first
-                if not folder.exists():
-                    raise
+        loading.publish(fresh, folder, "tokenizer_config.json")   # whole or not at all; another run's is kept
         return str(folder)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)

@@ -89,7 +89,9 @@ def publish(fresh: Path, folder: Path, complete: str) -> None:
     Two runs that build the same entry side by side both get here: the second finds the first's entry (its
     file `complete` present) and keeps it, leaving `fresh` to the caller to remove. A folder without
     `complete` is a copy left incomplete (by an older version, or a run killed mid-way): replaced."""
-    if folder.exists() and not (folder / complete).exists():
+    if (folder / complete).exists():
+        return
+    if folder.exists():
         shutil.rmtree(folder, ignore_errors=True)
     try:
         os.replace(fresh, folder)
