@@ -98,7 +98,7 @@ def run(args) -> dict:
         model.config._attn_implementation = "sdpa"
         if length > config.max_position_embeddings:
             hp.patch(model, "yarn", max_position_embeddings=length)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.to(device).train()
         losses = {"full": TrainingLoss(model, objective="lm", causal=True, chunk=1024),
                   "longce": TrainingLoss(model, objective="lm", causal=True, chunk=1024,

@@ -35,7 +35,7 @@ def one(length: int, dtype: str, chunk: int) -> dict:
     model = common.smollm2(dtype)[0]
     if length > model.config.max_position_embeddings:
         hp.patch(model, "yarn", max_position_embeddings=length)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     device = "cuda" if cuda else "cpu"
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0)

@@ -72,6 +72,18 @@ def test_s2_with_lora_plus_resumes_bit_exact_and_saves_full_attention(tmp_path, 
     assert torch.equal(trained["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
 
 
+def test_checkpointing_with_lora_warns_of_no_deprecated_transformers_name(tmp_path, tiny_dir, text_file,  # noqa: F811
+                                                                          recwarn):
+    """transformers 5.23+ renamed gradient checkpointing to activation checkpointing; a run with both it and
+    LoRA (peft reads the old name) prints no FutureWarning about it."""
+    assert run_recipe(write_config(tmp_path / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                                   train={**S2, "steps": 1, "warmup_steps": 1},
+                                   model={"name": str(tiny_dir), "dtype": "float32",
+                                          "gradient_checkpointing": True})) is not None
+    said = [str(w.message) for w in recwarn if issubclass(w.category, FutureWarning)]
+    assert not [m for m in said if "checkpointing" in m], said
+
+
 def test_longce_with_pose_resumes_bit_exact_and_says_so_on_the_card(tmp_path, tiny_dir, text_file):  # noqa: F811
     _, _, out = straight_and_resumed(tmp_path, tiny_dir, text_file, train=LONGCE)
     card = (out / "README.md").read_text()

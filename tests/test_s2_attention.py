@@ -202,7 +202,7 @@ def test_gradient_checkpointing_recomputes_the_same_groups():
     model(ids, labels=ids).loss.backward()
     plain = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model(ids, labels=ids).loss.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, plain[n], msg=n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import warnings
 
 from typing import TYPE_CHECKING
 
@@ -94,7 +95,9 @@ def apply_lora(model: torch.nn.Module, lora: dict, trainable) -> torch.nn.Module
                                   lora_dropout=float(lora.get("dropout", 0.0)),
                                   target_modules=lora.get("target_modules", "all-linear"))
     extra = [] if trainable == "all" else [n for n, p in model.named_parameters() if p.requires_grad]
-    model = peft.get_peft_model(model, lora_config)
+    with warnings.catch_warnings():   # peft reads transformers' deprecated `is_gradient_checkpointing` alias
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = peft.get_peft_model(model, lora_config)
     if extra:
         pattern = re.compile("|".join(f"(?:{GROUPS.get(n, n)})" for n in
                                       ([trainable] if isinstance(trainable, str) else trainable)), re.IGNORECASE)

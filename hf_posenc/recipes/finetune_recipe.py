@@ -147,7 +147,7 @@ class FinetuneRecipe:
         if cfg.posenc:
             hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
         if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         select_trainable(model, cfg.train.trainable)
         if cfg.train.lora:
             model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
