@@ -56,6 +56,26 @@ def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):
     return model
 
 
+def check_rows(rows: list[str]) -> None:
+    """Refuse, before anything loads, a row that names no method and no saved model (a fine-tune still
+    training has no config.json yet: its folder is refused, not found out 20 minutes into a cell)."""
+    from hf_posenc.errors import ModelNotFoundError, UnknownMethodError
+    from hf_posenc.loading import resolve
+    from hf_posenc.registry import get_method
+
+    names = [row.partition("=")[0] for row in rows]
+    for row, name in zip(rows, names):
+        folder = row.partition("=")[2]
+        if not name:
+            common.refuse(f"row {row!r}: a row is a method (none, yarn, dca, ...) or NAME=FOLDER")
+        try:
+            resolve(folder) if folder else name == "none" or get_method(name)
+        except (ModelNotFoundError, UnknownMethodError) as err:
+            common.refuse(f"row {row!r}: {err}")
+    if len(set(names)) < len(names):
+        common.refuse(f"two rows share a name ({' '.join(rows)}): a cell is kept by its row's name")
+
+
 def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, control: bool, seed: int) -> dict:
     per_sequence, sequences = recall.cell_sequences(length, passages, PASSAGE)   # 24 a sequence at 16k, 48 at 32k
     prefix = data.bos_prefix(tokenizer)
@@ -116,6 +136,8 @@ def main() -> None:
     pairs = [tuple(p.split(":")) for p in args.pairs or []]
     if any(len(p) != 2 or not all(p) for p in pairs):
         common.refuse(f"--pairs takes A:B (two row names), got {' '.join(args.pairs)}")
+    if not args.report:
+        check_rows(args.rows)
     for length in args.lengths:
         recall.plan_layout(length, passages=recall.cell_sequences(length, args.passages, PASSAGE)[0],
                            passage_tokens=PASSAGE)   # refused here, before any loading, when it cannot fit

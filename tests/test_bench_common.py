@@ -211,3 +211,19 @@ def test_bench_s2_attention_refuses_bad_counts_in_one_line_before_building_a_mod
         bench_s2_attention.main(["--lengths", "4096", "--group", "1024", "--longce-window", "1024", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and err == [f"error: {says}, got {argv[1]}"]
+
+
+@pytest.mark.parametrize("rows, says", [(["s2=FOLDER"], "is a folder without config.json: not a saved model"),
+                                        (["yarnn"], "unknown method 'yarnn'"),
+                                        (["=FOLDER"], "a row is a method (none, yarn, dca, ...) or NAME=FOLDER"),
+                                        (["yarn", "a=SAVED", "a=SAVED"], "two rows share a name")])
+def test_bench_recall_refuses_a_row_it_cannot_load_before_loading_anything(tmp_path, capsys, rows, says):
+    """A fine-tune still training (its folder has no config.json yet) is refused in one line, not found out
+    by a traceback once the corpus is tokenized."""
+    import bench_recall
+
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "config.json").write_text("{}")
+    rows = [r.replace("FOLDER", str(tmp_path)).replace("SAVED", str(tmp_path / "saved")) for r in rows]
+    assert says in refused(capsys, bench_recall.check_rows, rows)
+    bench_recall.check_rows(["none", "yarn", f"ft={tmp_path / 'saved'}"])   # each of its kinds passes
