@@ -161,4 +161,4 @@ def plot(results: dict, methods: list[str], plays: list[str], lengths: list[int]
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

@@ -223,4 +223,4 @@ def tables(results: dict, lengths: list[int], context: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

@@ -290,4 +290,4 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+import common
 import hf_posenc as hp
 from hf_posenc.eval import ruler, stats
 
@@ -70,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

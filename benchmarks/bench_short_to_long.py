@@ -331,4 +331,4 @@ def schemes_figure(path: str, window: int = 2048, seed: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

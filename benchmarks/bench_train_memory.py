@@ -103,4 +103,4 @@ def table(args, chunk: int) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main)

@@ -100,6 +100,18 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def run(main: Callable[[], object]) -> object:
+    """A benchmark's entry point: hf_posenc's errors (an unknown method, a folder that holds no model, a
+    position scheme that does not parse, ...) end it as `refuse` does, not in a traceback; the cells saved
+    before stay saved."""
+    from hf_posenc.errors import PosEncError
+
+    try:
+        return main()
+    except PosEncError as err:
+        refuse(" ".join(str(err).split()))
+
+
 def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:
     """(results, save) for a benchmark that resumes: the results at `path` (or {"settings": settings, section:
     {} for each section} when there are none yet); save() rewrites the file (after every step, so a rerun goes

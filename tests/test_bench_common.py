@@ -156,6 +156,38 @@ def test_a_benchmark_refusal_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
 
 
+def test_an_unknown_method_ends_a_benchmark_script_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_long_context.py"), "--methods", "yarnn",
+                           "--out", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown method 'yarnn'"), proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "r.json").exists()
+
+
+def test_run_ends_an_hf_posenc_error_as_a_refusal_and_lets_a_bug_raise(capsys):
+    from hf_posenc.errors import UnknownMethodError
+
+    def bad_input():
+        raise UnknownMethodError("unknown method 'yarnn';\n known: yarn")
+
+    def bug():
+        raise KeyError("a bug, not bad input")
+
+    assert refused(capsys, common.run, bad_input) == "error: unknown method 'yarnn'; known: yarn"
+    with pytest.raises(KeyError):
+        common.run(bug)
+    assert common.run(lambda: 3) == 3
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("bench_*.py")))
+def test_every_benchmark_runs_through_common_run(script):
+    """Each script's entry point is common.run(main), so an hf_posenc error ends it in one `error:` line
+    (bench_s2_attention re-executes itself before torch loads and refuses by its own checks)."""
+    if script == "bench_s2_attention":
+        pytest.skip("imports common only after its re-exec; its refusals are tested above")
+    source = (BENCHMARKS / f"{script}.py").read_text()
+    assert "common.run(main)" in source.split('if __name__ == "__main__":')[-1], script
+
+
 @pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("bench_*.py")))
 def test_every_benchmark_imports(script):
     """A benchmark is run by hand, weeks after a refactor: its imports are checked here (bench_learned_long
