@@ -215,7 +215,9 @@ CASES = [
     ("flag-needs-value", {}, ["--train.lr"], r"--train\.lr needs a value"),
     ("override-bad-yaml", {}, ["--train.betas", "[0.9"], r"--train\.betas '\[0\.9' is not a YAML value"),
     ("override-unknown-section", {}, ["--optim.lr", "1"], r"unknown flag --optim\.lr: the config has no key 'optim'; the keys are: model, data, train, eval, posenc"),
-    ("positional-argument", {}, ["extra"], r"unexpected argument 'extra'"),
+    ("positional-argument", {}, ["extra"], r"unexpected argument 'extra'; use --config FILE"),
+    ("shipped-config-without-flag", {}, ["smollm2_s2_32k_cpu_finetune"],
+     r"unexpected argument 'smollm2_s2_32k_cpu_finetune' \(did you mean --config smollm2_s2_32k_cpu_finetune\?\)"),
 ]
 
 

@@ -106,7 +106,8 @@ def _moved(schema: type, keys: list, dash: str) -> str:
 
 
 def _unexpected(text: str) -> ConfigError:
-    return ConfigError(f"unexpected argument {text!r}; use --config FILE and --section.field VALUE flags "
+    hint = f" (did you mean --config {text}?)" if config_path(text) is not None else ""
+    return ConfigError(f"unexpected argument {text!r}{hint}; use --config FILE and --section.field VALUE flags "
                        f"(--help lists them)")
 
 
