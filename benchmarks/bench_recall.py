@@ -69,7 +69,10 @@ def check_rows(rows: list[str]) -> None:
         if not name:
             common.refuse(f"row {row!r}: a row is a method (none, yarn, dca, ...) or NAME=FOLDER")
         try:
-            resolve(folder) if folder else name == "none" or get_method(name)
+            if folder:
+                resolve(folder)
+            elif name != "none":
+                get_method(name)
         except (ModelNotFoundError, UnknownMethodError) as err:
             common.refuse(f"row {row!r}: {err}")
     if len(set(names)) < len(names):
