@@ -218,6 +218,8 @@ CASES = [
     ("positional-argument", {}, ["extra"], r"unexpected argument 'extra'; use --config FILE"),
     ("shipped-config-without-flag", {}, ["smollm2_s2_32k_cpu_finetune"],
      r"unexpected argument 'smollm2_s2_32k_cpu_finetune' \(did you mean --config smollm2_s2_32k_cpu_finetune\?\)"),
+    ("evaluate-config-without-flag", {}, ["eval_smollm2_cpu"],   # not a fine-tune config: no hint to use it
+     r"unexpected argument 'eval_smollm2_cpu'; use --config FILE"),
 ]
 
 

@@ -54,7 +54,7 @@ def parse(schema: type, argv: list[str] | None = None, *, usage: str, about: str
     if any(arg in HELP for arg in argv):
         print(help_text(schema, usage, about))
         raise SystemExit(0)
-    file, flags = split_argv(argv)
+    file, flags = split_argv(argv, shipped)
     values = {} if file is None else from_file(schema, file, shipped)
     for key, texts in flags:
         set_flag(schema, values, key, texts)
@@ -75,13 +75,15 @@ def program(script: str, prog: str | None = None) -> str:
     return f"recipes/{script}.py"
 
 
-def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, list[str]]]]:
-    """(--config's value, [(flag, the values after it), ...]); `--key=value` is one value."""
+def split_argv(argv: list[str], shipped: Callable[[str], bool] = lambda name: True
+               ) -> tuple[str | None, list[tuple[str, list[str]]]]:
+    """(--config's value, [(flag, the values after it), ...]); `--key=value` is one value. A bare word that
+    names one of this recipe's shipped configs (`shipped`) is refused with a hint to put --config before it."""
     file, flags, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--") or arg == "--":
-            raise _unexpected(arg)
+            raise _unexpected(arg, shipped)
         key, eq, value = arg[2:].partition("=")
         end = i + 1
         while not eq and end < len(argv) and not argv[end].startswith("--"):
@@ -91,7 +93,7 @@ def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, list[str]]]
             if not texts:
                 raise ConfigError("--config needs a value: a YAML file or a shipped config's name")
             if len(texts) > 1:
-                raise _unexpected(texts[1])
+                raise _unexpected(texts[1], shipped)
             file = texts[0]
         else:
             flags.append((key, texts))
@@ -105,8 +107,9 @@ def _moved(schema: type, keys: list, dash: str) -> str:
     return f" (did you mean {', '.join(found)}?)" if found else ""
 
 
-def _unexpected(text: str) -> ConfigError:
-    hint = f" (did you mean --config {text}?)" if config_path(text) is not None else ""
+def _unexpected(text: str, shipped: Callable[[str], bool] = lambda name: False) -> ConfigError:
+    path = config_path(text)
+    hint = f" (did you mean --config {text}?)" if path is not None and shipped(path.stem) else ""
     return ConfigError(f"unexpected argument {text!r}{hint}; use --config FILE and --section.field VALUE flags "
                        f"(--help lists them)")
 
