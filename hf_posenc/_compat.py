@@ -195,8 +195,8 @@ def rope_init(config: PreTrainedConfig, layer_type: str | None, seq_len: int | N
     """(inv_freq, attention_scaling) for `config`'s rope_parameters, computed by transformers itself."""
     rope_type = get_rope_parameters(config, layer_type)["rope_type"]
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
-    if rope_type == "default":
-        return module_cls.compute_default_rope_parameters(config, device, **kwargs)
+    if rope_type == "default":  # keywords: 5.24 takes (config, **kwargs), earlier releases (config, device, ...)
+        return module_cls.compute_default_rope_parameters(config, device=device, **kwargs)
     return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=seq_len, **kwargs)
 
 

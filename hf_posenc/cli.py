@@ -323,17 +323,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 RECIPES = {"finetune": "fine-tune a patched model (recipes/finetune.py; one process: for several, "
                         "accelerate launch -m hf_posenc.recipes.finetune)",
-           "evaluate": "evaluate positional variants (recipes/evaluate.py)"}
+           "evaluate": "evaluate positional variants (recipes/evaluate.py)",
+           "search": "search RoPE's per-pair factors for a longer context, saved as a stock longrope checkpoint"}
 
 
 def run_recipe(name: str, argv: list[str]) -> None:
-    """`hf-posenc finetune|evaluate ...`: the recipe's own command line, the same code as recipes/*.py."""
+    """`hf-posenc finetune|evaluate|search ...`: the recipe's own command line, the same code as recipes/*.py."""
     if name == "finetune":
         from .recipes import finetune
 
         code = finetune.cli(argv, prog=f"hf-posenc {name}")
         if code:
             raise SystemExit(code)
+    elif name == "search":
+        from .recipes import search
+
+        search.main(argv, prog=f"hf-posenc {name}")
     else:
         from .recipes import evaluate
 

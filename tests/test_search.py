@@ -1,0 +1,228 @@
+"""The factor search (hf_posenc/search.py) and its recipe (hf_posenc/recipes/search.py) on tiny models: the form
+holds LongRoPE's constraints and its seeds, the seeds are the closed forms transformers computes, a candidate is
+the longrope patch it says, a killed search resumes to the same candidates, bad input is refused before loading,
+and the best candidate saves as a checkpoint stock transformers loads with the same logits."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import hf_posenc as hp
+from hf_posenc import search
+from hf_posenc.errors import ConfigError, InvalidParameterError
+from hf_posenc.recipes import search as recipe
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
+
+TARGET, ORIGINAL = 256, 64
+
+
+def settings(**overrides) -> search.SearchSettings:
+    values = dict(model="tiny", target=TARGET, original=ORIGINAL, budget=3, passages=4, passage_tokens=16,
+                  guard_length=32, guard_share=1.0, population=4)
+    return search.SearchSettings(**{**values, **overrides})
+
+
+def text_ids(n: int = 4000) -> list[int]:
+    return token_ids(n, vocab=256, seed=1)[0].tolist()
+
+
+@pytest.mark.parametrize("attention", [(1.0, 1.3), None])
+def test_every_point_holds_longropes_constraints(attention):
+    space = search.FactorSpace(pairs=16, factor=4.0, original=ORIGINAL, attention_range=attention)
+    rng = np.random.default_rng(0)
+    low, high = space.tops
+    for x in [np.zeros(space.dims), np.ones(space.dims), *rng.random((300, space.dims))]:
+        factors, a = space.point(x)
+        assert len(factors) == 16 and min(factors) >= 1 and max(factors) <= high + 1e-6
+        assert all(b >= f for f, b in zip(factors, factors[1:])), factors   # non-decreasing toward slow pairs
+        assert (a is None) == (attention is None) and (a is None or attention[0] <= a <= attention[1])
+
+
+def test_the_form_holds_pi_and_ntk_exactly_and_fits_the_others_closely():
+    space = search.FactorSpace(pairs=16, factor=4.0, original=ORIGINAL)
+    ntk = [4.0 ** (i / 15) for i in range(16)]
+    for exact in ([4.0] * 16, ntk):
+        fitted, _ = space.point(space.fit(exact, 1.0))
+        assert np.allclose(fitted, exact, rtol=2e-3), (fitted, exact)
+    space = search.FactorSpace(pairs=8, factor=4.0, original=ORIGINAL)   # the tiny model's rotary pairs
+    for name, factors, attention in search.closed_forms(tiny_model(), TARGET):
+        fitted, a = space.point(space.fit(factors, attention))
+        assert np.abs(np.log(fitted) - np.log(factors)).max() < 0.25, name
+        assert a == pytest.approx(min(max(attention, 1.0), 1.3), abs=0.02), name
+
+
+def test_seeds_are_the_closed_forms_transformers_computes():
+    model = tiny_model()
+    text = model.config.get_text_config()
+    base = 1.0 / (text.rope_parameters["rope_theta"] ** (torch.arange(0, 16, 2).double() / 16))
+    seeds = {name: (f, a) for name, f, a in search.closed_forms(model, TARGET)}
+    assert seeds["linear"] == ([4.0] * 8, 1.0)
+    assert np.allclose(seeds["ntk"][0], [4.0 ** (i / 7) for i in range(8)], rtol=1e-4)
+    with hp.patched(model, "yarn", max_position_embeddings=TARGET):
+        inv, scale = ROPE_INIT_FUNCTIONS["yarn"](model.config.get_text_config(), "cpu")
+    assert np.allclose(seeds["yarn"][0], (base / inv.double()).clamp(min=1).tolist(), rtol=1e-5)
+    assert seeds["yarn"][1] == pytest.approx(scale) == pytest.approx(0.1 * math.log(4) + 1)
+
+
+def test_a_seed_as_longrope_is_its_method_past_the_original_context():
+    """YaRN's factors and attention factor as a switched longrope patch: YaRN's logits on a sequence past the
+    original context (where the long set applies), the unpatched model's frequencies inside it."""
+    model = tiny_model()
+    name, factors, attention = next(s for s in search.closed_forms(model, TARGET) if s[0] == "yarn")
+    ids = token_ids(200)
+    with hp.patched(model, "yarn", max_position_embeddings=TARGET):
+        want = model(ids).logits
+    with hp.patched(model, "longrope", **search.longrope_params(factors, attention, "switched", TARGET)):
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    short = token_ids(ORIGINAL)
+    unpatched = model(short).logits
+    with hp.patched(model, "longrope", **search.longrope_params(factors, 1.0, "switched", TARGET)):
+        assert torch.equal(model(short).logits, unpatched)       # short factors 1, attention 1: bit for bit
+    with hp.patched(model, "longrope", **search.longrope_params(factors, 1.0, "static", TARGET)):
+        assert not torch.allclose(model(short).logits, unpatched)   # static: the long set everywhere
+
+
+def test_search_records_every_candidate_and_resumes_after_a_kill(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    s = settings(budget=5)
+    best = search.FactorSearch(model, tok, text_ids(), s, tmp_path / "a", progress=False).run()
+    rows = search.read_candidates(tmp_path / "a" / "candidates.jsonl")
+    assert [r["kind"] for r in rows] == [f"seed:{search.SEED_NAMES[n]}" for n in search.SEEDS] + [f"cma:{i}" for i in range(1, 6)]
+    assert best == min(rows, key=lambda r: r["value"])
+    first = rows[0]
+    assert first["n"] == len(first["losses"]) >= 1 and first["low"] <= first["loss"] <= first["high"]
+    assert all(d >= ORIGINAL for d in first["distances"])                  # the far passages only
+    assert all(r["distances"] == first["distances"] for r in rows)         # all on the same passages: paired
+    # killed while writing candidate 6 (in CMA-ES's first generation of 4): its line half there. The rerun
+    # replays 5 and scores 6 to 9 again, and only them, to the same candidates.
+    path = tmp_path / "a" / "candidates.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:6]) + "\n" + lines[6][:40])
+    calls = []
+    runner = search.FactorSearch(model, tok, text_ids(), s, tmp_path / "a", progress=False)
+    evaluate = runner.evaluate
+    runner.evaluate = lambda index, *a, **k: calls.append(index) or evaluate(index, *a, **k)
+    runner.run()
+    assert calls == [6, 7, 8, 9]
+    again = search.read_candidates(path)
+    assert [r["long_factor"] for r in again] == [r["long_factor"] for r in rows]
+    assert [r["value"] for r in again] == pytest.approx([r["value"] for r in rows], abs=1e-6)
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_each_field(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    with pytest.raises(ConfigError, match=r"mode: \"switched\" there, \"static\" now; seed: 0 there, 1 now"):
+        search.FactorSearch(model, tok, text_ids(), settings(budget=0, mode="static", seed=1), tmp_path,
+                            progress=False).run()
+
+
+def test_the_guard_rejects_before_the_long_pass_and_ranks_rejections_last(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    s = settings(budget=3, guard_share=0.0, attention_range=[1.0, 1.3], mode="switched")
+    runner = search.FactorSearch(model, tok, text_ids(), s, tmp_path, progress=False)
+    # a guard that rises with the attention factor (a random tiny model's perplexity may fall with it)
+    runner.guard_perplexity = lambda: 10 * float(search.rotary_module(model).attention_scaling)
+    passes = []
+    fitness = runner.fitness
+    runner.fitness = lambda: passes.append(1) or fitness()
+    runner.run()
+    rows = search.read_candidates(tmp_path / "candidates.jsonl")
+    rejected = [r for r in rows if r["rejected"]]
+    assert rejected and all(r["guard_rise"] > 0 and r["value"] > search.REJECTED for r in rejected)
+    assert len(passes) == len(rows) - len(rejected)   # a rejected candidate costs no recall pass
+    assert {r["kind"] for r in rejected} >= {"seed:YaRN", "seed:ramp"}   # their attention factor changes 2k
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"target": 64}, "must be longer than the model's original context 64"),
+    ({"top_range": [2.0, 1.0]}, "top_range is inverted"),
+    ({"top_range": [0.01, 0.1]}, "every factor must be >= 1"),
+    ({"attention_range": [0.5, 1.0]}, "attention_range low must be >= 1"),
+    ({"guard_length": 65}, "guard_length must be <= 64"),
+    ({"mode": "dynamic"}, "mode must be one of switched, static"),
+    ({"far_from": 255, "passages": 2}, "no passage of a 256-token sequence lies that far back"),
+    ({"guard_share": -0.1}, "guard_share must be >= 0"),
+    ({"population": 2}, "population must be 0"),
+])
+def test_settings_refuse_a_search_space_that_cannot_be_expressed(overrides, words):
+    with pytest.raises(InvalidParameterError, match=words):
+        settings(**overrides)
+
+
+# -- the recipe ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("".join(f"Line {i}: the {['king', 'queen', 'fool'][i % 3]} speaks of {i * 7 % 13} ravens.\n"
+                            for i in range(200)))
+    return path
+
+
+def recipe_args(checkpoint, corpus, out, *extra) -> list[str]:
+    return ["--model.name", str(checkpoint), "--model.dtype", "float32", "--data.corpus", str(corpus),
+            "--output_dir", str(out), "--search.target", str(TARGET), "--search.budget", "2", "--search.passages",
+            "4", "--search.passage_tokens", "16", "--search.guard_length", "32", "--search.guard_share", "1",
+            "--search.population", "4", *extra]
+
+
+def test_recipe_saves_the_best_as_a_stock_checkpoint_with_the_same_logits(checkpoint, corpus, tmp_path):
+    best = recipe.main(recipe_args(checkpoint, corpus, tmp_path))
+    for name in ("search.json", "candidates.jsonl", "summary.md", "convergence.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert best["kind"] in (tmp_path / "summary.md").read_text()
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "best").eval()
+    params = stock.config.rope_parameters
+    assert params["rope_type"] == "longrope" and params["long_factor"] == best["long_factor"]
+    assert params["short_factor"] == [1.0] * len(best["long_factor"])
+    model = hp.load_model(str(checkpoint))
+    ids = token_ids(200, vocab=TINY_TEXT_VOCAB)
+    with hp.patched(model, "longrope", **search.longrope_params(best["long_factor"], best["attention_factor"],
+                                                                 "switched", TARGET)):
+        want = model(ids).logits
+    torch.testing.assert_close(stock(ids).logits, want)
+
+
+def refusal(capsys, argv) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        recipe.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def test_recipe_refuses_bad_input_before_the_model_loads(checkpoint, corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    out = tmp_path / "out"
+    base = recipe_args(checkpoint, corpus, out)
+    assert "must be longer than the model's original context 64" in refusal(capsys, [*base, "--search.target", "64"])
+    assert "top_range is inverted" in refusal(capsys, [*base, "--search.top_range", "[3, 1]"])
+    assert "search.top_range must be [low, high]" in refusal(capsys, [*base, "--search.top_range", "[3]"])
+    assert "every factor must be >= 1" in refusal(capsys, [*base, "--search.top_range", "[0.01, 0.1]"])
+    assert "need" in refusal(capsys, [*base, "--search.passages", "4", "--search.target", "65536",
+                                      "--search.guard_length", "32"])   # a text too short for its passages
+    gpt2 = tmp_path / "gpt2"
+    tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB).save_pretrained(gpt2)
+    assert "longrope" in refusal(capsys, recipe_args(gpt2, corpus, out))   # a learned table: no rotary pairs
+    assert not out.exists()
+    # the same folder with other settings: each field named, nothing changed
+    out.mkdir()
+    (out / "search.json").write_text(json.dumps({"settings": {"mode": "static"}}))
+    assert "mode: \"static\" there, \"switched\" now" in refusal(capsys, base)
+    assert sorted(p.name for p in out.iterdir()) == ["search.json"]
