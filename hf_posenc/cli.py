@@ -158,9 +158,9 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     output_folder(str(out.parent), "--out's folder")
     if not out.parent.is_dir():
         raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
-    if args.method not in serving.LLAMA_CPP_METHODS:
-        raise MethodNotApplicableError(f"method {args.method!r} cannot be written into GGUF metadata; methods that "
-                                       f"can: {', '.join(serving.LLAMA_CPP_METHODS)}")
+    if args.method not in serving.GGUF_METHODS:
+        raise MethodNotApplicableError(f"method {args.method!r} cannot be written into a GGUF file; methods that "
+                                       f"can: {', '.join(serving.GGUF_METHODS)}")
     # everything the header decides, on the patched skeleton, before the weights are read and de-quantized
     skeleton = dry_run(str(source), None, args.method, params)
     if skeleton is not None:
@@ -170,7 +170,11 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     api.patch(model, args.method, **params)
     written = serving.write_gguf(model, source, out, overwrite=args.overwrite)
     print(json.dumps(written, indent=2))
-    print(f"saved to {args.out} (llama.cpp, from the original file instead: {' '.join(serving.llama_cpp_args(model))})")
+    if args.method in serving.LLAMA_CPP_METHODS:   # per-pair factors (longrope, llama3) have no flags
+        print(f"saved to {args.out} (llama.cpp, from the original file instead: "
+              f"{' '.join(serving.llama_cpp_args(model))})")
+    else:
+        print(f"saved to {args.out}")
 
 
 def cmd_demo(args) -> None:

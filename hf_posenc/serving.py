@@ -40,6 +40,16 @@ from .registry import METHODS, as_model
 # type; llama.cpp's rope options say a base, linear or YaRN scaling (llama3 / longrope need per-frequency tensors)
 VLLM_ROPE_TYPES = _compat.STOCK_ROPE_TYPES
 LLAMA_CPP_ROPE_TYPES = ("default", "linear", "yarn")
+# A GGUF file carries per-pair factors as tensors, which no flag can: LongRoPE's two sets and llama3's one.
+GGUF_ROPE_TYPES = LLAMA_CPP_ROPE_TYPES + ("longrope", "llama3")
+# llama.cpp's architectures whose loader (src/models/<arch>.cpp) reads LongRoPE's `rope_factors_long.weight` and
+# `rope_factors_short.weight` (the llama-like ones only when `{arch}.rope.scaling.type` is "longrope"; phi3, phimoe
+# and minicpm3 always), and those that read one set, `rope_freqs.weight` (how llama.cpp's converter writes llama3).
+# Both are one F32 tensor of n_rot / 2 values; the rope kernel divides pair i's angle by value i.
+LLAMA_CPP_LONGROPE_ARCHS = ("llama", "deci", "granite", "minicpm", "mistral3", "refact", "phi3", "phimoe", "minicpm3")
+LLAMA_CPP_ROPE_FREQS_ARCHS = ("llama", "deci", "granite", "minicpm", "mistral3", "refact", "llama4", "exaone",
+                              "exaone4", "arcee")
+FACTOR_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def _written_rope_type(cls: type[MethodConfig]) -> str | None:
@@ -56,6 +66,7 @@ def _written_rope_type(cls: type[MethodConfig]) -> str | None:
 STOCK_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig) and c.stock_checkpoint)
 TABLE_METHODS = tuple(n for n, c in METHODS.items() if issubclass(c, LearnedMethodConfig) and c.stock_checkpoint)
 LLAMA_CPP_METHODS = tuple(n for n in STOCK_METHODS if _written_rope_type(METHODS[n]) in LLAMA_CPP_ROPE_TYPES)
+GGUF_METHODS = tuple(n for n in STOCK_METHODS if _written_rope_type(METHODS[n]) in GGUF_ROPE_TYPES)
 # Models with one RoPE per attention type whose llama.cpp loader keeps the sliding-window layers at their own
 # RoPE base and scale, so that llama.cpp's rope options (flags, GGUF rope keys) reach the full-attention layers
 # only: transformers' text model_type -> llama.cpp's architecture. llama.cpp's src/llama-model.cpp sets
@@ -69,10 +80,11 @@ class ExportError(PosEncError, ValueError):
     """A file to export from or to that cannot be used (not a GGUF file, the output is the input, ...)."""
 
 
-def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], call: str) -> PatchRecord | None:
+def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], call: str,
+           flags: bool = False) -> PatchRecord | None:
     """The model's patch record (None: unpatched), refused unless `engine` runs it from the config: no patch in it
     (a stacked one's base included) says why not (`export_refusal`), and every rope_type it holds is one of
-    `rope_types`."""
+    `rope_types` (`flags`: llama.cpp's command line, which cannot carry per-pair factors: a GGUF file can)."""
     model = as_model(model, call)
     record = read_record(model.config)
     if record is None:
@@ -88,6 +100,9 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
         unknown = next((t for t in held if t not in rope_types), None)
         if unknown is not None:
             why = f"its rope_parameters have rope_type {unknown!r}, and {engine} has no {unknown!r} rope scaling"
+            if flags and unknown in GGUF_ROPE_TYPES:
+                why = (f"its rope_parameters have rope_type {unknown!r}, whose per-pair factors no flag carries; "
+                       f"write them into a GGUF file with hp.write_gguf (hf-posenc patch ... --out model.gguf)")
     if why is not None:
         raise MethodNotApplicableError(
             f"method {record.method!r} cannot be exported to {engine}: {why}. {engine} runs, from a config, the "
@@ -97,9 +112,30 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
 
 def yarn_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
     """The scale a YaRN patch puts on cos and sin, computed by transformers' own YaRN function."""
+    return rope_attention_factor(model, layer_type)
+
+
+def rope_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
+    """The scale the model's rope_parameters put on cos and sin (YaRN's, LongRoPE's), computed by transformers."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    return float(ROPE_INIT_FUNCTIONS["yarn"](model.config.get_text_config(), "cpu", layer_type=layer_type)[1])
+    text = model.config.get_text_config()
+    rope_type = _compat.get_rope_parameters(text, layer_type)["rope_type"]
+    return float(ROPE_INIT_FUNCTIONS[rope_type](text, "cpu", layer_type=layer_type)[1])
+
+
+def pair_factors(model: torch.nn.Module, layer_type: str | None = None) -> list[float]:
+    """What the patch divides each rotary pair's frequency by past the original context: the unpatched
+    frequencies over the patched ones, both as transformers computes them (llama3's factors, for rope_freqs)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = model.config.get_text_config()
+    params = _compat.get_rope_parameters(text, layer_type)
+    dim = _compat.rotary_dim(text, layer_type)
+    plain = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaled = ROPE_INIT_FUNCTIONS[params["rope_type"]](text, "cpu", seq_len=text.max_position_embeddings,
+                                                      layer_type=layer_type)[0].double()
+    return (plain / scaled).tolist()
 
 
 def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
@@ -119,6 +155,8 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
         p = params[layer_type] if nested else params
         if p.get("rope_type") == "yarn" and p.get("attention_factor") is None:
             p["attention_factor"] = yarn_attention_factor(model, layer_type)
+        if p.get("rope_type") == "longrope":   # vLLM reads LongRoPE's scale as short_mscale / long_mscale only
+            p["short_mscale"] = p["long_mscale"] = rope_attention_factor(model, layer_type)
     out = {"max_position_embeddings": int(text.max_position_embeddings)}
     if not legacy:
         out["rope_parameters"] = params
@@ -140,7 +178,7 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
     """llama.cpp command-line flags (llama-cli, llama-server) that run the patched model from the
     original GGUF file: the new rope base, or the scaling type, factor, original context, YaRN's betas
     and its attention factor in llama.cpp's terms (divided by its built-in 0.1 ln s + 1)."""
-    record = _patch(model, "llama.cpp", LLAMA_CPP_ROPE_TYPES, "llama_cpp_args")
+    record = _patch(model, "llama.cpp", LLAMA_CPP_ROPE_TYPES, "llama_cpp_args", flags=True)
     if record is None:
         return []
     text = model.config.get_text_config()
@@ -212,7 +250,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     reads them. YaRN's betas and attention factor are read from the file by only some of llama.cpp's
     architectures, so a YaRN patch that needs other values than llama.cpp's defaults is refused here
     (run the original file with `llama_cpp_args(model)` instead)."""
-    record = _patch(model, "GGUF", LLAMA_CPP_ROPE_TYPES, "write_gguf")
+    record = _patch(model, "GGUF", GGUF_ROPE_TYPES, "write_gguf")
     if record is None:
         return {}
     text = model.config.get_text_config()
@@ -220,6 +258,17 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     out: dict[str, object] = {f"{arch}.context_length": int(text.max_position_embeddings),
                               f"{arch}.rope.freq_base": float(params["rope_theta"])}
     rope_type = params.get("rope_type", "default")
+    if rope_type in ("longrope", "llama3"):
+        archs = LLAMA_CPP_LONGROPE_ARCHS if rope_type == "longrope" else LLAMA_CPP_ROPE_FREQS_ARCHS
+        if arch not in archs:
+            raise MethodNotApplicableError(
+                f"llama.cpp's {arch} loader reads no {rope_type} factor tensors; it reads them for the "
+                f"architectures {', '.join(archs)}")
+        # no rope.scaling.factor: llama.cpp would scale every pair by it on top of the tensors
+        out[f"{arch}.rope.scaling.original_context_length"] = int(params["original_max_position_embeddings"])
+        if rope_type == "longrope":
+            out[f"{arch}.rope.scaling.type"] = "longrope"
+            out[f"{arch}.rope.scaling.attn_factor"] = rope_attention_factor(model, layer_type)
     if rope_type in ("linear", "yarn"):
         out |= {f"{arch}.rope.scaling.type": rope_type, f"{arch}.rope.scaling.factor": float(params["factor"])}
     if rope_type == "yarn":
@@ -236,6 +285,26 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
                 f"original file with: {' '.join(llama_cpp_args(model))}")
         out[f"{arch}.rope.scaling.original_context_length"] = int(params["original_max_position_embeddings"])
     return out
+
+
+def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "np.ndarray"]:
+    """The per-pair factor tensors a GGUF file needs for the patch (F32, one value per rotary pair): LongRoPE's
+    `rope_factors_long.weight` / `rope_factors_short.weight`, llama3's `rope_freqs.weight`; {} for the others.
+    llama.cpp takes the long set whenever its context (-c) is longer than the original, for every sequence, where
+    transformers switches by each input's length."""
+    import numpy as np
+
+    record = _patch(model, "GGUF", GGUF_ROPE_TYPES, "write_gguf")
+    if record is None:
+        return {}
+    params, layer_type = _llama_cpp_rope_parameters(model, record, "GGUF", arch)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "longrope":
+        return {"rope_factors_long.weight": np.asarray(params["long_factor"], dtype=np.float32),
+                "rope_factors_short.weight": np.asarray(params["short_factor"], dtype=np.float32)}
+    if rope_type == "llama3":
+        return {"rope_freqs.weight": np.asarray(pair_factors(model, layer_type), dtype=np.float32)}
+    return {}
 
 
 def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
@@ -266,6 +335,10 @@ def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: 
     new = gguf_rope_metadata(model, arch)
     if not new:
         raise ExportError("the model carries no hf_posenc patch: there is nothing to write")
+    held = [n for n in gguf_header.read(source).tensor_names if n in FACTOR_TENSORS]
+    if held and (gguf_rope_tensors(model, arch) or f"{arch}.rope.scaling.type" in new):
+        raise ExportError(f"{source} already holds {', '.join(held)}: per-pair factors of an earlier scaling, which "
+                          f"llama.cpp would read beside the new ones; export from the unpatched model's file")
     return arch, new
 
 
@@ -274,8 +347,9 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
     """Copy the GGUF file `source` (the checkpoint `model` was loaded from) to `target` with the patch's
     rope metadata; tensors are copied byte for byte (quantized ones stay quantized). Everything is checked
     before writing (from the header, before the tensors are read: `check_write_gguf`), and the file appears
-    whole or not at all. Returns the keys written."""
+    whole or not at all. Returns the keys written, and the factor tensors added (`gguf_rope_tensors`) as lists."""
     arch, new = check_write_gguf(model, source, target, overwrite=overwrite)
+    tensors = gguf_rope_tensors(model, arch)
     import gguf
 
     source, target = Path(source), Path(target)
@@ -298,16 +372,20 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
         for tensor in reader.tensors:
             writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
                                    raw_dtype=tensor.tensor_type)
+        for name, values in tensors.items():   # the per-pair factors, after the model's own tensors
+            writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for tensor in reader.tensors:
             writer.write_tensor_data(tensor.data)
+        for values in tensors.values():
+            writer.write_tensor_data(values)
         writer.close()
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return new
+    return {**new, **{name: values.tolist() for name, values in tensors.items()}}
 
 
 def _check_same_model(model, values: dict, arch: str, source: Path) -> None:
@@ -344,11 +422,16 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
     """The patch a GGUF file's rope metadata describes, as (method, hp.patch parameters) with the original
     context among them (`original_max_position_embeddings`), or None for plain RoPE. transformers reads a
     llama-architecture file's context and rope base but not its rope scaling: without this, such a file
-    (written by `write_gguf`, or by llama.cpp's converter from a scaled checkpoint) loads unscaled."""
+    (written by `write_gguf`, or by llama.cpp's converter from a scaled checkpoint) loads unscaled. Per-pair
+    factors come back as `longrope`: LongRoPE's two sets, or one static set from `rope_freqs.weight` (llama3's as
+    `write_gguf` writes it, with the original context beside it)."""
     rope = read_gguf_rope(path)
     kind = rope.get("rope.scaling.type")
-    if kind not in ("linear", "yarn"):
+    freqs = kind != "longrope" and "rope_freqs.weight" in gguf_header.read(path).tensor_names
+    if kind not in ("linear", "yarn", "longrope") and not (freqs and "rope.scaling.original_context_length" in rope):
         return None
+    kind = "longrope" if freqs else kind
+
     def number(key: str, integer: bool = False, needed: bool = True):
         value = rope.get(key)
         if value is None and not needed:
@@ -358,10 +441,34 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
                                     f"positive {'integer' if integer else 'number'} there")
         return int(value) if integer else float(value)
 
-    factor, target = number("rope.scaling.factor"), number("context_length", integer=True)
+    target = number("context_length", integer=True)
+    if kind == "longrope":
+        original = number("rope.scaling.original_context_length", integer=True, needed=False) or target
+        names = ["rope_freqs.weight"] * 2 if freqs else ["rope_factors_long.weight", "rope_factors_short.weight"]
+        long, short = _gguf_factors(path, names)
+        params = {"max_position_embeddings": target, "original_max_position_embeddings": original,
+                  "long_factor": long, "short_factor": short,
+                  "attention_factor": number("rope.scaling.attn_factor", needed=False) or 1.0}
+        return kind, params
+    factor = number("rope.scaling.factor")
     original = number("rope.scaling.original_context_length", integer=True, needed=False) or round(target / factor)
     params = {"max_position_embeddings": target, "original_max_position_embeddings": max(original, 1)}
     for key in ("beta_fast", "beta_slow"):
         if f"rope.scaling.yarn_{key}" in rope and kind == "yarn":
             params[key] = number(f"rope.scaling.yarn_{key}")
     return kind, params
+
+
+def _gguf_factors(path, names: list[str]) -> list[list[float]]:
+    """The values of the named F32 factor tensors of a GGUF file (one per rotary pair)."""
+    import gguf
+
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    out = []
+    for name in names:
+        tensor = tensors.get(name)
+        if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise InvalidInputError(f"{path}: longrope rope scaling needs the F32 tensor {name}, "
+                                    f"{'which is missing' if tensor is None else 'stored as ' + tensor.tensor_type.name}")
+        out.append([float(v) for v in tensor.data.reshape(-1)])
+    return out

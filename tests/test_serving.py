@@ -54,6 +54,9 @@ def test_overrides_make_transformers_build_the_patched_rotary(method, params):
     assert config.max_position_embeddings == model.config.max_position_embeddings
     if method == "yarn":  # spelled out, so an engine's own default cannot differ
         assert overrides["rope_parameters"]["attention_factor"] == pytest.approx(ours.attention_scaling)
+    if method == "longrope":  # vLLM reads LongRoPE's scale from these two keys only (its own default otherwise)
+        params = overrides["rope_parameters"]
+        assert params["short_mscale"] == params["long_mscale"] == pytest.approx(ours.attention_scaling)
 
 
 @pytest.mark.parametrize("method,params", STOCK_CASES, ids=lambda v: v if isinstance(v, str) else None)
@@ -76,8 +79,10 @@ def test_unpatched_needs_no_overrides_and_other_methods_are_refused():
             serving.serving_overrides(model)
         with pytest.raises(hp.MethodNotApplicableError, match="llama.cpp"):
             serving.llama_cpp_args(model)
-    with pytest.raises(hp.MethodNotApplicableError, match="llama.cpp has no 'llama3'"):
-        serving.llama_cpp_args(hp.patch(tiny_model(), "llama3", factor=4))
+    for method, params in [("llama3", {"factor": 4}), ("longrope", {"factor": 4, "long_factor": [2.0] * 8})]:
+        with pytest.raises(hp.MethodNotApplicableError, match=f"rope_type {method!r}, whose per-pair factors no flag "
+                                                             f"carries; write them into a GGUF file"):
+            serving.llama_cpp_args(hp.patch(tiny_model(), method, **params))
 
 
 @pytest.mark.parametrize("method", serving.STOCK_METHODS)
@@ -152,6 +157,80 @@ def test_gguf_round_trip(tmp_path, method, params, expected):
     assert [t.name for t in after.tensors] == [t.name for t in before.tensors]
     for a, b in zip(before.tensors, after.tensors):  # byte for byte, quantized types kept
         assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data)
+
+
+def converter_llama3_factors(theta: float, dim: int, factor: float, original: int, low: float = 1.0,
+                             high: float = 4.0) -> list[float]:
+    """llama.cpp's converter's rope_freqs for a llama3 config (its LlamaModel.generate_extra_tensors), as a
+    reference written from its formula: 1 below the high-frequency wavelength, the factor above the low one, a
+    smooth blend between."""
+    out = []
+    for i in range(0, dim, 2):
+        wavelength = 2 * math.pi * theta ** (i / dim)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+@pytest.mark.parametrize("method,params", [
+    ("longrope", {"long_factor": [1.0, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0], "attention_factor": 1.05}),
+    ("longrope", {"long_factor": [1.2] * 8, "short_factor": [1.2] * 8}),        # a static set, default scale
+    ("llama3", {}),
+])
+def test_gguf_carries_per_pair_factors_as_llama_cpp_reads_them_and_loads_back_the_same_model(tmp_path, method, params):
+    source = write_tiny_gguf(tmp_path / "in.gguf")
+    model = hp.patch(tiny_model(), method, max_position_embeddings=256, **params)
+    written = serving.write_gguf(model, source, tmp_path / "out.gguf")
+    rope = serving.read_gguf_rope(tmp_path / "out.gguf")
+    after = {t.name: t for t in gguf.GGUFReader(tmp_path / "out.gguf").tensors}
+    assert rope["context_length"] == 256 and rope["rope.scaling.original_context_length"] == 64
+    assert "rope.scaling.factor" not in rope   # llama.cpp would divide every angle by it on top of the tensors
+    if method == "longrope":
+        saved = model.config.rope_parameters
+        assert rope["rope.scaling.type"] == "longrope" and "rope_freqs.weight" not in after
+        assert after["rope_factors_long.weight"].data.tolist() == pytest.approx(saved["long_factor"])
+        assert after["rope_factors_short.weight"].data.tolist() == pytest.approx(saved["short_factor"])
+        assert rope["rope.scaling.attn_factor"] == pytest.approx(rotary_of(model).attention_scaling)
+    else:   # as llama.cpp's converter writes llama3: rope_freqs, no type key
+        assert "rope.scaling.type" not in rope and "rope_factors_long.weight" not in after
+        assert after["rope_freqs.weight"].data.tolist() == pytest.approx(converter_llama3_factors(10000.0, 16, 4, 64),
+                                                                         rel=1e-5)
+    assert {t.tensor_type for n, t in after.items() if n in serving.FACTOR_TENSORS} == {gguf.GGMLQuantizationType.F32}
+    assert set(written) >= {n for n in after if n in serving.FACTOR_TENSORS}
+    before = gguf.GGUFReader(source)
+    for tensor in before.tensors:   # the model's own tensors byte for byte
+        assert np.array_equal(after[tensor.name].data, tensor.data)
+    # read back: the file's patch is the same model, inside the original context and past it
+    found, back = serving.gguf_patch(tmp_path / "out.gguf")
+    assert found == "longrope"
+    loaded = hp.patch(tiny_model(), found, **{k: v for k, v in back.items() if k != "original_max_position_embeddings"})
+    for n in (48, 200):
+        ids = torch.arange(n)[None] % 128
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_gguf_factor_exports_refuse_what_llama_cpp_would_not_read(tmp_path):
+    longrope = hp.patch(tiny_model(), "longrope", factor=4, long_factor=[2.0] * 8)
+    qwen = write_tiny_gguf(tmp_path / "qwen.gguf", arch="qwen2")
+    with pytest.raises(hp.MethodNotApplicableError, match="llama.cpp's qwen2 loader reads no longrope factor tensors"):
+        serving.write_gguf(longrope, qwen, tmp_path / "a.gguf")
+    held = write_tiny_gguf(tmp_path / "held.gguf", keys=lambda w: None)
+    writer = gguf.GGUFWriter(tmp_path / "freqs.gguf", arch="llama")
+    writer.add_context_length(64)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tensor("rope_freqs.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(serving.ExportError, match="already holds rope_freqs.weight"):
+        serving.write_gguf(longrope, tmp_path / "freqs.gguf", tmp_path / "b.gguf")
+    assert not (tmp_path / "a.gguf").exists() and not (tmp_path / "b.gguf").exists() and held.exists()
 
 
 def test_gguf_export_refusals_write_nothing(tmp_path):
@@ -233,7 +312,7 @@ def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, caps
     rope = serving.read_gguf_rope(tmp_path / "x2.gguf")
     assert (rope["rope.scaling.type"], rope["rope.scaling.factor"], rope["context_length"]) == ("linear", 2.0, 16384)
     for argv, out, message in [
-        (["--method", "dynamic", "--factor", "2"], "d.gguf", "cannot be written into GGUF metadata"),
+        (["--method", "dynamic", "--factor", "2"], "d.gguf", "cannot be written into a GGUF file"),
         (["--method", "linear", "--factor", "2"], "x2.gguf", "exists; pass --overwrite"),
         (["--method", "linear", "--factor", "2"], str(source), "is the input file"),
     ]:
@@ -241,6 +320,14 @@ def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, caps
             main(["patch", str(source), *argv, "--out", str(tmp_path / out)])
         assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "d.gguf").exists()
+    # per-pair factors: tensors in the file, no llama.cpp flags to print; the file loads back as the same model
+    main(["patch", str(source), "--method", "llama3", "--factor", "2", "--out", str(tmp_path / "l3.gguf")])
+    assert capsys.readouterr().out.rstrip().endswith(f"saved to {tmp_path / 'l3.gguf'}")
+    loaded = hp.load_model(tmp_path / "l3.gguf", cache=False).eval()
+    assert hp.describe(loaded)["method"] == "longrope"
+    patched = hp.patch(hp.load_model(source), "llama3", factor=2).eval()
+    ids = torch.arange(300)[None] * 7 % 1000
+    torch.testing.assert_close(loaded(ids).logits, patched(ids).logits, atol=1e-4, rtol=1e-4)
     folder = tmp_path / "folder"
     hp.patch(tiny_model(), "linear", factor=2).save_pretrained(folder)
     with pytest.raises(SystemExit):
