@@ -333,3 +333,49 @@ def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, caps
     with pytest.raises(SystemExit):
         main(["patch", str(folder), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "y.gguf")])
     assert "written from a GGUF input" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
+
+
+def llama_cpp_group_distances(length: int, group: int, block: int) -> np.ndarray:
+    """The distance RoPE sees between query i and key j <= i under llama.cpp's group attention (llama-completion's
+    --grp-attn-n G --grp-attn-w W loop: before a token is decoded, every full block of W tokens before it has its
+    cached positions divided by G, and the tokens after them moved back by W - W/G), decoding one token at a time,
+    in the builds whose divided keys sit at floor(j / G). A reference of its position arithmetic, from its code."""
+    shift = block - block // group
+    out = np.zeros((length, length), dtype=np.int64)
+    for i in range(length):
+        grouped = i // block                                  # blocks grouped before token i is decoded
+        query = i - grouped * shift
+        for j in range(i + 1):
+            key = j // group if j < grouped * block else j - grouped * shift
+            out[i, j] = query - key
+    return out
+
+
+def self_extend_distances(length: int, group: int, window: int) -> np.ndarray:
+    """Self-Extend's distances (Jin et al. 2024, hf_posenc/methods/self_extend.py): true within the window,
+    floor(i / G) - floor(j / G) + W - floor(W / G) beyond it."""
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    grouped = i // group - j // group + window - window // group
+    return np.where(i - j < window, i - j, grouped) * (j <= i)
+
+
+def test_llama_cpp_group_attention_is_not_self_extend_so_no_flags_are_given():
+    """For every group size and block llama.cpp takes (one that fills inside the input: otherwise neither groups
+    anything) and every window Self-Extend takes, some query and key are at other distances: the two mappings
+    differ, and the export says why instead of giving flags."""
+    length = 64
+    for group in (2, 4):
+        for block in range(group, length, group):   # llama.cpp: W a multiple of G; a block that fills inside the input
+            theirs = llama_cpp_group_distances(length, group, block)
+            assert all((self_extend_distances(length, group, window) != theirs).any()
+                       for window in range(1, length)), (group, block)
+    model = hp.patch(tiny_model(), "self_extend", group_size=2, window=16)
+    with pytest.raises(hp.MethodNotApplicableError, match="--grp-attn-n / --grp-attn-w.*different mapping"):
+        hp.llama_cpp_args(model)
+
+
+def test_dca_export_names_the_vllm_releases_that_ran_it_and_why_not_this_patch():
+    model = hp.patch(tiny_model("qwen2"), "dca", max_position_embeddings=256)
+    with pytest.raises(hp.MethodNotApplicableError, match=r"dual_chunk_attention_config only up to 0\.10.*qwen2.*"
+                                                          r"length scale|0\.1 ln\(length / original\) \+ 1"):
+        hp.serving_overrides(model)

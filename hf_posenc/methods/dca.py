@@ -45,6 +45,14 @@ class DcaConfig(RemappedConfig):
     keep their true distance. Any input length; max_position_embeddings only sets the advertised context."""
 
     name: ClassVar[str] = "dca"
+    # vLLM built Dual Chunk Attention from a config's dual_chunk_attention_config for Qwen2 / Qwen2-MoE / Qwen3 /
+    # Qwen3-MoE up to 0.10 (V0 engine, the DUAL_CHUNK_FLASH_ATTN backend), and multiplied the logits by a length
+    # scale of its own; 0.11 removed it. docs/serving.md says more.
+    export_refusal: ClassVar[str | None] = (
+        "it changes the attention computation itself. vLLM read dual_chunk_attention_config only up to 0.10 (V0 "
+        "engine, DUAL_CHUNK_FLASH_ATTN backend, model types qwen2, qwen2_moe, qwen3, qwen3_moe) and scaled the "
+        "logits by max(1, 0.1 ln(length / original) + 1) besides, which this patch does not; no current vLLM or "
+        "llama.cpp runs Dual Chunk Attention")
     summary: ClassVar[str] = "Dual Chunk Attention: intra / successive / inter-chunk positions < original, any length"
     contract: ClassVar[Contract] = Contract(
         examples=({}, {"chunk_size": 40, "local_window": 8}),

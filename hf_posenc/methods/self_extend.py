@@ -56,6 +56,14 @@ class SelfExtendConfig(RemappedConfig):
 
     name: ClassVar[str] = "self_extend"
     summary: ClassVar[str] = "Self-Extend: neighbour positions within a window, grouped positions floor(i/G) beyond"
+    # llama.cpp's group attention (llama-completion's --grp-attn-n / --grp-attn-w) is another mapping: it divides
+    # the cached positions of whole blocks of --grp-attn-w keys as the blocks fill and moves the query back with
+    # them, so no key keeps its true distance past the block being filled (tests/test_serving.py compares the two)
+    export_refusal: ClassVar[str | None] = (
+        "it changes the attention computation itself. llama.cpp's group attention (--grp-attn-n / --grp-attn-w, "
+        "llama-completion only) is a different mapping: it groups whole blocks of --grp-attn-w keys as they fill, "
+        "with no window of true distances around each query and another query position, so no flags give this "
+        "patch")
     contract: ClassVar[Contract] = Contract(
         examples=({"group_size": 4}, {}),
         refused=(Refused({"group_size": 0}, "group_size must be >= 1"), Refused({}, "needs group_size="),
