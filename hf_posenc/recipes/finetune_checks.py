@@ -20,7 +20,7 @@ from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..positions import Contiguous, PositionScheme, scheme
 from ..train_data import load_documents
-from .recipe_config import old_names, one_line
+from .recipe_config import differences, old_names, one_line, plain, shown_setting
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
 from .finetune_long import LongTraining, check_long_training
@@ -190,7 +190,7 @@ def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
                           f"run cannot be told; put the run's finetune_config.json back, or {new_run}") from None
     refused, taken = [], []
     for key, may_change, old, new in setting_changes(cfg, saved):
-        change = f"{key} {_shown(old)} -> {_shown(new)}"
+        change = f"{key} {shown_setting(old)} -> {shown_setting(new)}"
         why = steps_change_problem(cfg, out, old, new) if key == "train.steps" else None
         if not may_change or why:
             refused.append(change + (f" ({why})" if why else ""))
@@ -219,40 +219,8 @@ def setting_changes(cfg, saved: dict, prefix: str = "") -> list[tuple[str, bool,
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         changes += [(name, f.metadata["resume_may_change"], old, now)
-                    for name, old, now in _differences(key, _plain(saved.get(f.name, default)), _plain(new))]
+                    for name, old, now in differences(key, plain(saved.get(f.name, default)), plain(new))]
     return changes
-
-
-UNSET = "(not set)"   # how a change shows a key one side lacks
-
-
-def _differences(key: str, old, new) -> list[tuple[str, object, object]]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [change for name in [*old, *(k for k in new if k not in old)]
-                for change in _differences(f"{key}.{name}", old.get(name, UNSET), new.get(name, UNSET))]
-    return [] if _same_setting(old, new) else [(key, old, new)]
-
-
-def _plain(value):
-    """A setting as finetune_config.json holds it (a tuple is a list there)."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def _same_setting(a, b) -> bool:
-    """Equal as settings: NaN equals NaN, true is not 1, [1, 2] equals (1, 2) (both plain first)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_setting(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(map(_same_setting, a, b))
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
-        return True
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
-def _shown(value) -> str:
-    return UNSET if value is UNSET else json.dumps(value, default=str)
 
 
 def steps_change_problem(cfg: FinetuneConfig, out: Path, old, new: int) -> Optional[str]:

@@ -401,6 +401,42 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+UNSET = "(not set)"   # how a change shows a key one side lacks
+
+
+def differences(key: str, old, new) -> list[tuple[str, object, object]]:
+    """(key, old, new) of each setting that differs between two plain values (as a config's JSON holds them),
+    a mapping's keys one by one (posenc.factor, eval.tasks); a key one side lacks shows as UNSET."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for name in [*old, *(k for k in new if k not in old)]
+                for change in differences(f"{key}.{name}" if key else name, old.get(name, UNSET),
+                                          new.get(name, UNSET))]
+    return [] if same_setting(old, new) else [(key, old, new)]
+
+
+def plain(value):
+    """A setting as a config's JSON holds it (a tuple is a list there)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def same_setting(a, b) -> bool:
+    """Equal as settings: NaN equals NaN, true is not 1, [1, 2] equals (1, 2) (both plain first)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_setting(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(same_setting, a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def shown_setting(value) -> str:
+    """A setting's value as a change names it: its JSON, or UNSET."""
+    return UNSET if value is UNSET else json.dumps(value, default=str)
+
+
 def to_dict(config) -> dict:
     """The config as nested plain values (what a recipe writes beside its results)."""
     return dataclasses.asdict(config)
