@@ -15,7 +15,7 @@ from typing import NoReturn
 import yaml
 
 from . import assets
-from .errors import MethodNotApplicableError, PosEncError
+from .errors import MethodNotApplicableError, PosEncError, UnsupportedModelError
 
 INPUT_ERRORS = (PosEncError, ValueError, OSError, yaml.YAMLError)  # what a user's input can cause
 
@@ -137,6 +137,31 @@ def model_mechanism(ref: str, gguf_file: str | None = None, methods=()) -> tuple
 
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     return _check_methods(skeleton, methods), skeleton.config.model_type
+
+
+def model_skeleton(ref: str, gguf_file: str | None = None, methods=(), causal_lm_for: str = ""):
+    """The model's skeleton (meta device: modules and config, no weights), each of `methods` checked to apply to
+    it and, when `causal_lm_for` names what needs it, checked to be a causal LM: refused before the weights load."""
+    from . import loading
+
+    skeleton = loading.meta_model(ref, gguf_file=gguf_file)
+    if causal_lm_for and not is_causal_lm(skeleton):
+        config = skeleton.config
+        raise UnsupportedModelError(
+            f"model {ref!r} is a {type(skeleton).__name__} ({config.model_type}"
+            f"{', an encoder-decoder' if getattr(config, 'is_encoder_decoder', False) else ''}), not a causal LM; "
+            f"{causal_lm_for} scores each next token from the tokens before it, so it needs a causal LM (Llama, "
+            f"GPT-2, SmolLM2, ...)")
+    _check_methods(skeleton, methods)
+    return skeleton
+
+
+def is_causal_lm(skeleton) -> bool:
+    """Whether a model (its skeleton is enough) predicts each next token from the ones before: a decoder with a
+    language-model head. An encoder (BertModel, a masked LM) or an encoder-decoder is not one."""
+    if getattr(skeleton.config, "is_encoder_decoder", False) or skeleton.get_output_embeddings() is None:
+        return False
+    return type(skeleton).__name__.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
 
 
 def _check_methods(skeleton, methods) -> str:

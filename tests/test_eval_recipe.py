@@ -168,7 +168,9 @@ def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, co
     before = (tmp_path / "results.json").read_text()
     monkeypatch.setattr(recipe.hp, "load_model", lambda *a, **k: pytest.fail("loaded"))
     args = [*base_args(checkpoint, corpus_dir, tmp_path), "--eval.variants", "none", "--eval.perplexity_lengths", "64"]
-    assert "already holds another configuration: pass --overwrite" in refusal(capsys, args)
+    said = refusal(capsys, args)   # each setting that differs, with both values
+    assert f'already holds another configuration: model.name "other" -> "{checkpoint}", ' in said
+    assert 'eval.variants ["none", "yarn"] -> ["none"]' in said and "pass --overwrite to replace it" in said
     assert (tmp_path / "results.json").read_text() == before
     monkeypatch.undo()
     results = recipe.main([*args, "--overwrite"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import platform
 import sys
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import hf_posenc as hp
 from hf_posenc import user_input
+from hf_posenc.config import MAX_POSITIONS
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
 
@@ -162,12 +164,16 @@ def check_args(args: EvalConfig) -> None:
                         ("passkey_lengths", 1), ("needle_lengths", 1), ("recall_lengths", 2), ("task_lengths", 2)):
         values = getattr(ev, name)
         need(all(v >= least for v in values), f"eval.{name} must hold token counts >= {least}, got {values}")
+        need(all(v <= MAX_POSITIONS for v in values),
+             f"eval.{name} must hold token counts <= {MAX_POSITIONS} (the most positions hf_posenc takes), got {values}")
     for name in ("perplexity_documents", "tune_documents", "curve_documents", "curve_bucket", "trials"):
         need(getattr(ev, name) >= 1, f"eval.{name} must be >= 1, got {getattr(ev, name)}")
     for name in ("tune_length", "curve_length"):
         value = getattr(ev, name)
-        need(value == 0 or value >= 2, f"eval.{name} must be 0 (off) or a token count >= 2, got {value}")
-    need(ev.strided_tokens >= 2, f"eval.strided_tokens must be >= 2, got {ev.strided_tokens}")
+        need(value == 0 or 2 <= value <= MAX_POSITIONS,
+             f"eval.{name} must be 0 (off) or a token count >= 2 (and <= {MAX_POSITIONS}), got {value}")
+    need(2 <= ev.strided_tokens <= MAX_POSITIONS,
+         f"eval.strided_tokens must be >= 2 (and <= {MAX_POSITIONS}), got {ev.strided_tokens}")
     need(0 <= ev.strided_stride <= min(ev.strided_windows, default=ev.strided_stride),
          f"eval.strided_stride must be 0 (half the window) or in 1..{min(ev.strided_windows, default=0)} (the "
          f"smallest of eval.strided_windows), got {ev.strided_stride}")
@@ -220,16 +226,42 @@ __getattr__ = recipe_config.old_names(globals(), {"variant_plan": "variant_runs"
 
 
 def check_model_and_paths(args: EvalConfig) -> str:
-    """The model reference (checked like the CLI's) and, from its config alone, that every variant's method
-    applies to it; output_dir neither a file nor an input. Returns the reference."""
+    """The model reference (checked like the CLI's) and, from its config alone, that it is a causal LM, that
+    every variant's method applies to it and that no length is far past every context in play; output_dir
+    neither a file nor an input. Returns the reference."""
     from hf_posenc import eval as hpe
 
     ref = user_input.model_ref(args.model.name)
     inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.is_dir()]
     user_input.output_folder(args.output_dir, "output_dir", inputs)
     methods = {spec.split()[0] for spec in [*args.eval.variants, *args.eval.grid]} - {hpe.variants.NONE}
-    user_input.model_mechanism(ref, methods=sorted(methods))
+    skeleton = user_input.model_skeleton(ref, methods=sorted(methods), causal_lm_for="the evaluate recipe")
+    check_length_bound(args, int(getattr(skeleton.config.get_text_config(), "max_position_embeddings", 0) or 0))
     return ref
+
+
+# How far past the longest context in play a length may go: far enough to show where every variant breaks
+# down, and a bound on a typo ([10000000]), whose inputs would otherwise be built until memory runs out.
+PAST_CONTEXT = 32
+
+
+def check_length_bound(args: EvalConfig, own: int) -> None:
+    """Every length at most PAST_CONTEXT times the longest context in play (the model's own, each target)."""
+    ev = args.eval
+    longest = max([own, *ev.max_position_embeddings])
+    bound = PAST_CONTEXT * longest
+    for name in LENGTH_FIELDS:
+        value = getattr(ev, name)
+        for length in value if isinstance(value, list) else [value]:
+            if length > bound:
+                raise ConfigError(
+                    f"eval.{name} {length} is past {bound} tokens, the most a length may be: {PAST_CONTEXT} x the "
+                    f"longest context in play ({longest}: the model's own {own} and eval.max_position_embeddings "
+                    f"{ev.max_position_embeddings}); use lengths up to {bound}, or a larger target")
+
+
+LENGTH_FIELDS = ("perplexity_lengths", "tune_length", "curve_length", "strided_windows", "passkey_lengths",
+                 "needle_lengths", "recall_lengths", "task_lengths")   # the input lengths a measure asks for
 
 
 def max_length(args: EvalConfig) -> int:
@@ -424,8 +456,9 @@ def search_grid(model, args: EvalConfig, inputs: dict, spec: str, target: int) -
             "best": best["variant"], "patch": f"hp.patch(model, {call})"}
 
 
-def passes(args: EvalConfig, inputs: dict) -> list[int]:
-    """The length of every forward pass one variant's measures make (for the estimate of the run's time)."""
+def passes(args: EvalConfig, inputs: dict, done=()) -> list[int]:
+    """The length of every forward pass one variant's measures make (for the estimate of the run's time), less
+    those of the recall and task cells in `done` (an interrupted run's, which a rerun takes as they are)."""
     ev, out = args.eval, []
     if inputs["lengths"]:   # one pass per document gives every length (a pass per length when it cannot)
         out += [max(ev.perplexity_lengths)] * len(inputs["lengths"])
@@ -437,9 +470,10 @@ def passes(args: EvalConfig, inputs: dict) -> list[int]:
         lengths = ev.passkey_lengths if task == "passkey" else ev.needle_lengths
         out += [n for n in lengths for _ in range(len(trials) // len(lengths))]
     for length, sets in inputs.get("recall", {}).items():
-        out += [length] * len(sets) * (2 if ev.recall_control else 1)
-    for samples in inputs.get("tasks", {}).values():   # one prefill a sample where it is shared
-        out += [s.length for s in samples]
+        if f"recall {length}" not in done:
+            out += [length] * len(sets) * (2 if ev.recall_control else 1)
+    for task, samples in inputs.get("tasks", {}).items():   # one prefill a sample where it is shared
+        out += [s.length for s in samples if f"{task} {s.length}" not in done]
     return out
 
 
@@ -462,20 +496,45 @@ def seconds_per_token(model, lengths: tuple[int, int]) -> tuple[float, float]:
     return max(t1 - b * n1, 0.0), b
 
 
-def estimate_line(model, args: EvalConfig, inputs: dict, evaluations: int, grid_points: int) -> str:
-    """What the run is about to do and about how long it takes, from two timed forwards of this model here."""
+def estimate_line(model, args: EvalConfig, inputs: dict, results: dict, runs: list, grids: list) -> str:
+    """What is left to do (a rerun skips what results.json holds: evaluations, grids, recall and task cells)
+    and about how long it takes, from two timed forwards of this model here."""
+    from hf_posenc import eval as hpe
     from hf_posenc.recipes.finetune_recipe import duration
 
-    lengths = passes(args, inputs)
+    done, partial = results["variants"], results["partial"]
+    left = [passes(args, inputs, partial.get(label, {})) for label, *_ in runs if label not in done]
+    for label, spec, target in grids:   # each grid's best point is then evaluated as a variant
+        best = results["grid"].get(label, {}).get("best")
+        run_label = None if best is None else grid_best_label(best, target, args)
+        if run_label not in done:
+            left.append(passes(args, inputs, partial.get(run_label, {})))
+    points = sum(len(hpe.expand_grid(spec)) for label, spec, _ in grids if label not in results["grid"])
+    saved = [f"{n} {what}" for n, what in ((len(done), "evaluation(s)"), (len(results["grid"]), "grid(s)"),
+                                           (sum(map(len, partial.values())), "recall / task cell(s)")) if n]
+    already = f"; done already (results.json): {', '.join(saved)}" if saved else ""
+    lengths = [n for one in left for n in one]
+    if not lengths and not points:
+        return f"to do: nothing left{already}"
     tune = args.eval.tune_length or max(args.eval.perplexity_lengths, default=0)
-    longest = max(lengths + [tune, 2])
+    longest = max(lengths + [tune if points else 0, 2])
     probe = (min(256, longest), min(1024, longest))
-    a, b = seconds_per_token(model, probe)
-    seconds = evaluations * sum(n * (a + b * n) for n in lengths)
-    seconds += grid_points * len(inputs["tune"]) * tune * (a + b * tune)
-    return (f"to do: {evaluations} evaluation(s) x {len(lengths)} forward passes of up to {longest} tokens"
-            + (f", {grid_points} grid point(s)" if grid_points else "")
-            + f"; roughly {duration(seconds)} here (from timed passes of {probe[0]} and {probe[1]} tokens)")
+    _, spec, target = runs[0]
+    with hpe.variant(model, spec, target):   # takes every length asked (check_lengths); a table as loaded may not
+        a, b = seconds_per_token(model, probe)
+    seconds = sum(n * (a + b * n) for n in lengths)
+    seconds += points * len(inputs["tune"]) * tune * (a + b * tune)
+    each = {len(one) for one in left}
+    count = (f"{len(left)} evaluation(s) x {len(left[0])} forward passes" if len(each) == 1
+             else f"{len(left)} evaluation(s), {len(lengths)} forward passes in all")
+    return (f"to do: {count} of up to {longest} tokens" + (f", {points} grid point(s)" if points else "")
+            + f"; roughly {duration(seconds)} here (from timed passes of {probe[0]} and {probe[1]} tokens)"
+            + already)
+
+
+def grid_best_label(best: str, target: int, args: EvalConfig) -> str:
+    """The label a grid's best point is evaluated under."""
+    return f"{best} (grid best)" + (f" @{target}" if len(args.eval.max_position_embeddings) > 1 else "")
 
 
 def check_lengths(model, args: EvalConfig, runs: list[tuple[str, str, int]]) -> None:
@@ -495,7 +554,8 @@ def check_lengths(model, args: EvalConfig, runs: list[tuple[str, str, int]]) -> 
 
 def previous_results(path: Path, config: dict, args: EvalConfig) -> dict:
     """What results.json holds of this configuration (to resume from); a file of another configuration
-    is only replaced with --overwrite (checked before anything is loaded)."""
+    is only replaced with --overwrite (checked before anything is loaded), and the refusal names each setting
+    that differs with both values."""
     if not path.exists():
         return {}
     try:
@@ -505,15 +565,106 @@ def previous_results(path: Path, config: dict, args: EvalConfig) -> dict:
     if not isinstance(saved, dict):
         raise ConfigError(f"{path} is not a results file of this recipe ({saved}); remove it or choose "
                           f"another --output_dir")
-    same = lambda c: {k: v for k, v in c.items() if k not in OUTPUT_ONLY}  # noqa: E731
-    if args.resume and same(saved.get("config", {})) == same(config):
-        return saved
+    changes = config_changes(saved.get("config"), config)
+    if args.resume and not changes:
+        return restore_not_finite(saved, path)
     if not args.overwrite:
-        why = "another configuration" if same(saved.get("config", {})) != same(config) else "results (resume is off)"
-        raise ConfigError(f"{path} already holds {why}: pass --overwrite to replace it, or choose another "
-                          f"--output_dir")
+        if changes:
+            listed = ", ".join(f"{key} {recipe_config.shown_setting(old)} -> {recipe_config.shown_setting(new)}"
+                               for key, old, new in changes)
+            raise ConfigError(f"{path} already holds another configuration: {listed} (saved -> this command); "
+                              f"rerun with the saved values to resume, pass --overwrite to replace it, or choose "
+                              f"another --output_dir")
+        raise ConfigError(f"{path} already holds results (resume is off): pass --overwrite to replace it, or "
+                          f"choose another --output_dir")
     print(f"{path}: replaced (--overwrite)", file=sys.stderr)
     return {}
+
+
+def config_changes(saved, config: dict) -> list[tuple[str, object, object]]:
+    """(key, saved value, new value) of each setting that changes what is measured: the output fields aside, a
+    field a saved config lacks (added since) taken at its default, and the eval fields no measure asked for on
+    either side reads (eval.task_needles without a family that hides several needles) left out."""
+    saved = saved if isinstance(saved, dict) else {}
+    defaults = dataclasses.asdict(EvalConfig())
+
+    def settings(c: dict) -> dict:
+        out = {}
+        for key, default in defaults.items():
+            if key not in OUTPUT_ONLY:
+                value = c.get(key, default)
+                out[key] = {**default, **value} if isinstance(default, dict) and isinstance(value, dict) else value
+        return out
+
+    old, new = settings(saved), settings(config)
+    for key in unread(old.get("eval")) & unread(new["eval"]):
+        del old["eval"][key], new["eval"][key]
+    return recipe_config.differences("", recipe_config.plain(old), recipe_config.plain(new))
+
+
+RECALL_FIELDS = ("recall_passages", "recall_passage_tokens", "recall_distances", "recall_corpus", "recall_control",
+                 "recall_bin")
+# RULER's families that read eval.task_needles / eval.task_hops / eval.depths (hf_posenc/eval/ruler.py: the
+# others place their needles at random depths)
+NEEDLE_FAMILIES, HOP_FAMILIES, DEPTH_FAMILIES = {"multikey", "multivalue", "multiquery"}, {"vt"}, {"passkey", "single"}
+
+
+def unread(ev) -> set[str]:
+    """The eval fields no measure of `ev` (an eval section as results.json holds it) reads: their values
+    change nothing. A section that is not one (a file edited by hand) has none."""
+    try:
+        tasks, trials = set(ev["tasks"]), ev["passkey_lengths"] or ev["needle_lengths"]
+        reads = {"perplexity_documents": ev["perplexity_lengths"], "tune_documents": ev["grid"],
+                 "tune_length": ev["grid"], "curve_documents": ev["curve_length"],
+                 "curve_bucket": ev["curve_length"], "strided_stride": ev["strided_windows"],
+                 "strided_tokens": ev["strided_windows"], "trials": trials,
+                 "depths": trials or tasks & DEPTH_FAMILIES,
+                 "seed": trials or ev["recall_lengths"] or tasks, "task_samples": tasks,
+                 "task_needles": tasks & NEEDLE_FAMILIES, "task_hops": tasks & HOP_FAMILIES,
+                 **{name: ev["recall_lengths"] for name in RECALL_FIELDS}}
+    except (TypeError, KeyError):
+        return set()
+    return {name for name, read in reads.items() if not read}
+
+
+def strict_json(results: dict) -> str:
+    """results.json's text: strict JSON (no bare NaN), each NaN or infinite number written as null and listed,
+    with its key path and value, under "not_finite" with a note, so that a rerun reads it back as it was."""
+    found = []
+
+    def clean(value, where: list):
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append([where, str(value)])   # 'nan', 'inf' or '-inf'
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, [*where, str(k)]) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, [*where, i]) for i, v in enumerate(value)]
+        return value
+
+    out = clean({k: v for k, v in results.items() if k != "not_finite"}, [])
+    if found:
+        out["not_finite"] = {"note": "JSON has no NaN or infinity: these values are written as null; each is "
+                                     "listed here with its key path and value", "values": found}
+    return json.dumps(out, indent=1, default=str, allow_nan=False)
+
+
+def restore_not_finite(saved: dict, path: Path) -> dict:
+    """`saved` with the numbers strict_json wrote as null put back (NaN, inf)."""
+    note = saved.pop("not_finite", None) or {}
+    for entry in note.get("values", []) if isinstance(note, dict) else [note]:
+        try:
+            where, value = entry
+            node = saved
+            for key in where[:-1]:
+                node = node[key]
+            if node[where[-1]] is not None:
+                raise ValueError("not null")
+            node[where[-1]] = float(value)
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ConfigError(f"{path}: its not_finite list names {entry!r}, which holds no null there; the file "
+                              f"was edited: remove it or choose another --output_dir") from None
+    return saved
 
 
 class Interrupted(Exception):
@@ -553,13 +704,14 @@ def run(args: EvalConfig) -> dict:
     print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
     model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation)
     model = model.to(device).eval()
+    targets = args.eval.max_position_embeddings
+    grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
+    # before the inputs are built: a length past a table would otherwise be found out after them
+    check_lengths(model, args, variant_runs(args) + [(label, point, target) for label, spec, target in grids
+                                                       for point in hpe.expand_grid(spec)])
     tokenizer = hp.load_tokenizer(ref)
     context = model.config.get_text_config().max_position_embeddings
     inputs = prepare_data(args, tokenizer)
-    targets = args.eval.max_position_embeddings
-    grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
-    check_lengths(model, args, variant_runs(args) + [(label, point, target) for label, spec, target in grids
-                                                       for point in hpe.expand_grid(spec)])
 
     results = {"config": config, "model": describe(model), "framing": inputs["framing"],
                "grid": saved.get("grid", {}), "variants": saved.get("variants", {}),
@@ -571,12 +723,10 @@ def run(args: EvalConfig) -> dict:
 
     def save():  # the folder appears with the first result, never empty
         out.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(results, indent=1, default=str))
+        results_path.write_text(strict_json(results))
 
     runs = variant_runs(args)
-    todo = [label for label, *_ in runs if label not in results["variants"]]
-    points = sum(len(hpe.expand_grid(spec)) for label, spec, _ in grids if label not in results["grid"])
-    print(estimate_line(model, args, inputs, len(todo) + len(grids), points), file=sys.stderr)
+    print(estimate_line(model, args, inputs, results, runs, grids), file=sys.stderr)
     try:
         evaluate_all(model, args, inputs, results, runs, grids, save, device)
     except KeyboardInterrupt:
@@ -601,7 +751,6 @@ def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: lis
     from hf_posenc import eval as hpe
     from hf_posenc.demo import pass_progress
 
-    targets = args.eval.max_position_embeddings
     long_pass = max(512, max_length(args) // 2)
     # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)
     for label, spec, target in grids:
@@ -609,8 +758,7 @@ def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: lis
             results["grid"][label] = search_grid(model, args, inputs, spec, target)
             save()
         best = results["grid"][label]["best"]
-        runs.append((f"{best} (grid best)" + (f" @{target}" if len(targets) > 1 else ""),
-                     best, target))
+        runs.append((grid_best_label(best, target, args), best, target))
 
     # 2. every variant, every measure
     for label, spec, target in runs:
