@@ -70,3 +70,24 @@ def test_probes_that_share_nothing_run_whole():
 def test_empty_probes_are_refused(bad):
     with pytest.raises(hp.InvalidInputError):
         hpp.score_probes(tiny_model(), bad)
+
+
+@pytest.mark.parametrize("keeps_logits", [True, False])
+def test_the_shared_prefill_never_runs_the_output_layer_over_the_context(keeps_logits, monkeypatch):
+    """Issue 40: the prefill's logits ([1, n, vocab]) were computed and thrown away; only what is scored may reach
+    the output layer, and the scores stay those of a full forward per probe. Without `logits_to_keep` (a few
+    models' forwards) the prefill runs the decoder under the head, and a probe its own tokens whole."""
+    model = tiny_model()
+    if not keeps_logits:
+        monkeypatch.setattr(hpp, "_keeps_logits", lambda model: False)
+    probes = probe_set(48)                      # a 72-token context, three probes of 3 prompt + 3 answer tokens
+    positions = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: positions.append(args[0].shape[-2]))
+    try:
+        shared = hpp.score_probes(model, probes)
+    finally:
+        hook.remove()
+    assert shared["shared"] and shared["prefix"] == 72
+    assert max(positions) <= (4 if keeps_logits else 6), positions   # the answer and the position before it; a probe
+    torch.testing.assert_close([s["logprob"] for s in shared["scores"]], full_forward_logprobs(model, probes),
+                               atol=1e-5, rtol=1e-5)

@@ -46,10 +46,24 @@ def _restore(cache, snapshot: list[dict]) -> None:
         layer.__dict__.update(state)
 
 
+def _keeps_logits(model) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def _logits(model, ids: torch.Tensor, keep: int, **kw) -> torch.Tensor:
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+    if _keeps_logits(model):
         return model(ids, logits_to_keep=keep, **kw).logits
     return model(ids, **kw).logits[:, -keep:]
+
+
+def _prefill(model, context: torch.Tensor, cache) -> None:
+    """Run the shared context into `cache` without the output layer over it: nothing of the prefill is scored,
+    and its logits ([1, n, vocab] floats: 34 GB at 32k tokens of a 262k vocabulary) would dwarf the cache."""
+    if _keeps_logits(model):
+        model(context, use_cache=True, logits_to_keep=1, **{_compat.cache_argument(model): cache})
+        return
+    body = getattr(model, "base_model", model)   # the decoder under the head, where the forward cannot skip it
+    body(context, use_cache=True, **{_compat.cache_argument(body): cache})
 
 
 def _score(logits: torch.Tensor, answer: torch.Tensor) -> dict:
@@ -85,9 +99,8 @@ def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], S
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    context = torch.tensor([full[0][:prefix]], device=device)
+    _prefill(model, torch.tensor([full[0][:prefix]], device=device), cache)
     by = {_compat.cache_argument(model): cache}
-    model(context, use_cache=True, **by)
     ran += prefix
     kept = _snapshot(cache)
     for ids, (_, answer) in zip(full, probes):
