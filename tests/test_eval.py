@@ -39,10 +39,29 @@ def test_token_nll_is_the_cross_entropy_of_the_logits(model_type, length, chunk)
         torch.testing.assert_close(nll[b], reference_nll(model, ids[b]), rtol=1e-5, atol=1e-5)
 
 
-def test_token_nll_uses_the_full_forward_when_logits_are_post_processed():
-    model = tiny_model("cohere")  # logits times logit_scale: head(body(ids)) is not the model's output
+@pytest.mark.parametrize("model_type,scaling", [("cohere", {}), ("granite", {"logits_scaling": 4.0})])
+def test_token_nll_chunks_the_head_of_scaled_logits(model_type, scaling):
+    """Issue 40: logits times logit_scale (Cohere) or over logits_scaling (Granite) ran the full [1, n, vocab]
+    logits of a long pass; the head with the family's scaling runs `chunk_size` positions at a time."""
+    model = tiny_model(model_type, **scaling)
+    assert hpe.perplexity._chunked_head(model) is not None
+    positions = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: positions.append(args[0].shape[-2]))
+    ids = token_ids(80)[0]
+    try:
+        nll = hpe.token_nll(model, ids, chunk_size=16)[0]
+    finally:
+        hook.remove()
+    assert max(positions) <= 16, positions
+    torch.testing.assert_close(nll, reference_nll(model, ids))
+
+
+def test_token_nll_uses_the_full_forward_when_the_head_cannot_be_rebuilt():
+    model = tiny_model()
+    assert hpe.perplexity._chunked_head(model) is not None
+    # logits post-processed by something no family names: head(body(ids)) is not the model's output
+    model.register_forward_hook(lambda m, args, out: out.__setitem__("logits", out.logits * 1.5))
     assert hpe.perplexity._chunked_head(model) is None
-    assert hpe.perplexity._chunked_head(tiny_model()) is not None
     ids = token_ids(80)[0]
     torch.testing.assert_close(hpe.token_nll(model, ids, chunk_size=16)[0], reference_nll(model, ids))
 

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from .. import _compat
 from ..config import check_number
 from ..errors import InvalidInputError, UnsupportedModelError
+from ..losses import output_logits
 from ..record import read_record
 from ..registry import find_family
 
@@ -48,11 +49,16 @@ def check_length(model: torch.nn.Module, length: int) -> None:
 
 
 def _chunked_head(model: torch.nn.Module):
-    """(body, head) when logits are exactly head(body(ids)), checked on a few tokens; else None
-    (soft-capped or rescaled logits: the caller then uses the full forward)."""
-    head, body = model.get_output_embeddings(), getattr(model, "base_model", model)
-    if head is None or body is model:
+    """(body, head) when logits are exactly head(body(ids)), checked on a few tokens: the head is the output
+    layer with the families' scalings (soft-capping, logit_scale: `losses.output_logits`), so those models' long
+    passes never hold [1, n, vocab] logits either; else None (the caller then uses the full forward)."""
+    body = getattr(model, "base_model", model)
+    if model.get_output_embeddings() is None or body is model:
         return None
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        return output_logits(model, hidden)
+
     probe = torch.arange(8, device=model.device)[None] % model.config.get_text_config().vocab_size
     full = model(probe, use_cache=False).logits
     return (body, head) if torch.equal(head(body(probe, use_cache=False)[0]), full) else None
