@@ -180,6 +180,30 @@ def test_multikey_probes_share_one_prefill_and_score_as_full_passes():
     assert cell["n"] == 4 and cell["low"] <= cell["accuracy"] <= cell["high"] and cell["shared"]
 
 
+def test_a_one_probe_sample_is_said_to_be_one_probe_and_a_fall_back_to_fall_back():
+    """Issue 40: a one-probe sample read "a full pass per probe" in summary.md, as a method that fell back."""
+    from hf_posenc.eval import report
+
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=1024), tiny_tokenizer()
+    one = ruler.score_samples(model, ruler.make_samples("passkey", tok, lengths=[600], samples=2), progress=False)
+    dynamic = hp.patch(tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=256), "dynamic", factor=4)
+    many = ruler.make_samples("multikey", tok, lengths=[600], samples=1, haystack=PROSE)
+    fell = ruler.score_samples(dynamic, many, progress=False)
+    shared = ruler.score_samples(model, many, progress=False)
+    assert {r["prefill"] for r in one} == {"one probe"} and {r["prefill"] for r in fell} == {"fell back"}
+    tasks = {name: {family: cell for family, cell in ruler.summarize_samples(rows).items()}
+             for name, rows in (("one", one), ("fell", fell), ("shared", shared))}
+    lines = report.task_lines({name: {"tasks": t} for name, t in tasks.items()}, {n: n for n in tasks})
+    column = {line.split(" | ")[0].strip("| "): line.split(" | ")[5] for line in lines if line.startswith("| ")
+              and " | 600 | " in line}
+    assert column == {"one": "one probe", "fell": "fell back: a full pass per probe", "shared": "shared"}
+    # a task cell of a run before issue 40 (no "prefill") still reads as it did
+    old = {**tasks["shared"]["multikey"]["cells"][600]}
+    del old["prefill"]
+    assert report.prefill_text(old) == "shared" and report.prefill_text({**old, "shared": False}) == \
+        "a full pass per probe"
+
+
 # -- the recipe ----------------------------------------------------------------------------------------
 
 def run_recall(checkpoint, corpus_dir, out, *extra):

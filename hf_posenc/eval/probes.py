@@ -78,7 +78,10 @@ def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], S
     """Score each probe (prompt ids, answer ids) by teacher forcing: "correct" when greedy decoding gives the
     answer (the argmax at every answer position), "logprob" of the whole answer. The prompts' common prefix
     runs once and is shared (`share=None`: where that is exact, `can_share`). Returns {"scores": [...],
-    "shared": bool, "prefix": tokens shared, "tokens": tokens run in all}."""
+    "shared": bool, "prefill": how the probes ran, "prefix": tokens shared, "tokens": tokens run in all}.
+    "prefill" is "shared", "one probe" (nothing to share), "fell back" (`share=None` on a model whose
+    positions follow the input length: a full pass per probe) or "not shared" (`share=False`, or prompts
+    with no common prefix)."""
     if not probes:
         raise InvalidInputError("score_probes needs at least one (prompt, answer) probe")
     for i, (prompt, answer) in enumerate(probes):
@@ -86,6 +89,7 @@ def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], S
             raise InvalidInputError(f"probe {i} has an empty prompt or answer ({len(prompt)}, {len(answer)} tokens)")
     device = next(model.parameters()).device
     full = [list(p) + list(a) for p, a in probes]
+    fell_back = share is None and not can_share(model)
     share = can_share(model) if share is None else share
     # the shared prefix leaves at least one prompt token to every probe: its logit predicts the first answer token
     prefix = min(common_prefix([list(p) for p, _ in probes]), *(len(p) - 1 for p, _ in probes)) if share else 0
@@ -95,7 +99,8 @@ def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], S
             logits = _logits(model, torch.tensor([ids], device=device), len(answer) + 1, use_cache=False)
             scores.append(_score(logits[0, :-1], torch.tensor(list(answer), device=device)))
             ran += len(ids)
-        return {"scores": scores, "shared": False, "prefix": 0, "tokens": ran}
+        prefill = "one probe" if len(probes) == 1 else "fell back" if fell_back else "not shared"
+        return {"scores": scores, "shared": False, "prefill": prefill, "prefix": 0, "tokens": ran}
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -110,4 +115,4 @@ def score_probes(model: torch.nn.Module, probes: Sequence[tuple[Sequence[int], S
         scores.append(_score(logits[0, :-1], torch.tensor(list(answer), device=device)))
         _restore(cache, kept)
         ran += rest.shape[1]
-    return {"scores": scores, "shared": True, "prefix": prefix, "tokens": ran}
+    return {"scores": scores, "shared": True, "prefill": "shared", "prefix": prefix, "tokens": ran}

@@ -119,6 +119,17 @@ def recall_lines(variants: dict, shown: dict) -> list[str]:
     return out
 
 
+# how a cell's probes ran (`probes.score_probes`'s "prefill"), as summary.md says it
+PREFILL_TEXT = {"shared": "shared", "one probe": "one probe", "fell back": "fell back: a full pass per probe",
+                "not shared": "a full pass per probe"}
+
+
+def prefill_text(cell: dict) -> str:
+    """A task cell's prefill column; a cell of an older run says only whether it was shared."""
+    said = cell.get("prefill") or ("shared" if cell["shared"] else "not shared")
+    return " / ".join(PREFILL_TEXT.get(part, part) for part in said.split(" / "))
+
+
 def task_lines(variants: dict, shown: dict) -> list[str]:
     """Retrieval families: per variant, family and length the accuracy with its Wilson interval and n, the mean
     answer log-prob with its interval, and whether the probes shared one prefill; the effective length."""
@@ -133,7 +144,7 @@ def task_lines(variants: dict, shown: dict) -> list[str]:
             "95 % interval; effective length: the longest length up to which accuracy stays above the threshold):",
             "", *table(["variant", "family", "length", "found", "answer log-prob", "prefill", "effective length"],
                        ([name, family, length, share_text(c), interval_text(c["logprob"]),
-                         "shared" if c["shared"] else "a full pass per probe",
+                         prefill_text(c),
                          f"{f['effective_length'] or '-'} (> {f['threshold']:.2f})"]
                         for name, family, length, c, f in rows)), ""]
 

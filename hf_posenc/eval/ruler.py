@@ -182,14 +182,20 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
 
 
 def score_samples(model: torch.nn.Module, samples: Sequence[Sample], *, progress: bool = True) -> list[dict]:
-    """One row per probe: family, length, sample, depth, distance, correct, logprob, and whether its context
-    was a shared prefill."""
+    """One row per probe: family, length, sample, depth, distance, correct, logprob, whether its context
+    was a shared prefill and how it ran ("prefill": `probes.score_probes`'s)."""
     rows = []
     for sample in tqdm(samples, desc="retrieval", unit="sample", disable=not progress):
         out = score_probes(model, [(p.prompt, p.answer) for p in sample.probes])
         rows += [{"family": sample.family, "length": sample.length, "sample": sample.index, "depth": p.depth,
-                  "distance": p.distance, "shared": out["shared"], **s} for p, s in zip(sample.probes, out["scores"])]
+                  "distance": p.distance, "shared": out["shared"], "prefill": out["prefill"], **s} for p, s in zip(sample.probes, out["scores"])]
     return rows
+
+
+def _prefill(rows: Sequence[dict]) -> str:
+    """How a cell's probes ran (`probes.score_probes`'s "prefill"; rows of an older run say only "shared")."""
+    said = sorted({r.get("prefill") or ("shared" if r["shared"] else "not shared") for r in rows})
+    return " / ".join(said)
 
 
 def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOLD,
@@ -205,7 +211,7 @@ def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOL
             mine = [r for r in rows if r["family"] == family and r["length"] == length]
             cells[length] = {**stats.wilson(sum(r["correct"] for r in mine), len(mine)),
                              "logprob": stats.bootstrap_mean([r["logprob"] for r in mine]),
-                             "shared": all(r["shared"] for r in mine)}
+                             "shared": all(r["shared"] for r in mine), "prefill": _prefill(mine)}
         bar = threshold
         if native is not None and share_of_native is not None and native in cells:
             bar = share_of_native * cells[native]["accuracy"]
