@@ -32,6 +32,7 @@ library whose ask/tell loop replays a search exactly from its seed, which is how
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -360,6 +361,22 @@ class FactorSearch:
         row["seconds"] = round(time.perf_counter() - start, 2)
         return row
 
+    def _check_constant_guard(self, factors: list[float], reference: float) -> None:
+        """Switched, with the attention factor not searched, every candidate is the same model inside the original
+        context: a guard it fails fails them all, refused before the first long pass."""
+        s = self.settings
+        if s.mode != "switched" or self.space.attention_range is not None:
+            return
+        with api.patched(self.model, "longrope", **longrope_params(factors, None, s.mode, s.target)) as model:
+            rise = self.guard_perplexity() / reference - 1
+            scale = float(rotary_module(model).attention_scaling)
+        if rise > s.guard_share:
+            raise ConfigError(
+                f"every candidate of a switched search with the attention factor not searched is the unpatched model "
+                f"inside the original context but for longrope's default attention factor {scale:.4g}, which raises "
+                f"the guard's perplexity by {rise:.2%} (guard_share {s.guard_share:.1%}): search it "
+                f"(attention_range [1.0, 1.1]) or allow more (guard_share)")
+
     # -- the loop --------------------------------------------------------------------------------------
     def run(self) -> dict:
         """Seeds, then CMA-ES for `budget` candidates, each appended to candidates.jsonl as it completes; a rerun
@@ -370,6 +387,10 @@ class FactorSearch:
         except ImportError:
             raise ConfigError("the factor search needs the cmaes package: pip install 'hf_posenc[search]'") from None
         self.out.mkdir(parents=True, exist_ok=True)
+        with _only_search(self.out):
+            return self._run(CMA)
+
+    def _run(self, CMA) -> dict:
         settings_path, path = self.out / "search.json", self.out / "candidates.jsonl"
         if settings_path.exists():
             saved = json.loads(settings_path.read_text())
@@ -385,6 +406,7 @@ class FactorSearch:
         done = read_candidates(path)
         keep_finished(path, done)
         seeds = closed_forms(self.model, self.settings.target)
+        self._check_constant_guard(seeds[0][1], reference)
         total = len(seeds) + self.settings.budget
         bar = tqdm(total=total, initial=min(len(done), total), desc="factor search", unit="candidate",
                    disable=not self.progress)
@@ -439,6 +461,23 @@ class FactorSearch:
                                     f"{self.settings.guard_length} rose by more than {self.settings.guard_share:.1%}): "
                                     f"widen guard_share or the attention range")
         return min(accepted, key=lambda r: r["value"])
+
+
+@contextlib.contextmanager
+def _only_search(folder: Path):
+    """One search at a time in a folder: a second one would append the same candidates again."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: no lock, as before
+        yield
+        return
+    with open(folder / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another search is running in {folder}: wait for it, or name another output "
+                              f"folder") from None
+        yield
 
 
 def best_method(best: dict, target: int) -> tuple[str, dict]:

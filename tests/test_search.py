@@ -226,3 +226,58 @@ def test_recipe_refuses_bad_input_before_the_model_loads(checkpoint, corpus, tmp
     (out / "search.json").write_text(json.dumps({"settings": {"mode": "static"}}))
     assert "mode: \"static\" there, \"switched\" now" in refusal(capsys, base)
     assert sorted(p.name for p in out.iterdir()) == ["search.json"]
+
+
+def test_kill_9_loses_no_finished_candidate(checkpoint, corpus, tmp_path):
+    """A search killed with SIGKILL mid-run keeps every candidate it finished, and the rerun ends where an
+    uninterrupted search ends, candidate for candidate."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = recipe_args(checkpoint, corpus, tmp_path / "killed", "--search.budget", "24", "--search.population", "8",
+                       "--plots", "false", "--save", "false")
+    child = subprocess.Popen([sys.executable, "-m", "hf_posenc.recipes.search", *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    path = tmp_path / "killed" / "candidates.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and child.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= 7:
+            break
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    kept = search.read_candidates(path)
+    assert 7 <= len(kept) < 29, len(kept)   # killed mid-search, the finished ones on disk
+    recipe.main(args)
+    whole = recipe_args(checkpoint, corpus, tmp_path / "whole", "--search.budget", "24", "--search.population", "8",
+                        "--plots", "false", "--save", "false")
+    recipe.main(whole)
+    resumed, straight = search.read_candidates(path), search.read_candidates(tmp_path / "whole" / "candidates.jsonl")
+    assert resumed[:len(kept)] == kept
+    assert [r["long_factor"] for r in resumed] == [r["long_factor"] for r in straight]
+    assert [r["value"] for r in resumed] == pytest.approx([r["value"] for r in straight], abs=1e-6)
+
+
+def test_a_second_search_in_the_same_folder_is_refused_while_the_first_runs(tmp_path):
+    import fcntl
+
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    tmp_path.mkdir(exist_ok=True)
+    with open(tmp_path / ".lock", "w") as lock:   # what the running search holds
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="another search is running in"):
+            search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    assert not (tmp_path / "candidates.jsonl").exists()
+
+
+def test_a_switched_search_whose_fixed_attention_fails_the_guard_is_refused_before_any_long_pass(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    runner = search.FactorSearch(model, tok, text_ids(), settings(attention_range=None, guard_share=0.0), tmp_path,
+                                 progress=False)
+    runner.guard_perplexity = lambda: 10 * float(search.rotary_module(model).attention_scaling)
+    runner.fitness = lambda: pytest.fail("a long pass ran")
+    with pytest.raises(ConfigError, match=r"longrope's default attention factor 1\.155, which raises the guard"):
+        runner.run()
