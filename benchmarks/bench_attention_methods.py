@@ -156,15 +156,16 @@ def memory(name: str, tokens: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--memory-tokens", type=int, default=4096)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=common.count(2), default=2048)
+    parser.add_argument("--repeats", type=common.count(1), default=5)
+    parser.add_argument("--memory-tokens", type=common.count(2), default=4096)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=common.count(1), default=1)
     parser.add_argument("--remapped", action="store_true",
                         help="only DCA and Self-Extend on SmolLM2 under bfloat16 autocast against the unpatched pass")
-    parser.add_argument("--warmup-tokens", type=int, default=1024, help="--remapped: the warm-up pass's length")
+    parser.add_argument("--warmup-tokens", type=common.count(1), default=1024,
+                        help="--remapped: the warm-up pass's length")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

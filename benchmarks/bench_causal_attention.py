@@ -60,11 +60,11 @@ def timed(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=16384)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=common.count(2), default=16384)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--blocks", type=int, nargs="+", default=[2048, 4096])
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--blocks", type=common.count(1), nargs="+", default=[2048, 4096])
+    parser.add_argument("--repeats", type=common.count(1), default=1)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)

@@ -37,11 +37,12 @@ def patched(model, variant: str, context: int, target: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plays", nargs="+", default=["hamlet"])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[4096, 8192, 16384, 32768])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
+    parser.add_argument("--dtype", default=None, choices=common.DTYPES,
+                        help="default: bfloat16 where the hardware runs it natively, else float32")
     parser.add_argument("--out", default="runs/bench/dca_chunks.json")
     args = parser.parse_args()
     if min(args.lengths) < 2:

@@ -24,14 +24,18 @@ import hf_posenc as hp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=int, default=3000)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--check", type=int, default=3, help="steps compared with the full forward")
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=common.count(1), default=3000)
+    parser.add_argument("--steps", type=common.count(1), default=20)
+    parser.add_argument("--check", type=common.count(1), default=3, help="steps compared with the full forward")
     parser.add_argument("--factor", type=float, default=4.0)
-    parser.add_argument("--original", type=int, default=1024,
+    parser.add_argument("--original", type=common.count(2), default=1024,
                         help="pretend context (the rescaling starts past it, so a short cache is rescaled)")
     args = parser.parse_args()
+    if args.check > args.steps:   # the last --check steps are compared: there are only --steps
+        common.refuse(f"--check must be at most --steps ({args.steps}), got {args.check}")
+    if not args.factor > 1:
+        common.refuse(f"--factor must be > 1 (dynamic YaRN rescales past the context by it), got {args.factor}")
     model, tokenizer = common.smollm2("float32")
     model.config.max_position_embeddings = args.original  # so that --cache tokens are past the "context"
     tokens = torch.tensor([common.text(tokenizer, args.cache + args.steps)[0]])

@@ -47,8 +47,8 @@ def child(mode: str, tokens: int, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=common.count(2), nargs="+", default=[4096, 8192])
     parser.add_argument("--child", nargs=3, metavar=("MODE", "TOKENS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -34,16 +34,17 @@ from hf_posenc import eval as hpe
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-length", type=int, default=16384)
-    parser.add_argument("--step", type=int, default=1024, help="bucket of the curve and spacing of separate_all")
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-length", type=common.count(8), default=16384)
+    parser.add_argument("--step", type=common.count(1), default=1024,
+                        help="bucket of the curve and spacing of separate_all")
     parser.add_argument("--method", default="yarn", help="a static variant: 'yarn', 'ntk', 'yarn beta_fast=16'")
-    parser.add_argument("--target", type=int, default=0, help="patch target (0: twice the model's context)")
+    parser.add_argument("--target", type=common.count(0), default=0, help="patch target (0: twice the model's context)")
     parser.add_argument("--play", default="hamlet")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--repeats", type=int, default=3, help="of one_pass and forward")
-    parser.add_argument("--separate-repeats", type=int, default=2, help="of separate_4")
-    parser.add_argument("--all-repeats", type=int, default=1, help="of separate_all")
+    parser.add_argument("--dtype", default="bfloat16", choices=common.DTYPES)
+    parser.add_argument("--repeats", type=common.count(1), default=3, help="of one_pass and forward")
+    parser.add_argument("--separate-repeats", type=common.count(1), default=2, help="of separate_4")
+    parser.add_argument("--all-repeats", type=common.count(1), default=1, help="of separate_all")
     parser.add_argument("--json", default="", help="write the raw results here")
     args = parser.parse_args()
 

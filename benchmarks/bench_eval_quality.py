@@ -44,17 +44,17 @@ def perplexities(model, ids: list[int], lengths: list[int]) -> tuple[dict, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"])
     parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    parser.add_argument("--target", type=int, default=0, help="patch target (0: twice the model's context)")
-    parser.add_argument("--passkey-lengths", type=int, nargs="*", default=[4096, 8192, 16384])
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--target", type=common.count(0), default=0, help="patch target (0: twice the model's context)")
+    parser.add_argument("--passkey-lengths", type=common.count(1), nargs="*", default=[4096, 8192, 16384])
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    parser.add_argument("--trials", type=int, default=1, help="passkey trials per (length, depth)")
+    parser.add_argument("--trials", type=common.count(1), default=1, help="passkey trials per (length, depth)")
     parser.add_argument("--reuse-inside", action=argparse.BooleanOptionalAction, default=True,
                         help="length-dependent methods take the unpatched scores at lengths <= the context")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=common.DTYPES)
     parser.add_argument("--out", default="runs/bench/eval_quality.json")
     parser.add_argument("--plot", default="docs/eval_smollm2_quality.png")
     args = parser.parse_args()

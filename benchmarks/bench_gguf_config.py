@@ -24,8 +24,8 @@ from hf_posenc import assets, gguf_header
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=common.count(1), default=3)
     args = parser.parse_args()
     path = assets.smollm2_gguf()
     seconds = {"transformers": [], "header only": []}

@@ -137,14 +137,14 @@ def retrieval(queries: torch.Tensor, keys: torch.Tensor, needles) -> dict[str, t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--passages", type=int, default=64)
     parser.add_argument("--sources", nargs="+", default=SOURCES, help="play names of hf_posenc.assets, or kjv")
     parser.add_argument("--needle", type=int, default=32, help="needle length in tokens")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.4, 0.2, 0.7])
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--batch", type=common.count(1), default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=common.count(1), default=torch.get_num_threads())
     args = parser.parse_args()
     if args.passages < 2 or not 1 <= args.needle <= ORIGINAL - 2:
         parser.error(f"--passages must be >= 2 (got {args.passages}) and --needle in 1..{ORIGINAL - 2} "

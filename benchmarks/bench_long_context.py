@@ -73,17 +73,18 @@ def child(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"])
     parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
-    parser.add_argument("--targets", type=int, nargs="+", default=[16384, 32768])
-    parser.add_argument("--passkey-lengths", type=int, nargs="*", default=[16384, 32768])
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[4096, 8192, 16384, 32768])
+    parser.add_argument("--targets", type=common.count(2), nargs="+", default=[16384, 32768])
+    parser.add_argument("--passkey-lengths", type=common.count(1), nargs="*", default=[16384, 32768])
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    parser.add_argument("--trials", type=int, default=1, help="passkey trials per (length, depth)")
-    parser.add_argument("--timing-length", type=int, default=16384, help="0: skip the timing")
-    parser.add_argument("--memory-lengths", type=int, nargs="*", default=[8192, 16384, 32768])
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively, else float32")
+    parser.add_argument("--trials", type=common.count(1), default=1, help="passkey trials per (length, depth)")
+    parser.add_argument("--timing-length", type=common.count(0), default=16384, help="0: skip the timing")
+    parser.add_argument("--memory-lengths", type=common.count(2), nargs="*", default=[8192, 16384, 32768])
+    parser.add_argument("--dtype", default=None, choices=common.DTYPES,
+                        help="default: bfloat16 where the hardware runs it natively, else float32")
     parser.add_argument("--out", default="runs/bench/long_context.json")
     parser.add_argument("--report", nargs="+", metavar="JSON",
                         help="print the tables of these results files (of earlier runs) and draw --figure; runs nothing")

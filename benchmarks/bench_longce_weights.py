@@ -44,15 +44,16 @@ def copies(seq: list[int], first: int, window: int, stride: int) -> dict[int, li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a fine-tuned folder (default: SmolLM2 patched with YaRN to 32768)")
     parser.add_argument("--plays", nargs="+", default=["macbeth", "othello", "lear", "tempest"])
-    parser.add_argument("--windows", type=int, default=4, help="windows of each play (default 4)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--window", type=int, default=512, help="LongCE's short window (default 512)")
-    parser.add_argument("--stride", type=int, help="LongCE's stride (default: the window)")
+    parser.add_argument("--windows", type=common.count(1), default=4, help="windows of each play (default 4)")
+    parser.add_argument("--seq-len", type=common.count(2), default=2048)
+    parser.add_argument("--window", type=common.count(1), default=512, help="LongCE's short window (default 512)")
+    parser.add_argument("--stride", type=common.count(1), help="LongCE's stride (default: the window)")
     parser.add_argument("--clip", type=float, default=5.0)
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
+    parser.add_argument("--dtype", default=None, choices=common.DTYPES,
+                        help="default: bfloat16 where the hardware runs it natively")
     args = parser.parse_args()
     stride = args.stride or args.window
     if min(args.windows, args.seq_len, args.window, stride) < 1 or args.clip < 1:

@@ -90,18 +90,20 @@ def rotary_timer(model, hidden, position_ids, inner_repeats: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=7, help="timed forward passes per model (after 1 warm-up)")
+    parser = common.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=common.count(2), default=2048)
+    parser.add_argument("--repeats", type=common.count(1), default=7,
+                        help="timed forward passes per model (after 1 warm-up)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
-    parser.add_argument("--max-position-embeddings", type=int, default=16384)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--max-position-embeddings", type=common.count(2), default=16384)
+    parser.add_argument("--threads", type=common.count(1), default=1,
                         help="torch threads; 1 by default: on 2 shared, busy cores 2 threads ran 3-4x slower and "
                              "far noisier (OpenMP workers waiting on each other) than 1")
-    parser.add_argument("--trace-tokens", type=int, default=128,
+    parser.add_argument("--trace-tokens", type=common.count(1), default=128,
                         help="input length of the profiled forward pass that compares the aten ops of the two models")
-    parser.add_argument("--rotary-repeats", type=int, default=200, help="rotary-module calls per timed sample")
+    parser.add_argument("--rotary-repeats", type=common.count(1), default=200,
+                        help="rotary-module calls per timed sample")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]

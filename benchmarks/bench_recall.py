@@ -79,11 +79,17 @@ def check_rows(rows: list[str]) -> None:
         common.refuse(f"two rows share a name ({' '.join(rows)}): a cell is kept by its row's name")
 
 
-def recall_cell(model, tokenizer, ids: list[int], length: int, passages: int, control: bool, seed: int) -> dict:
+def recall_sets(tokenizer, ids: list[int], length: int, passages: int, seed: int) -> list:
+    """The recall sequences of a cell at `length`: the same for every row (refused, before any model loads, when
+    the text cannot hold them)."""
     per_sequence, sequences = recall.cell_sequences(length, passages, PASSAGE)   # 24 a sequence at 16k, 48 at 32k
     prefix = data.bos_prefix(tokenizer)
     layout = recall.plan_layout(length, passages=per_sequence, passage_tokens=PASSAGE, head=len(prefix), seed=seed)
-    sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+    return recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+
+
+def recall_cell(model, sets: list, length: int, control: bool, seed: int) -> dict:
+    sequences = len(sets)
     start, cpu = time.perf_counter(), time.process_time()
     rows = recall.score_recall(model, sets, control=control)
     summary = recall.summarize_recall(rows, length=length, bin_width=4096)
@@ -111,18 +117,21 @@ def probes_cell(model, tokenizer, ids: list[int], length: int, count: int, seed:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["none", "ntk", "yarn", "dynamic_yarn", "dca", "self_extend"])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
-    parser.add_argument("--passages", type=int, default=48, help="passages a cell (over as many sequences as needed)")
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[16384, 32768])
+    parser.add_argument("--passages", type=common.count(1), default=48,
+                        help="passages a cell (over as many sequences as needed)")
     parser.add_argument("--one-pass", action="store_true", help="the first copy's own loss as the baseline")
     parser.add_argument("--corpus", default="kjv", help="the held-out text (a load_corpus spec)")
     parser.add_argument("--text-ids", help="the held-out text as token ids already (a .npy file, e.g. of --corpus "
                                            "tokenized on a machine that has it): on a machine without the corpus")
     parser.add_argument("--model", default="smollm2", help="the model: smollm2 (embedded) or its .gguf file")
-    parser.add_argument("--probes", type=int, default=0, help="N multikey probes on one prefill (first row)")
+    parser.add_argument("--probes", type=common.count(0), default=0,
+                        help=f"N multikey probes on one prefill (first row): 0 (none) or 2..{len(ruler.KEYS)}")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
+    parser.add_argument("--dtype", default=None, choices=common.DTYPES,
+                        help="default: bfloat16 where the hardware runs it natively")
     parser.add_argument("--out", default="benchmarks/results/recall.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out (and draw --figure)")
     parser.add_argument("--figure", help="with --report: the gap against distance, a line per row (PNG)")
@@ -141,6 +150,10 @@ def main() -> None:
         common.refuse(f"--pairs takes A:B (two row names), got {' '.join(args.pairs)}")
     if not args.report:
         check_rows(args.rows)
+    if args.probes == 1 or args.probes > len(ruler.KEYS):   # one key is no multikey sample; the keys are listed
+        common.refuse(f"--probes must be 0 (none) or in 2..{len(ruler.KEYS)} (multikey's keys), got {args.probes}")
+    if args.text_ids and not Path(args.text_ids).is_file():
+        common.refuse(f"--text-ids {args.text_ids}: no such file")
     for length in args.lengths:
         recall.plan_layout(length, passages=recall.cell_sequences(length, args.passages, PASSAGE)[0],
                            passage_tokens=PASSAGE)   # refused here, before any loading, when it cannot fit
@@ -169,14 +182,17 @@ def main() -> None:
         ids = numpy.load(args.text_ids).tolist()
     else:
         ids = common.corpus_ids(tokenizer, args.corpus)
-    for length in args.lengths:
+    todo = [length for length in args.lengths
+            if any(f"{row.partition('=')[0]} {length}" not in results["recall"] for row in args.rows)]
+    sets = {length: recall_sets(tokenizer, ids, length, args.passages, args.seed) for length in todo}
+    for length in todo:
         for row in args.rows:
             key = f"{row.partition('=')[0]} {length}"
             if key in results["recall"]:
                 continue
             model = load_row(row, length, dtype, args.model)
             with torch.autocast(DEVICE, dtype=dtype, enabled=dtype != torch.float32):
-                cell = recall_cell(model, tokenizer, ids, length, args.passages, not args.one_pass, args.seed)
+                cell = recall_cell(model, sets[length], length, not args.one_pass, args.seed)
             results["recall"][key] = {**cell, **({"folder": row.partition("=")[2]} if "=" in row else {})}
             save()
             print(f"{key}: gap {stats.interval_text(cell['gap'])}, recall distance {cell['recall_distance']}, "
@@ -281,7 +297,7 @@ def report(results: dict, figure: str | None, pairs: list[tuple[str, str]] | Non
     if figure:   # one figure a length (FIGURE_16k.png, ...): twelve lines in one are unreadable
         from hf_posenc.eval import plots
 
-        for length in lengths:
+        for length in sorted({int(k.split()[1]) for k in cells}):
             variants = {k.split()[0] + (" [also]" if "also" in c else ""): c for k, c in cells.items()
                         if int(k.split()[1]) == length and (not figure_rows or k.split()[0] in figure_rows)}
             if not variants:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,17 +25,23 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=["passkey", "vt"], choices=ruler.FAMILIES)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096])
-    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[4096])
+    parser.add_argument("--samples", type=common.count(1), default=30)
     parser.add_argument("--haystack", help="a text file for the families that hide needles in real text")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=common.DTYPES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the rows and cells to this JSON file")
     args = parser.parse_args()
-    haystack = open(args.haystack).read() if args.haystack else None
+    if args.haystack and not Path(args.haystack).is_file():
+        common.refuse(f"--haystack {args.haystack}: no such file")
+    needing = [f for f in args.families if f not in ruler.NOISE]
+    if needing and not args.haystack:
+        common.refuse(f"--families {' '.join(needing)} hide their needles in real text: give --haystack FILE")
+    haystack = Path(args.haystack).read_text() if args.haystack else None
+    args.dtype = common.dtype_name(args.dtype)   # "auto": what this hardware runs natively
     dtype = getattr(torch, args.dtype)
     model = hp.load_model(args.model, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
     tokenizer = hp.load_tokenizer(args.model)

@@ -69,18 +69,45 @@ def recipe_args(row: str) -> list[str]:
     return ["--config", str(CONFIG), "--train.positions", spec]
 
 
+def finetune_argv(row: str, args) -> list[str] | None:
+    """The fine-tune recipe's arguments for `row` (None when its fine-tune is done: the folder is complete)."""
+    out = Path(args.runs) / row_name(row)
+    if (out / "config.json").exists() and (out / "README.md").exists():
+        return None
+    return [*recipe_args(row), "--output_dir", str(out), *args.train_args, *(["--resume"] if out.exists() else [])]
+
+
+def check_finetunes(rows: list[str], args) -> None:
+    """Each fine-tune still to run, its config and --train-args checked as the recipe checks them (the fields,
+    the paths, the corpus, the model's skeleton), before any work: a refusal is one line naming the row, not a
+    child's traceback-ended run."""
+    from hf_posenc.recipes.finetune_checks import check_config
+    from hf_posenc.recipes.finetune_config import parse_config
+
+    for row in rows:
+        argv = finetune_argv(row, args)
+        if argv is not None:
+            try:
+                check_config(parse_config(argv, prog="recipes/finetune.py"))
+            except (hp.PosEncError, OSError) as err:
+                common.refuse(f"row {row!r} (--train-args {shlex.join(args.train_args)}): {' '.join(str(err).split())}")
+
+
 def finetune(row: str, args) -> dict:
-    """Run (or resume) the fine-tune of `row`; its wall time, tokens/s and peak memory from its log."""
+    """Run (or resume) the fine-tune of `row`; its wall time, tokens/s and peak memory from its log. A run the
+    recipe refuses ends this one with exit code 2 after the recipe's own `error:` line (no traceback)."""
     name, _, positions = row.partition("=")
     out = Path(args.runs) / name
-    done = (out / "config.json").exists() and (out / "README.md").exists()
-    if not done:
-        command = [sys.executable, str(ROOT / "recipes" / "finetune.py"), *recipe_args(row),
-                   "--output_dir", str(out), *args.train_args]
-        if out.exists():
-            command.append("--resume")
+    argv = finetune_argv(row, args)
+    if argv is not None:
+        command = [sys.executable, str(ROOT / "recipes" / "finetune.py"), *argv]
         print("$", " ".join(command), flush=True)
-        subprocess.run(command, check=True)
+        code = subprocess.run(command).returncode
+        if code == 2:   # the recipe's refusal, already on stderr as its one `error:` line
+            raise SystemExit(2)
+        if code:
+            common.refuse(f"the fine-tune of row {row!r} ended with exit code {code} (its output is above); "
+                          f"rerun to resume it from its last checkpoint")
     log = ckpt.read_log(out)
     steps = [r for r in log if "tokens_per_s" in r]
     tokens, seconds = sum(r["tokens"] for r in steps), sum(r["tokens"] / r["tokens_per_s"] for r in steps)
@@ -120,7 +147,7 @@ def perplexity_cell(model, ids: list[int]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=ROWS)
     parser.add_argument("--plays", nargs="+", default=["hamlet", "richard_iii"],
                         help="held-out plays, and kjv for a held-out text that is not a play")
@@ -128,7 +155,8 @@ def main() -> None:
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="recipe overrides for every fine-tune, last on the line (--train-args --train.lr 5e-5)")
     parser.add_argument("--only", choices=["train", "perplexity", "passkey"], help="one part only")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 where the hardware runs it natively")
+    parser.add_argument("--dtype", default=None, choices=common.DTYPES,
+                        help="default: bfloat16 where the hardware runs it natively")
     parser.add_argument("--runs", help="where the fine-tunes are written (default: runs/ and the name of --out, so "
                                        "that a file with other --train-args never reuses another file's fine-tunes)")
     parser.add_argument("--out", default="benchmarks/results/short_to_long.json")
@@ -143,11 +171,13 @@ def main() -> None:
     for row in args.rows:
         if "=@" in row:
             if not shlex.split(row.partition("=@")[2]) or not Path(shlex.split(row.partition("=@")[2])[0]).is_file():
-                parser.error(f"row {row!r}: NAME=@CONFIG needs a config file that exists")
+                common.refuse(f"row {row!r}: NAME=@CONFIG needs a config file that exists")
         elif "=" in row:
             positions.scheme(row.partition("=")[2])
         elif row not in ("none", "yarn", "dca"):
-            parser.error(f"a row is none, yarn, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
+            common.refuse(f"a row is none, yarn, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
+    if not all(0 <= d <= 1 for d in args.depths):
+        common.refuse(f"--depths are fractions in [0, 1], got {args.depths}")
     args.dtype = common.dtype_name(args.dtype)
     results, save = common.results_file(args.out, {"target": TARGET, "lengths": LENGTHS, "late": LATE,
                                                    "window": WINDOW, "dtype": args.dtype,
@@ -162,6 +192,7 @@ def main() -> None:
     elsewhere = {} if common.cpu_name() in results["machine"] else {"machine": here}
 
     if args.only in (None, "train"):   # 1. the fine-tunes
+        check_finetunes([r for r in args.rows if "=" in r and row_name(r) not in results["finetune"]], args)
         for row in [r for r in args.rows if "=" in r and row_name(r) not in results["finetune"]]:
             results["finetune"][row_name(row)] = {**finetune(row, args), **elsewhere}
             save()

@@ -120,9 +120,9 @@ def quality() -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=common.count(2), default=1024)
+    parser.add_argument("--repeats", type=common.count(1), default=9)
     parser.add_argument("--skip-quality", action="store_true")
     args = parser.parse_args()
     lines = [

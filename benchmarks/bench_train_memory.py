@@ -56,11 +56,12 @@ def one(length: int, dtype: str, chunk: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--loss-chunk", type=int, nargs="+", default=[0, 1024],
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--loss-chunk", type=common.count(0), nargs="+", default=[0, 1024],
                         help="positions of logits at a time (0: the full logits); one table each")
-    parser.add_argument("--dtype", default="float32", help="weights dtype (float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--dtype", default="float32", choices=common.DTYPES,
+                        help="weights dtype (float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

@@ -13,6 +13,7 @@ busy cores it is the steadier measure; wall-clock time is recorded beside it."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import fcntl
 import json
@@ -35,11 +36,41 @@ from hf_posenc.loading import resolve_dtype
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where the benchmarks run their models
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")   # what --dtype takes (choices=common.DTYPES)
+
+
 def dtype_name(dtype: str | torch.dtype | None) -> str:
-    """"float32", "bfloat16", ...; None or "auto": bfloat16 where the hardware runs it natively, else float32."""
+    """"float32", "bfloat16", ...; None or "auto": bfloat16 where the hardware runs it natively, else float32.
+    Another name is refused (`--dtype float8` ended in an AttributeError once a model was asked for)."""
+    if isinstance(dtype, str) and dtype not in DTYPES:
+        refuse(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype is None or dtype == "auto":
         dtype = resolve_dtype("auto")[0]
     return str(dtype).removeprefix("torch.")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose own refusals (an unknown flag, a value of the wrong type, a count out of range:
+    `count`) are one `error:` line and exit code 2, as every refusal of a benchmark, before anything loads."""
+
+    def error(self, message: str) -> NoReturn:
+        refuse(f"{message} (see {self.prog} --help)")
+
+
+def count(least: int = 1, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= `least` (and <= `most`), else refused naming the flag and the value
+    (`--passages 0` ended in a ZeroDivisionError deep in a cell)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < least or (most is not None and value > most):
+            allowed = f">= {least}" if most is None else f"in {least}..{most}"
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
+        return value
+
+    return parse
 
 
 def smollm2(dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa"):

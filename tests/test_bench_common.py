@@ -16,6 +16,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import common  # noqa: E402  (benchmarks/common.py: the scripts run as `python benchmarks/bench_x.py`)
+from tiny import tiny_tokenizer  # noqa: E402
 
 SETTINGS = {"dtype": "float32", "lengths": [1024, 2048], "target": 16384}
 SECTIONS = ["perplexity", "passkey"]
@@ -259,3 +260,140 @@ def test_bench_recall_refuses_a_row_it_cannot_load_before_loading_anything(tmp_p
     rows = [r.replace("FOLDER", str(tmp_path)).replace("SAVED", str(tmp_path / "saved")) for r in rows]
     assert says in refused(capsys, bench_recall.check_rows, rows)
     bench_recall.check_rows(["none", "yarn", f"ft={tmp_path / 'saved'}"])   # each of its kinds passes
+
+
+# -- issue 40, item 4: every flag refused in one line before anything loads --------------------------------------
+
+def script_refusal(capsys, monkeypatch, module, argv: list[str]) -> str:
+    """The one `error:` line (exit code 2) of a benchmark script's main() on argv; nothing loads before it."""
+    import hf_posenc as hp
+
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(hp, "load_tokenizer", lambda *a, **k: pytest.fail("a tokenizer loaded"))
+    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *argv])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--passages", "0"], "error: argument --passages: must be >= 1, got 0 (see bench_recall.py --help)"),
+    (["--passages", "x"], "error: argument --passages: must be an integer, got 'x'"),
+    (["--dtype", "float8"], "error: argument --dtype: invalid choice: 'float8' (choose from 'auto', 'float32', "
+                            "'bfloat16', 'float16')"),
+    (["--probes", "-1"], "error: argument --probes: must be >= 0, got -1"),
+    (["--probes", "1"], "error: --probes must be 0 (none) or in 2..16 (multikey's keys), got 1"),
+    (["--probes", "17"], "error: --probes must be 0 (none) or in 2..16 (multikey's keys), got 17"),
+    (["--lengths", "1"], "error: argument --lengths: must be >= 2, got 1"),
+    (["--text-ids", "/missing/ids.npy"], "error: --text-ids /missing/ids.npy: no such file"),
+    (["--bogus"], "error: unrecognized arguments: --bogus"),
+])
+def test_bench_recall_refuses_a_bad_flag_in_one_line_before_anything_loads(tmp_path, capsys, monkeypatch, argv, says):
+    """--passages 0 ended in a ZeroDivisionError, --dtype float8 in an AttributeError, --probes -1 was checked only
+    after every recall cell."""
+    import bench_recall
+
+    said = script_refusal(capsys, monkeypatch, bench_recall, ["--rows", "none", "--out", str(tmp_path / "r.json"),
+                                                              *argv])
+    assert said.startswith(says), said
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_bench_recall_refuses_passages_the_text_cannot_hold_before_a_model_loads(tmp_path, capsys, monkeypatch):
+    import bench_recall
+    import numpy
+
+    numpy.save(tmp_path / "ids.npy", numpy.arange(5000) % 200)
+    monkeypatch.setattr(bench_recall, "load_row", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(bench_recall.hp, "load_tokenizer", lambda ref: tiny_tokenizer())
+    monkeypatch.setattr(sys, "argv", ["bench_recall.py", "--rows", "none", "--lengths", "4096", "--passages", "1000",
+                                      "--dtype", "float32", "--text-ids", str(tmp_path / "ids.npy"),
+                                      "--out", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit) as stop:
+        common.run(bench_recall.main)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: the recall text has 5000 tokens"), err
+
+
+def test_bench_recall_report_draws_one_figure_a_length(tmp_path, monkeypatch, capsys):
+    """--report --figure ended in a NameError (the lengths were never named in report())."""
+    import bench_recall
+
+    from hf_posenc.eval import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "plot_recall", lambda variants, path, **k: drawn.append((sorted(variants), path)))
+    from hf_posenc.eval import stats
+
+    cell = {"bins": [], "recall_distance": 100, "beyond_measured": False, "cpu_s": 1, "passages": [],
+            "gap": stats.bootstrap_mean([1.0, 2.0, 1.5, 1.2, 0.8])}
+    results = {"recall": {"none 16384": cell, "yarn 16384": cell, "yarn 32768": cell}, "probes": {}}
+    bench_recall.report(results, str(tmp_path / "fig.png"))
+    assert drawn == [(["none", "yarn"], tmp_path / "fig_16k.png"), (["yarn"], tmp_path / "fig_32k.png")]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--dtype", "float8"], "error: argument --dtype: invalid choice: 'float8'"),
+    (["--samples", "0"], "error: argument --samples: must be >= 1, got 0"),
+    (["--families", "single"], "error: --families single hide their needles in real text: give --haystack FILE"),
+    (["--haystack", "/missing.txt"], "error: --haystack /missing.txt: no such file"),
+])
+def test_bench_ruler_refuses_a_bad_flag_in_one_line_before_anything_loads(capsys, monkeypatch, argv, says):
+    import bench_ruler
+
+    assert script_refusal(capsys, monkeypatch, bench_ruler, argv).startswith(says)
+
+
+def test_common_refuses_a_dtype_it_does_not_know_by_name(capsys):
+    assert refused(capsys, common.dtype_name, "float8") == ("error: --dtype must be one of auto, float32, bfloat16, "
+                                                            "float16, got 'float8'")
+    assert common.dtype_name("float32") == "float32" and common.dtype_name(None) in ("float32", "bfloat16")
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("bench_*.py")))
+def test_every_benchmark_refuses_its_flags_in_one_line(script):
+    """argparse's own refusals (a value of the wrong type, an unknown flag) print a usage line first and name the
+    script: common.ArgumentParser makes them one `error:` line, as every other refusal (bench_s2_attention
+    re-executes itself before it imports common, and refuses by its own checks)."""
+    if script == "bench_s2_attention":
+        pytest.skip("parses before its re-exec, without common")
+    source = (BENCHMARKS / f"{script}.py").read_text()
+    assert "argparse.ArgumentParser(" not in source and "common.ArgumentParser(" in source, script
+
+
+def test_bench_short_to_long_refuses_train_args_before_any_fine_tune(tmp_path, capsys, monkeypatch):
+    """A --train-args the recipe refuses ended in a CalledProcessError traceback, after the child's own line."""
+    import bench_short_to_long
+
+    monkeypatch.setattr(bench_short_to_long.subprocess, "run", lambda *a, **k: pytest.fail("a fine-tune started"))
+    monkeypatch.setattr(sys, "argv", ["bench_short_to_long.py", "--rows", "c=contiguous", "--only", "train", "--out",
+                                      str(tmp_path / "s.json"), "--runs", str(tmp_path / "runs"), "--train-args",
+                                      "--train.steps", "0"])
+    with pytest.raises(SystemExit) as stop:
+        common.run(bench_short_to_long.main)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1, lines
+    assert lines[0] == "error: row 'c=contiguous' (--train-args --train.steps 0): train.steps must be >= 1, got 0"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("code, says", [(2, None), (1, "error: the fine-tune of row 'c=contiguous' ended with exit "
+                                                       "code 1 (its output is above); rerun to resume it")])
+def test_a_fine_tune_that_fails_ends_the_benchmark_in_one_line(tmp_path, capsys, monkeypatch, code, says):
+    """Code 2: the recipe's own `error:` line is the one line (nothing added); another code: one line of ours."""
+    import argparse
+
+    import bench_short_to_long
+
+    monkeypatch.setattr(bench_short_to_long.subprocess, "run",
+                        lambda command: subprocess.CompletedProcess(command, code))
+    args = argparse.Namespace(runs=str(tmp_path / "runs"), train_args=[])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        bench_short_to_long.finetune("c=contiguous", args)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert err == "" if says is None else err.startswith(says)
