@@ -267,6 +267,25 @@ def _task_yaml(name: str, data: Path) -> str:
             "    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
 
 
+def check_metadata(metadata: dict, context: int | None) -> None:
+    """lm-eval's task metadata as RULER reads it, checked before any task is built: `max_seq_lengths` a non-empty
+    list of token counts, none past `context` (the model's max_length: lm-eval would cut a longer prompt to it,
+    from the left). None: the context is not known yet (a patch that needs the weights), the bound is left out."""
+    if "max_seq_lengths" not in metadata:
+        return
+    value = metadata["max_seq_lengths"]
+    usage = ("a non-empty list of token counts >= 1, e.g. [4096, 8192] (on lm_eval's command line "
+             "--metadata '{\"max_seq_lengths\": [4096]}')")
+    if not isinstance(value, (list, tuple)) or not value or \
+            any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value):
+        raise InvalidParameterError(f"metadata max_seq_lengths must be {usage}, got {value!r}")
+    if context is not None and max(value) > context:
+        raise InvalidParameterError(
+            f"metadata max_seq_lengths {list(value)}: {max(value)} is past the model's context of {context} tokens "
+            f"(its max_length; lm-eval would cut a longer prompt to it, from the left): use lengths up to {context}, "
+            f"or patch the model to a longer context (patch=...)")
+
+
 def evaluate(lm: HFLM, folder: str | os.PathLike | None = None, tasks: str | Sequence[str] = (GROUP,), *,
              metadata: dict | None = None, log_samples: bool = False, **kwargs) -> dict:
     """Run lm-eval on `tasks`: those `write_tasks` wrote into `folder` (default: the whole group) and lm-eval's own,
@@ -282,6 +301,7 @@ def evaluate(lm: HFLM, folder: str | os.PathLike | None = None, tasks: str | Seq
                                     "(evaluate(lm, folder)), or name lm-eval's tasks (tasks=['niah_single_1'])")
     if metadata is not None and not isinstance(metadata, dict):
         raise ParameterTypeError(f"metadata must be a dict (e.g. {{'max_seq_lengths': [4096]}}), got {metadata!r}")
+    check_metadata(metadata or {}, lm.max_length)
     metadata = {"tokenizer": tokenizer_folder(lm.tokenizer), **(metadata or {})}
     manager = None
     if folder is not None:  # the folder's tasks alone when it holds all those asked for: indexing lm-eval's takes ~20 s
@@ -316,13 +336,35 @@ def _prepare_run(args) -> None:
         return
     model_args, metadata = merged("model_args"), merged("metadata")
     check_model_args(model_args)
-    if "tokenizer" in metadata or not model_args.get("pretrained"):
-        return  # named by the user; or no model at all, which HFPosencLM refuses
+    if not model_args.get("pretrained"):
+        return  # no model at all, which HFPosencLM refuses
+    if "max_seq_lengths" in metadata:   # before the weights load and RULER builds its samples
+        check_metadata(metadata, _context_before_loading(model_args))
+    if "tokenizer" in metadata:
+        return  # named by the user
     if model_args.get("tokenizer"):
         tokenizer = loading.load_tokenizer(str(model_args["tokenizer"]))
     else:
         tokenizer = _saved_tokenizer(str(model_args["pretrained"]))
     args.metadata = {**metadata, "tokenizer": tokenizer_folder(tokenizer)}
+
+
+def _context_before_loading(model_args: dict) -> int | None:
+    """The context HFPosencLM will take for these model arguments, from the config alone (no weights): max_length
+    when given, else the context of the model's skeleton, patched; None for a patch that needs the weights."""
+    if model_args.get("max_length") is not None:
+        return _max_length(model_args["max_length"])
+    skeleton = loading.meta_model(str(model_args["pretrained"]))
+    if model_args.get("patch") is not None:
+        method, params = parse_variant(str(model_args["patch"]))
+        if method != "none":
+            try:
+                api.patch(skeleton, method, **params)
+            except (NotImplementedError, RuntimeError) as err:   # sinusoidal's fit reads the table's weights
+                if "meta" not in str(err):
+                    raise
+                return None
+    return context_length(skeleton)
 
 
 def main(argv: list[str] | None = None) -> int:

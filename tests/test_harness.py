@@ -270,9 +270,9 @@ def test_the_command_line_gives_ruler_the_models_tokenizer(checkpoint, tmp_path,
         return args
 
     args = prepared("--model", "hf_posenc", "--model_args", f"pretrained={checkpoint},dtype=float32",
-                    "--tasks", "ruler_vt", "--metadata", '{"max_seq_lengths": [4096]}')
+                    "--tasks", "ruler_vt", "--metadata", '{"max_seq_lengths": [256]}')
     folder = args.metadata.pop("tokenizer")
-    assert args.metadata == {"max_seq_lengths": [4096]} and Path(folder).parent == tmp_path / "cache" / "tokenizers"
+    assert args.metadata == {"max_seq_lengths": [256]} and Path(folder).parent == tmp_path / "cache" / "tokenizers"
     assert loading.load_tokenizer(folder)("One two").input_ids == tiny_tokenizer()("One two").input_ids
     given = prepared("--model", "hf_posenc", "--model_args", f"pretrained={checkpoint}", "--tasks", "ruler_vt",
                      "--metadata", '{"tokenizer": "mine"}')
@@ -280,6 +280,52 @@ def test_the_command_line_gives_ruler_the_models_tokenizer(checkpoint, tmp_path,
     other = prepared("--model", "hf", "--model_args", f"pretrained={checkpoint},bogus=1", "--tasks", "ruler_vt")
     assert other.metadata is None  # another model: lm-eval's business
     (tmp_path / "cfg.yaml").write_text(f"model: hf_posenc\nmodel_args: pretrained={checkpoint}\n"
-                                       "metadata: {max_seq_lengths: [8192]}\ntasks: ruler_vt\n")
+                                       "metadata: {max_seq_lengths: [128]}\ntasks: ruler_vt\n")
     from_config = prepared("--config", str(tmp_path / "cfg.yaml"))
-    assert from_config.metadata == {"max_seq_lengths": [8192], "tokenizer": folder}
+    assert from_config.metadata == {"max_seq_lengths": [128], "tokenizer": folder}
+
+
+BAD_LENGTHS = [('{"max_seq_lengths": [0]}', "[0]"), ("max_seq_lengths=abc", "'abc'"), ('{"max_seq_lengths": []}', "[]"),
+               ('{"max_seq_lengths": [-5]}', "[-5]"), ("max_seq_lengths=4096", "4096"),
+               ('{"max_seq_lengths": [true]}', "[True]")]
+
+
+@pytest.mark.parametrize("metadata, shown", BAD_LENGTHS)
+def test_rulers_lengths_are_refused_in_one_line_before_any_work(checkpoint, capsys, monkeypatch, metadata, shown):
+    """RULER iterates max_seq_lengths as given: 0 or a negative length ended in RULER's ValueError once the tasks were
+    built, a string in a TypeError, [] in an IndexError."""
+    monkeypatch.setattr("lm_eval.utils._LOGGING_CONFIGURED", True)
+    monkeypatch.setattr(harness.api, "from_pretrained", lambda *a, **k: pytest.fail("the weights were loaded"))
+    code = harness.main(["run", "--model", "hf_posenc", "--model_args", f"pretrained={checkpoint}", "--tasks",
+                         "niah_single_1", "--metadata", metadata])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(lines) and len(lines) == 1, lines
+    assert lines[0] == (f"error: metadata max_seq_lengths must be a non-empty list of token counts >= 1, e.g. [4096, "
+                        f"8192] (on lm_eval's command line --metadata '{{\"max_seq_lengths\": [4096]}}'), got {shown}")
+
+
+def test_rulers_lengths_past_the_models_context_are_refused_before_the_weights_load(checkpoint, capsys, monkeypatch):
+    """lm-eval cuts a prompt longer than max_length from the left without a word: a length past the (patched)
+    context is refused, from the config alone."""
+    monkeypatch.setattr("lm_eval.utils._LOGGING_CONFIGURED", True)
+    monkeypatch.setattr(harness.api, "from_pretrained", lambda *a, **k: pytest.fail("the weights were loaded"))
+    for model_args, context in ((f"pretrained={checkpoint}", ORIGINAL), (f"pretrained={checkpoint},patch=yarn factor=4",
+                                                                         4 * ORIGINAL),
+                                (f"pretrained={checkpoint},max_length=300", 300)):
+        code = harness.main(["run", "--model", "hf_posenc", "--model_args", model_args, "--tasks", "niah_single_1",
+                             "--metadata", f'{{"max_seq_lengths": [64, {context + 1}]}}'])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, lines
+        assert lines[0].startswith(f"error: metadata max_seq_lengths [64, {context + 1}]: {context + 1} is past the "
+                                   f"model's context of {context} tokens (its max_length; lm-eval would cut"), lines
+
+
+def test_evaluate_refuses_rulers_lengths_before_building_a_task(monkeypatch):
+    import lm_eval.tasks
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: pytest.fail("tasks indexed"))
+    lm = harness.HFPosencLM(tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=ORIGINAL), tiny_tokenizer())
+    with pytest.raises(hp.InvalidParameterError, match=r"max_seq_lengths must be a non-empty list .*got \(\)"):
+        harness.evaluate(lm, tasks=["niah_single_1"], metadata={"max_seq_lengths": ()})
+    with pytest.raises(hp.InvalidParameterError, match=rf"{ORIGINAL * 2} is past the model's context of {ORIGINAL}"):
+        harness.evaluate(lm, tasks=["niah_single_1"], metadata={"max_seq_lengths": [ORIGINAL * 2]})
