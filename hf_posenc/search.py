@@ -256,9 +256,13 @@ class SearchSettings:
                            top_range=tuple(self.top_range), attention_range=attention)
 
 
+EXTENDABLE = ("budget",)   # a rerun may ask for more candidates (or fewer): the search replays to there
+
+
 def check_resume(saved: dict, settings: dict, path: Path) -> None:
     """A search resumed with other settings would mix two searches in one record: refused naming each field."""
-    differ = [k for k in sorted(set(saved) | set(settings)) if json.dumps(saved.get(k)) != json.dumps(settings.get(k))]
+    differ = [k for k in sorted(set(saved) | set(settings))
+              if k not in EXTENDABLE and json.dumps(saved.get(k)) != json.dumps(settings.get(k))]
     if differ:
         shown = "; ".join(f"{k}: {json.dumps(saved.get(k))} there, {json.dumps(settings.get(k))} now" for k in differ)
         raise ConfigError(f"{path} holds a search with other settings ({shown}); resume with its settings, or name "
@@ -380,8 +384,8 @@ class FactorSearch:
     # -- the loop --------------------------------------------------------------------------------------
     def run(self) -> dict:
         """Seeds, then CMA-ES for `budget` candidates, each appended to candidates.jsonl as it completes; a rerun
-        goes on after the last one written. Returns the best accepted candidate (None-free: a search whose every
-        candidate was rejected is refused)."""
+        goes on after the last one written (with a larger budget: further). Returns the best accepted candidate; a
+        search whose every candidate was rejected is refused."""
         try:
             from cmaes import CMA
         except ImportError:

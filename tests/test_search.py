@@ -113,6 +113,13 @@ def test_search_records_every_candidate_and_resumes_after_a_kill(tmp_path):
     again = search.read_candidates(path)
     assert [r["long_factor"] for r in again] == [r["long_factor"] for r in rows]
     assert [r["value"] for r in again] == pytest.approx([r["value"] for r in rows], abs=1e-6)
+    # a larger budget goes further from where it stopped, the same search
+    calls.clear()
+    runner = search.FactorSearch(model, tok, text_ids(), settings(budget=7), tmp_path / "a", progress=False)
+    evaluate = runner.evaluate
+    runner.evaluate = lambda index, *a, **k: calls.append(index) or evaluate(index, *a, **k)
+    runner.run()
+    assert calls == [10, 11] and search.read_candidates(path)[:10] == again
 
 
 def test_a_rerun_with_other_settings_is_refused_naming_each_field(tmp_path):
