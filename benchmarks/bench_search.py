@@ -8,12 +8,17 @@ Cells, each saved as it completes (--out; a rerun goes on where the last stopped
 - `passkey` (--passkey-trials N): N passkeys hidden at N depths of a --target prompt, each trial's answer log-prob.
 Recall at a distance is benchmarks/bench_recall.py's (the same rows, its paired differences).
 
+`--transfer SEARCH_DIR OUT`: the best point of a finished search (its form's coordinates) taken to --target (the
+same critical pair, width, shape and attention factor; the top factor the same multiple of the new s) and saved as
+a checkpoint in OUT, for a row NAME=OUT here and in bench_recall.py: a search at 16k carried to 32k.
+
 Rows: `none` (unpatched), a method patched to --target (`yarn`, `longrope`: the ramp, `self_extend`, `dca`, ...),
 NAME=FOLDER (a saved checkpoint, hp.from_pretrained), or NAME=FOLDER@static (a saved switched longrope checkpoint
 loaded with its short factors = its long ones: the static twin, as engines run it past the original context).
 
     nice python benchmarks/bench_search.py --rows none yarn searched=runs/search_16k/best \\
         searched_static=runs/search_16k/best@static --target 16384
+    python benchmarks/bench_search.py --transfer runs/search_16k runs/search_16k_to_32k --target 32768
     python benchmarks/bench_search.py --report
 """
 
@@ -44,6 +49,27 @@ def static_twin(model):
     return hp.patch(model, "longrope", long_factor=params["long_factor"], short_factor=params["long_factor"],
                     attention_factor=params.get("attention_factor"),
                     max_position_embeddings=round(params["factor"] * params["original_max_position_embeddings"]))
+
+
+def transfer(folder: str, out: str, target: int) -> None:
+    """Save the best CMA-ES point of the search in `folder`, taken to `target`, as a checkpoint in `out`."""
+    import json
+    from pathlib import Path
+
+    from hf_posenc import search, user_input
+
+    record = json.loads((Path(folder) / "search.json").read_text())
+    rows = [r for r in search.read_candidates(Path(folder) / "candidates.jsonl") if not r["rejected"] and r["x"]]
+    if not rows:
+        common.refuse(f"--transfer {folder}: no accepted CMA-ES candidate to carry (a seed is its own method)")
+    best = min(rows, key=lambda r: r["value"])
+    s = search.SearchSettings(**{**record["settings"], "target": target})
+    factors, attention = s.space(record["pairs"]).point(best["x"])
+    model = hp.load_model("smollm2")
+    hp.patch(model, "longrope", **search.longrope_params(factors, attention, s.mode, target))
+    with user_input.replacing(user_input.output_folder(out, "--transfer OUT")) as fresh:
+        model.save_pretrained(fresh)
+    print(f"{best['kind']} of {folder} at {target}: long_factor {factors}, attention {attention}; saved to {out}")
 
 
 def load_row(row: str, target: int, dtype: torch.dtype):
@@ -104,10 +130,14 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, choices=common.DTYPES)
     parser.add_argument("--out", default="benchmarks/results/search_judge.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out")
+    parser.add_argument("--transfer", nargs=2, metavar=("SEARCH_DIR", "OUT"),
+                        help="save a finished search's best point taken to --target as a checkpoint, and stop")
     args = parser.parse_args()
     if args.target <= ORIGINAL or any(n < 2 or n > args.target for n in args.lengths) or args.passkey_trials < 0:
         common.refuse(f"--target must be > {ORIGINAL}, --lengths in 2..--target, --passkey-trials >= 0; got "
                       f"--target {args.target}, --lengths {args.lengths}, --passkey-trials {args.passkey_trials}")
+    if args.transfer:
+        return transfer(*args.transfer, args.target)
     args.dtype = common.dtype_name(args.dtype)
     results, save = common.results_file(args.out, {"target": args.target, "dtype": args.dtype},
                                         ["ppl", "passkey"])
