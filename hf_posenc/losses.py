@@ -23,11 +23,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .config import check_number
+from .errors import InvalidInputError, InvalidParameterError, ParameterTypeError, UnsupportedModelError
+
+# what a class of transformers' causal LMs is named (a PEFT wrapper is looked through first)
+CAUSAL_LM_NAMES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
 
 def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Mean next-token loss over the real (unpadded) tokens, from the full logits; `position_ids` (None:
     0..n-1) are the ids a position scheme gives the window (hf_posenc/positions.py)."""
+    check_causal_lm(model, "lm_loss")   # an encoder's logits are not next-token predictions
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits
     labels = input_ids.masked_fill(attention_mask == 0, -100)
@@ -58,6 +65,58 @@ def distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, 
 def _inner(model: nn.Module) -> nn.Module:
     """The transformers model itself (a PEFT wrapper's LoRA layers sit inside it)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def check_causal_lm(model, what: str) -> None:
+    """Refuse, before any work, a `model` that does not predict each next token from the ones before it (None,
+    an encoder, a masked LM, an encoder-decoder): `what` scores next tokens, and such a model's output is
+    another thing, or a traceback from deep inside."""
+    inner = _inner(model) if isinstance(model, nn.Module) else model
+    if not isinstance(inner, nn.Module) or not hasattr(inner, "config") or not hasattr(inner, "get_output_embeddings"):
+        raise InvalidInputError(f"{what}: model must be a transformers causal LM (Llama, GPT-2, SmolLM2, ...), got "
+                                f"{model!r:.60} ({type(model).__name__})")
+    config = inner.config
+    if getattr(config, "is_encoder_decoder", False) or inner.get_output_embeddings() is None \
+            or not type(inner).__name__.endswith(CAUSAL_LM_NAMES):
+        raise UnsupportedModelError(
+            f"{what}: model is a {type(inner).__name__} ({getattr(config, 'model_type', '?')}), not a causal LM; it "
+            f"scores each next token from the tokens before it, so it needs a causal LM (Llama, GPT-2, SmolLM2, ...)")
+
+
+def vocabulary_size(model: nn.Module) -> int:
+    """The number of token ids the model's input embedding takes."""
+    embeddings = _inner(model).get_input_embeddings()
+    return getattr(embeddings, "num_embeddings", None) or _inner(model).config.get_text_config().vocab_size
+
+
+def check_token_ids(model: nn.Module, ids: torch.Tensor, name: str = "input_ids") -> None:
+    """Refuse ids outside the model's vocabulary (the embedding's IndexError otherwise), naming them."""
+    if ids.numel() == 0:
+        return
+    vocab, low, high = vocabulary_size(model), int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise InvalidInputError(f"{name} hold token ids {low}..{high}; this model's vocabulary is 0..{vocab - 1}")
+
+
+def _check_batch(model: nn.Module, input_ids, attention_mask, position_ids=None) -> None:
+    """input_ids and attention_mask: [batch, n >= 2] integer tensors alike, the ids in the vocabulary; position
+    ids (when given) n a row."""
+    def is_ids(value) -> bool:
+        return isinstance(value, torch.Tensor) and value.dim() == 2 and not value.is_floating_point() \
+            and not value.is_complex()
+
+    def shape(value) -> str:
+        return f"{tuple(value.shape)} of {value.dtype}" if isinstance(value, torch.Tensor) else f"{value!r:.40}"
+
+    if not is_ids(input_ids) or input_ids.shape[1] < 2:
+        raise InvalidInputError(f"input_ids must be a [batch, n >= 2] tensor of token ids, got {shape(input_ids)}")
+    if not is_ids(attention_mask) or attention_mask.shape != input_ids.shape:
+        raise InvalidInputError(f"attention_mask must be an int tensor of input_ids' shape "
+                                f"{tuple(input_ids.shape)}, got {shape(attention_mask)}")
+    if position_ids is not None and (not is_ids(position_ids) or position_ids.shape[1] != input_ids.shape[1]):
+        raise InvalidInputError(f"position_ids must be an int tensor of {input_ids.shape[1]} ids a row (input_ids' "
+                                f"length), got {shape(position_ids)}")
+    check_token_ids(model, input_ids)
 
 
 def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -115,6 +174,8 @@ def _blocks(length: int, chunk: int) -> list[slice]:
 def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     chunk: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`lm_loss`, `chunk` positions of logits at a time."""
+    check_causal_lm(model, "chunked_lm_loss")
+    check_number("chunk", chunk, minimum=1, integer=True, optional=False)
     hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
     labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
 
@@ -130,6 +191,7 @@ def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
 def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor, chunk: int, temperature: float = 1.0) -> torch.Tensor:
     """`distill_loss` of a causal LM, `chunk` positions of both models' logits at a time."""
+    check_number("chunk", chunk, minimum=1, integer=True, optional=False)
     with torch.no_grad():
         target = hidden_states(teacher, input_ids, attention_mask)
     hidden = hidden_states(model, input_ids, attention_mask)
@@ -174,17 +236,30 @@ class LongCE:
 
     def __post_init__(self):
         for name in ("window", "stride"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"LongCE {name} must be an int >= 1, got {value!r}")
-        if not (isinstance(self.clip, (int, float)) and not isinstance(self.clip, bool) and 1 <= self.clip < math.inf):
-            raise ValueError(f"LongCE clip must be a number >= 1 (the largest weight), got {self.clip!r}")
-        if not (isinstance(self.floor, (int, float)) and not isinstance(self.floor, bool) and 0 <= self.floor <= 1):
-            raise ValueError(f"LongCE floor must be a number in [0, 1] (the smallest weight), got {self.floor!r}")
+            _check_window(f"LongCE {name}", getattr(self, name))
+        _check_weights(self.clip, self.floor, "LongCE ")
+
+
+def _check_window(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _check_weights(clip, floor, owner: str = "") -> None:
+    """clip >= 1 (the largest weight: below 1 every weight would shrink) and floor in [0, 1] (the smallest)."""
+    if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and 1 <= clip < math.inf):
+        raise InvalidParameterError(f"{owner}clip must be a number >= 1 (the largest weight), got {clip!r}")
+    if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0 <= floor <= 1):
+        raise InvalidParameterError(f"{owner}floor must be a number in [0, 1] (the smallest weight), got {floor!r}")
 
 
 def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float, floor: float = 0.0) -> torch.Tensor:
     """max(min(exp(short - long), clip), floor) where `short` holds a loss, 1 where it is NaN (no short window)."""
+    _check_weights(clip, floor)
+    if not isinstance(long, torch.Tensor) or not isinstance(short, torch.Tensor) or long.shape != short.shape:
+        raise InvalidInputError(f"long and short must be loss tensors of one shape, got "
+                                f"{getattr(long, 'shape', type(long).__name__)} and "
+                                f"{getattr(short, 'shape', type(short).__name__)}")
     has = ~torch.isnan(short)
     ratio = torch.exp(torch.where(has, short - long, torch.zeros_like(long))).clamp(min=floor, max=clip)
     return torch.where(has, ratio, torch.ones_like(ratio))
@@ -218,6 +293,9 @@ def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_ma
     labels (entry t - 1: token t): windows of window + stride tokens at stride, 2 stride, ..., each scoring
     its tokens from window on (`LongCE`), at the long pass's ids (`position_ids`; None: 0..n-1); NaN where a
     token's context is not shortened (t < window + stride) or it is padding. Eval mode, no gradient."""
+    _check_window("window", window)
+    _check_window("stride", stride)
+    check_number("chunk", chunk, minimum=1, integer=True, optional=False)
     batch, n = input_ids.shape
     out = torch.full((batch, n - 1), float("nan"), device=input_ids.device)
     if position_ids is None:
@@ -237,7 +315,37 @@ def longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
                 chunk: int = 0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`LongCE`: the short-context losses first (no gradient), then the long pass with each token's loss
     weighted; `chunk` positions of logits at a time (0: the full logits). The weights come from the long
-    losses themselves, detached (in a chunk's recomputation in the backward pass, the same weights)."""
+    losses themselves, detached (in a chunk's recomputation in the backward pass, the same weights). Refused
+    before any work: a model that is not a causal LM or whose positions are absolute (see `check_longce`), ids
+    outside its vocabulary."""
+    check_longce(model, longce, chunk)
+    _check_batch(model, input_ids, attention_mask, position_ids)
+    return _longce_loss(model, input_ids, attention_mask, longce, chunk, position_ids)
+
+
+def check_longce(model: nn.Module, longce, chunk: int = 0) -> None:
+    """Whether `longce_loss` can weight this model's tokens: a causal LM whose positions are relative (RoPE, a
+    bias). With a learned table, a short window at the long pass's ids reads absolute rows, not less context."""
+    check_causal_lm(model, "longce_loss")
+    if not isinstance(longce, LongCE):
+        raise ParameterTypeError(f"longce must be a LongCE(window, stride, ...), got {longce!r:.60}")
+    check_number("chunk", chunk, minimum=0, integer=True, optional=False)
+    from . import api
+
+    try:
+        mechanism = api.describe(_inner(model))["mechanism"]
+    except UnsupportedModelError:   # no family knows where its positions are: nothing to say against it
+        return
+    if mechanism not in ("rope", "bias"):
+        raise UnsupportedModelError(
+            f"longce_loss compares each token's loss given a short window at the same positions with its loss "
+            f"given everything, which only relative positions (RoPE, a bias) read as less context; this model's "
+            f"positions are {mechanism!r}: patch it to rope first (hp.patch(model, 'rope')) or use the plain loss")
+
+
+def _longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, longce: LongCE,
+                 chunk: int = 0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`longce_loss` without its checks: the training step's, checked once when the loss was built."""
     short = short_context_losses(model, input_ids, attention_mask, longce.window, longce.stride, position_ids,
                                  chunk or input_ids.shape[1])
     labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
@@ -272,8 +380,13 @@ class TrainingLoss(nn.Module):
     def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
                  temperature: float = 1.0, longce: LongCE | None = None):
         super().__init__()
+        if objective not in ("lm", "distill"):
+            raise InvalidParameterError(f"objective must be 'lm' or 'distill', got {objective!r}")
         if longce is not None and not (objective == "lm" and causal):
-            raise ValueError("LongCE weights a causal LM's next-token loss: objective lm only")
+            raise InvalidParameterError("LongCE weights a causal LM's next-token loss: objective lm only")
+        if longce is not None and not isinstance(longce, LongCE):
+            raise ParameterTypeError(f"longce must be a LongCE(window, stride, ...) or None, got {longce!r:.60}")
+        check_number("chunk", chunk, minimum=0, integer=True, optional=False)
         self.model, self.objective, self.causal = model, objective, causal
         self.chunk, self.temperature, self.longce = chunk if causal else 0, temperature, longce
 
@@ -281,7 +394,7 @@ class TrainingLoss(nn.Module):
                 position_ids: torch.Tensor | None = None):
         if self.objective == "lm":
             if self.longce is not None:
-                return longce_loss(self.model, input_ids, attention_mask, self.longce, self.chunk, position_ids)
+                return _longce_loss(self.model, input_ids, attention_mask, self.longce, self.chunk, position_ids)
             if self.chunk:
                 return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk, position_ids)
             return lm_loss(self.model, input_ids, attention_mask, position_ids)
