@@ -7,6 +7,7 @@ output layer runs in chunks, so 16k tokens x a 49k vocabulary never sit in memor
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 from .. import _compat
 from ..config import check_number
 from ..errors import InvalidInputError, UnsupportedModelError
-from ..losses import output_logits
+from ..losses import check_causal_lm, check_token_ids, output_logits
 from ..record import read_record
 from ..registry import find_family
 
@@ -26,6 +27,8 @@ LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chos
 def is_length_dependent(model: torch.nn.Module) -> bool:
     """True when the positions of a token depend on the length of the whole input (dynamic scaling,
     LongRoPE's short/long switch): then one pass over L tokens is not what a prompt of p < L tokens sees."""
+    if not hasattr(getattr(model, "config", None), "get_text_config"):
+        raise InvalidInputError(f"model must be a transformers model, got {model!r:.60} ({type(model).__name__})")
     record = read_record(model.config)
     if record is not None:
         return record.method_class().length_dependent
@@ -69,6 +72,7 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, *, chunk_size: in
     """Negative log-likelihood (nats, float32) of each token given the ones before it, from one forward
     pass: [batch, length - 1] for input_ids [batch, length] (entry t scores token t + 1)."""
     check_number("chunk_size", chunk_size, minimum=1, integer=True, optional=False)
+    check_causal_lm(model, "token_nll")
     ids = _token_ids(model, input_ids)
     check_length(model, ids.shape[1])
     targets = ids[:, 1:]
@@ -93,12 +97,25 @@ def _token_ids(model: torch.nn.Module, input_ids) -> torch.Tensor:
             or ids.dtype == torch.bool:
         raise InvalidInputError(f"input_ids must be a non-empty [length] or [batch, length] tensor of int token ids, "
                                 f"got shape {tuple(ids.shape)} of {ids.dtype}")
-    embeddings = model.get_input_embeddings()
-    vocab = getattr(embeddings, "num_embeddings", None) or model.config.get_text_config().vocab_size
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab:
-        raise InvalidInputError(f"input_ids hold token ids {low}..{high}; this model's vocabulary is 0..{vocab - 1}")
+    check_token_ids(model, ids)
     return (ids[None] if ids.dim() == 1 else ids).to(model.device)
+
+
+def token_list(value, name: str) -> list[int]:
+    """`value` (a list, tuple or 1-d tensor of ints) as a list of token ids; refused naming `name` and what it
+    got when it is not one (a str, None, a float, a nested list)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise InvalidInputError(f"{name} must be token ids (a list of ints), got a tensor of shape "
+                                    f"{tuple(value.shape)} of {value.dtype}")
+        return value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidInputError(f"{name} must be token ids (a list of ints), got {value!r:.60} ({type(value).__name__})")
+    bad = next((t for t in value if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise InvalidInputError(f"{name} must be token ids (a list of ints), but it holds {bad!r:.40} "
+                                f"({type(bad).__name__})")
+    return [int(t) for t in value]
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

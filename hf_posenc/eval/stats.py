@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import InvalidInputError, InvalidParameterError
+from ..config import check_number
+from ..errors import InvalidInputError
 
 Z95 = 1.959963984540054   # the standard normal's 97.5 % quantile
 BOOTSTRAP_SAMPLES = 4000
@@ -26,8 +27,10 @@ BOOTSTRAP_SAMPLES = 4000
 
 def wilson(found: int, n: int, z: float = Z95) -> dict:
     """{"n", "found", "accuracy", "low", "high"}: the share found and its Wilson score interval."""
-    if not (isinstance(n, int) and isinstance(found, int) and 0 <= found <= n):
+    if not (isinstance(n, int) and isinstance(found, int) and not isinstance(n, bool)
+            and not isinstance(found, bool) and 0 <= found <= n):
         raise InvalidInputError(f"wilson needs whole counts 0 <= found <= n, got found={found!r}, n={n!r}")
+    check_number("z", z, above=0, optional=False)   # a quantile's distance from the mean: negative swaps the ends
     if n == 0:
         return {"n": 0, "found": 0, "accuracy": math.nan, "low": math.nan, "high": math.nan}
     p = found / n
@@ -39,7 +42,12 @@ def wilson(found: int, n: int, z: float = Z95) -> dict:
 
 
 def _values(values, name: str) -> torch.Tensor:
-    out = torch.as_tensor(list(values), dtype=torch.float64)
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
+        raise InvalidInputError(f"{name} must be a list of numbers, got {values!r:.60} ({type(values).__name__})")
+    try:
+        out = torch.as_tensor(list(values), dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInputError(f"{name} must be a list of numbers, got {values!r:.60}") from None
     if out.ndim != 1:
         raise InvalidInputError(f"{name} must be a flat sequence of numbers, got shape {tuple(out.shape)}")
     if not torch.isfinite(out).all():
@@ -50,6 +58,8 @@ def _values(values, name: str) -> torch.Tensor:
 def bootstrap_mean(values: Sequence[float], *, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
     """{"n", "mean", "low", "high", "half_width"}: the mean and its 95 % percentile-bootstrap interval. One value
     has no interval (low = high = nan); none gives a nan mean."""
+    check_number("samples", samples, minimum=1, integer=True, optional=False)
+    check_number("seed", seed, integer=True, optional=False)
     x = _values(values, "values")
     n = len(x)
     if n == 0:
@@ -78,8 +88,10 @@ def effective_length(scores: Mapping[int, float], threshold: float) -> int | Non
     """The longest length L such that the score at L and at every shorter length measured is above `threshold`
     (RULER's effective context length; RULER's threshold is Llama-2-7B's score at 4k, 85.6 %). None when the
     shortest length is already below it."""
-    if not math.isfinite(threshold):
-        raise InvalidParameterError(f"threshold must be a number, got {threshold!r}")
+    check_number("threshold", threshold, optional=False)
+    if not isinstance(scores, Mapping) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                              for v in scores.values()):
+        raise InvalidInputError(f"scores must map each length to its score (a number), got {scores!r:.60}")
     best = None
     for length in sorted(scores):
         if not scores[length] > threshold:
@@ -90,6 +102,8 @@ def effective_length(scores: Mapping[int, float], threshold: float) -> int | Non
 
 def interval_text(cell: Mapping, digits: int = 2) -> str:
     """"1.85 +- 0.22 (n 48)": a bootstrap cell in one line (no interval for a single value)."""
+    _cell(cell, ("n", "mean", "half_width"), "interval_text", "bootstrap_mean")
+    check_number("digits", digits, minimum=0, maximum=17, integer=True, optional=False)
     if cell["n"] < 2 or math.isnan(cell["half_width"]):
         return f"{cell['mean']:.{digits}f} (n {cell['n']})"
     return f"{cell['mean']:.{digits}f} +- {cell['half_width']:.{digits}f} (n {cell['n']})"
@@ -97,6 +111,15 @@ def interval_text(cell: Mapping, digits: int = 2) -> str:
 
 def share_text(cell: Mapping) -> str:
     """"12/16 = 75 % [51, 90]": a Wilson cell in one line."""
+    _cell(cell, ("n", "found", "accuracy", "low", "high"), "share_text", "wilson")
     if cell["n"] == 0:
         return "0 trials"
     return f"{cell['found']}/{cell['n']} = {cell['accuracy']:.0%} [{cell['low']:.0%}, {cell['high']:.0%}]"
+
+
+def _cell(cell, keys: tuple[str, ...], what: str, maker: str) -> None:
+    """Refuse a cell that is not what `maker` gives, naming the keys it lacks."""
+    missing = [k for k in keys if k not in cell] if isinstance(cell, Mapping) else list(keys)
+    if missing:
+        raise InvalidInputError(f"{what} needs a cell of {maker} ({', '.join(keys)}); {cell!r:.60} lacks "
+                                f"{', '.join(missing)}")
