@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ..config import check_number
-from ..errors import InvalidInputError, InvalidParameterError
+from ..config import check_bool, check_number
+from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError
+from ..losses import check_causal_lm
 from . import stats
-from .perplexity import token_nll
+from .perplexity import check_length, token_list, token_nll
+from .retrieval import MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def plan_layout(length: int, *, passages: int, passage_tokens: int = 192, distan
     """The positions of `passages` first copies and their repeats in `length` tokens (`head` framing tokens
     first). Refused, naming what does not fit, when the passages do not fit in the length or a distance is not
     shorter than it: numbers only, so a recipe checks it before loading anything."""
-    check_number("length", length, minimum=2, integer=True, optional=False)
+    check_number("length", length, minimum=2, maximum=MAX_LENGTH, integer=True, optional=False)
     check_number("passages", passages, minimum=1, integer=True, optional=False)
     check_number("passage_tokens", passage_tokens, minimum=8, integer=True, optional=False)
     check_number("head", head, minimum=0, integer=True, optional=False)
@@ -94,6 +96,9 @@ def plan_layout(length: int, *, passages: int, passage_tokens: int = 192, distan
             f"token(s): use fewer or shorter passages, or a longer length")
     if distances is None:
         return _halves(length, passages, passage_tokens, head, seed)
+    if isinstance(distances, (str, bytes)) or not isinstance(distances, Sequence):
+        raise ParameterTypeError(f"distances must be a list of ints (token distances) or None, got {distances!r:.60} "
+                                 f"({type(distances).__name__})")
     distances = list(distances)
     if not distances:
         raise InvalidParameterError("distances is empty: give at least one distance, or none for the default spread")
@@ -145,9 +150,15 @@ def _at_distances(length: int, passages: int, size: int, head: int, wanted: list
 
 def _text_tokens(tokenizer, text: str | Sequence[int]) -> list[int]:
     if isinstance(text, str):
+        if not callable(tokenizer):
+            raise InvalidInputError(f"tokenizer must be a transformers tokenizer to read a text, got "
+                                    f"{tokenizer!r:.60}")
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif text is None or isinstance(text, (int, float, bytes)) or not hasattr(text, "__len__"):
+        raise InvalidInputError(f"the recall text must be a str or its token ids (a list of ints), got {text!r:.60} "
+                                f"({type(text).__name__})")
     else:
-        ids = [int(t) for t in text]
+        ids = token_list(text, "the recall text's token ids")
     if not ids:
         raise InvalidInputError("the recall text is empty")
     return ids
@@ -160,6 +171,10 @@ def make_recall(tokenizer, text: str | Sequence[int], layout: Layout, *, sequenc
     other passages from elsewhere in it, all apart: no passage occurs twice but by design. `prefix` (BOS)
     fills the layout's head."""
     check_number("sequences", sequences, minimum=1, integer=True, optional=False)
+    check_number("seed", seed, integer=True, optional=False)
+    if not isinstance(layout, Layout):
+        raise ParameterTypeError(f"layout must be a Layout (plan_layout gives one), got {layout!r:.60}")
+    prefix = token_list(prefix, "prefix")
     if len(prefix) != layout.head:
         raise InvalidParameterError(f"prefix has {len(prefix)} token(s), the layout's head {layout.head}")
     ids = _text_tokens(tokenizer, text)
@@ -217,8 +232,15 @@ def score_recall(model: torch.nn.Module, sets: Sequence[RecallSet], *, control: 
     """One row per passage: its distance, where it sits, the repeat's loss with its first copy, the baseline
     (the repeat's loss in the control pass, or with `control=False` the first copy's own loss) and the gap
     (baseline - with). Two passes a set (one with `control=False`)."""
-    if not sets:
-        raise InvalidInputError("score_recall needs at least one recall set (make_recall)")
+    check_causal_lm(model, "score_recall")
+    check_bool("control", control)      # a str is truthy: control='no' ran the control form
+    check_bool("progress", progress)
+    if isinstance(sets, (str, bytes)) or not isinstance(sets, Sequence) or not sets:
+        raise InvalidInputError(f"score_recall needs at least one recall set (make_recall), got {sets!r:.60}")
+    for i, s in enumerate(sets):
+        if not isinstance(s, RecallSet):
+            raise InvalidInputError(f"sets[{i}] must be a RecallSet (make_recall gives them), got {s!r:.60}")
+    check_length(model, max(s.layout.length for s in sets))    # a learned table's end, before the first pass
     rows = []
     passes = len(sets) * (2 if control else 1)
     bar = tqdm(total=passes, desc="recall", unit="pass", disable=not progress)
@@ -243,10 +265,14 @@ def score_recall(model: torch.nn.Module, sets: Sequence[RecallSet], *, control: 
 
 def distance_bins(length: int, width: int | None = None) -> list[int]:
     """Bin edges 0, w, 2w, ... up to `length`: by default w = length / 8 rounded to a power of two (>= 256)."""
+    check_number("length", length, minimum=1, integer=True, optional=False)
     if width is None:
         width = max(256, 2 ** round(math.log2(max(1, length / 8))))
     check_number("bin_width", width, minimum=1, integer=True, optional=False)
     return list(range(0, length, width)) + [length]
+
+
+ROW_KEYS = {"form", "repeat_at", "distance", "gap", "sequence", "passage"}   # what summarize_recall reads of a row
 
 
 def summarize_recall(rows: Sequence[dict], *, length: int | None = None, bin_width: int | None = None,
@@ -255,8 +281,18 @@ def summarize_recall(rows: Sequence[dict], *, length: int | None = None, bin_wid
     the upper edge of the last bin, counted from the shortest distances, whose mean gap stays above half the
     first bin's (None when the first bin is empty or its gap is not positive; `beyond_measured` when no bin
     falls below, so the model recalls at least that far)."""
-    if not rows:
-        raise InvalidInputError("summarize_recall needs the rows of score_recall, got none")
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
+        raise InvalidInputError(f"summarize_recall needs the rows of score_recall, got {rows!r:.60}")
+    for i, row in enumerate(rows):
+        missing = ROW_KEYS - set(row) if isinstance(row, dict) else ROW_KEYS
+        if missing:
+            raise InvalidInputError(f"rows[{i}] is not a row of score_recall: it lacks {', '.join(sorted(missing))}")
+    longest = max(r["distance"] for r in rows)
+    if length is not None:
+        check_number("length", length, minimum=1, integer=True, optional=False)
+        if length <= longest:   # the bins end at the length: the passages past it would go unreported
+            raise InvalidParameterError(f"length={length} is not longer than the rows' longest distance {longest}: "
+                                        f"the bins cover distances below the length (give the sequences' length)")
     forms = sorted({r["form"] for r in rows})
     length = length or max(r["repeat_at"] for r in rows)
     edges = distance_bins(length, bin_width)

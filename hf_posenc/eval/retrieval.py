@@ -20,7 +20,9 @@ from tqdm.auto import tqdm
 
 from ..config import check_number
 from ..data import bos_prefix
-from ..errors import InvalidInputError, InvalidParameterError
+from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError
+from ..losses import check_causal_lm, check_token_ids
+from .perplexity import check_length
 
 TASKS = ("passkey", "needle")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
@@ -28,6 +30,60 @@ INTRO = ("There is an important piece of information hidden inside a lot of irre
          "memorize it. I will quiz you about it.\n\n")
 KEYS = ("apple", "river", "candle", "falcon", "garden", "harbor", "lantern", "meadow", "orchid", "pepper",
         "quartz", "saddle", "thunder", "violet", "walnut", "zephyr")
+
+
+# The longest prompt the generators build: 1M tokens, past the longest context this project evaluates. The text
+# of a longer one takes gigabytes before any model runs (a typo such as 10**7): refused before any work.
+MAX_LENGTH = 2**20
+
+
+def check_lengths(lengths, name: str = "lengths") -> list[int]:
+    """`lengths` as a list of prompt lengths: a non-empty list of ints in 2..MAX_LENGTH, refused naming the
+    entry (an int where a list is expected, a str, 10**7 tokens)."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise ParameterTypeError(f"{name} must be a list of ints (token counts), got {lengths!r:.60} "
+                                 f"({type(lengths).__name__})")
+    lengths = list(lengths)
+    if not lengths:
+        raise InvalidParameterError(f"{name} is empty: give at least one length")
+    for i, length in enumerate(lengths):
+        check_number(f"{name}[{i}]", length, minimum=2, integer=True, optional=False)
+        if length > MAX_LENGTH:
+            raise InvalidParameterError(f"{name}[{i}]={length} is past the longest prompt built here, {MAX_LENGTH} "
+                                        f"tokens (retrieval.MAX_LENGTH: its text alone would take gigabytes)")
+    return lengths
+
+
+def check_depths(depths, name: str = "depths") -> list[float]:
+    """`depths` as a non-empty list of shares of the haystack in [0, 1]."""
+    if isinstance(depths, (str, bytes)) or not isinstance(depths, Sequence):
+        raise ParameterTypeError(f"{name} must be a list of numbers in [0, 1], got {depths!r:.60} "
+                                 f"({type(depths).__name__})")
+    depths = list(depths)
+    if not depths:
+        raise InvalidParameterError(f"{name} is empty: give at least one depth")
+    for i, depth in enumerate(depths):
+        check_number(f"{name}[{i}]", depth, minimum=0, maximum=1, optional=False)
+    return depths
+
+
+def framing(tokenizer, bos) -> list[int]:
+    """`data.bos_prefix`, its refusals (a plain ValueError there) as the project's error, checked once before
+    any sample is built."""
+    try:
+        return bos_prefix(tokenizer, bos)
+    except PosEncError:
+        raise
+    except ValueError as err:
+        raise InvalidParameterError(str(err)) from None
+
+
+def check_haystack(haystack, needed: bool, what: str) -> None:
+    """The haystack text: a non-empty str where the task hides its needles in real text, else None or a str."""
+    if haystack is not None and not isinstance(haystack, str):
+        raise ParameterTypeError(f"haystack must be a text (a str), got {haystack!r:.60} ({type(haystack).__name__})")
+    if needed and not haystack:
+        raise InvalidInputError(f"{what} hides its needles in real text: give a haystack text (e.g. a corpus document)")
 
 
 @dataclass
@@ -127,17 +183,14 @@ def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequenc
         raise InvalidParameterError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
     if not callable(tokenizer):
         raise InvalidInputError(f"tokenizer must be a transformers tokenizer (hp.load_tokenizer), got {tokenizer!r:.60}")
-    lengths, depths = list(lengths), list(depths)
-    if not lengths or not depths:
-        raise InvalidParameterError(f"make_trials needs at least one length and one depth, got lengths={lengths}, "
-                                    f"depths={depths}")
-    for i, length in enumerate(lengths):
-        check_number(f"lengths[{i}]", length, minimum=2, integer=True, optional=False)
-    for i, depth in enumerate(depths):
-        check_number(f"depths[{i}]", depth, minimum=0, maximum=1, optional=False)
+    if isinstance(lengths, Sequence) and isinstance(depths, Sequence) and (not lengths or not depths):
+        raise InvalidParameterError(f"make_trials needs at least one length and one depth, got lengths="
+                                    f"{list(lengths)}, depths={list(depths)}")
+    lengths, depths = check_lengths(lengths), check_depths(depths)
     check_number("trials", trials, minimum=1, integer=True, optional=False)
-    if task == "needle" and not haystack:
-        raise InvalidInputError("the needle task needs a haystack text (e.g. a corpus document)")
+    check_number("seed", seed, integer=True, optional=False)
+    check_haystack(haystack, task == "needle", "the needle task")
+    framing(tokenizer, bos)
     hay = Haystack(tokenizer, FILLER if task == "passkey" else haystack)
     rng, out = random.Random(seed), []
     for length in lengths:
@@ -168,6 +221,13 @@ def _answer_logits(model: torch.nn.Module, ids: torch.Tensor, keep: int) -> torc
 @torch.inference_mode()
 def score_trials(model: torch.nn.Module, trials: Sequence[Trial], *, progress: bool = True) -> list[dict]:
     """For each trial: "correct" (greedy decoding gives the answer) and "logprob" (of the whole answer)."""
+    check_causal_lm(model, "score_trials")
+    if isinstance(trials, (str, bytes)) or not isinstance(trials, Sequence) or not trials \
+            or not all(isinstance(t, Trial) for t in trials):
+        raise InvalidInputError(f"trials must be a non-empty list of the Trials make_trials gives, got {trials!r:.60}")
+    for i, trial in enumerate(trials):
+        check_token_ids(model, torch.tensor(trial.prompt + trial.answer), f"trials[{i}]")
+    check_length(model, max(len(t.prompt) + len(t.answer) for t in trials))   # before any pass
     out = []
     for trial in tqdm(trials, desc="retrieval", unit="trial", disable=not progress):
         ids = torch.tensor([trial.prompt + trial.answer], device=model.device)
@@ -180,9 +240,18 @@ def score_trials(model: torch.nn.Module, trials: Sequence[Trial], *, progress: b
 
 def summarize(trials: Sequence[Trial], scores: Sequence[dict]) -> dict:
     """Accuracy per (depth, length) cell ("accuracy"[depth][length]) and per length ("by_length")."""
+    if not isinstance(trials, Sequence) or not isinstance(scores, Sequence):
+        raise InvalidInputError(f"summarize needs the list of trials and the list of their scores, got "
+                                f"{type(trials).__name__} and {type(scores).__name__}")
     if len(trials) != len(scores):
         raise InvalidInputError(f"summarize needs one score per trial, got {len(trials)} trials and {len(scores)} "
                                 f"scores")
+    if not trials:
+        raise InvalidInputError("summarize needs at least one trial and its score, got none")
+    for i, (trial, score) in enumerate(zip(trials, scores)):
+        if not isinstance(trial, Trial) or not isinstance(score, dict) or not {"correct", "logprob"} <= set(score):
+            raise InvalidInputError(f"summarize needs Trials and score_trials' scores ({{'correct', 'logprob'}}); "
+                                    f"entry {i} is {trial!r:.40} and {score!r:.40}")
     lengths = sorted({t.length for t in trials})
     depths = sorted({t.depth for t in trials})
 

@@ -29,9 +29,11 @@ from tqdm.auto import tqdm
 from ..config import check_number
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
+from ..losses import check_causal_lm
 from . import stats
+from .perplexity import check_length
 from .probes import score_probes
-from .retrieval import FILLER, INTRO, KEYS, Haystack
+from .retrieval import FILLER, INTRO, KEYS, Haystack, check_depths, check_haystack, check_lengths, framing
 
 FAMILIES = ("passkey", "single", "multikey", "multivalue", "multiquery", "vt")
 NOISE = ("passkey", "vt")          # their haystack is the noise line; the others' real text
@@ -71,9 +73,13 @@ def _content(family: str, rng: random.Random, needles: int, hops: int):
             f"What is the special magic number for {key} mentioned in the provided text? "
             f"The special magic number for {key} mentioned in the provided text is", f" {value}")]
     if family == "vt":
-        names = ["".join(rng.choice(string.ascii_uppercase) for _ in range(5)) for _ in range(hops + 1)]
-        while len(set(names)) < len(names):
-            names = ["".join(rng.choice(string.ascii_uppercase) for _ in range(5)) for _ in range(hops + 1)]
+        # distinct names, a repeat drawn again alone: redrawing them all on any repeat never ends for long chains
+        names, seen = [], set()
+        while len(names) < hops + 1:
+            name = "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
+            if name not in seen:
+                seen.add(name)
+                names.append(name)
         value = str(rng.randint(10000, 99999))
         chain = [f"VAR {names[0]} = {value}.\n"] + [f"VAR {b} = VAR {a}.\n" for a, b in zip(names, names[1:])]
         return [(text, None) for text in chain], [(
@@ -129,8 +135,9 @@ def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, ind
 
     size, built = build(0)
     if size > length:
-        raise InvalidParameterError(f"length {length} is too short for a {family} sample ({size} tokens without "
-                                    f"any haystack)")
+        chain = f" with hops={hops}" if family == "vt" else ""
+        raise InvalidParameterError(f"length {length} is too short for a {family} sample{chain} ({size} tokens "
+                                    f"without any haystack)")
     low, high = 0, max(1, len(haystack.take(length - size, start)) * 2)
     while build(high)[0] <= length and high < 10 * len(haystack.lines) + 10 * length:
         low, high = high, high * 2
@@ -157,39 +164,51 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
     text of the families that hide needles in it (every family but passkey and vt)."""
     if family not in FAMILIES:
         raise InvalidParameterError(f"unknown retrieval family {family!r}; known: {', '.join(FAMILIES)}")
-    lengths, depths = list(lengths), list(depths)
-    if not lengths:
-        raise InvalidParameterError("make_samples needs at least one length")
-    for i, length in enumerate(lengths):
-        check_number(f"lengths[{i}]", length, minimum=2, integer=True, optional=False)
-    if not depths:
-        raise InvalidParameterError("make_samples needs at least one depth")
-    for i, depth in enumerate(depths):
-        check_number(f"depths[{i}]", depth, minimum=0, maximum=1, optional=False)
+    lengths, depths = check_lengths(lengths), check_depths(depths)
     check_number("samples", samples, minimum=1, integer=True, optional=False)
     check_number("needles", needles, minimum=2, maximum=len(KEYS), integer=True, optional=False)
     check_number("hops", hops, minimum=1, integer=True, optional=False)
-    if family not in NOISE and not haystack:
-        raise InvalidInputError(f"the {family} family hides its needles in real text: give a haystack text")
+    if family == "vt" and hops >= min(lengths):   # each link's line takes a token at least: bounded before any work
+        raise InvalidParameterError(f"hops={hops} makes a chain of {hops + 1} variable lines, at least one token "
+                                    f"each: more than the shortest length {min(lengths)}; hops must be < "
+                                    f"{min(lengths)}, and far fewer fit (RULER's: 4)")
+    check_number("seed", seed, integer=True, optional=False)
+    check_haystack(haystack, family not in NOISE, f"the {family} family")
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidInputError(f"retrieval samples find the answer by the tokenizer's character offsets, which only "
                                 f"a fast tokenizer gives; {type(tokenizer).__name__} is not one")
+    framing(tokenizer, bos)
     hay = Haystack(tokenizer, FILLER if family in NOISE else haystack)
     rng = random.Random(seed)
-    return [build_sample(tokenizer, hay, family, length, index=i, seed=seed, depths=depths, needles=needles,
-                         hops=hops, bos=bos, start=0 if family in NOISE else rng.randrange(len(hay.lines)))
+    jobs = [(length, i, 0 if family in NOISE else rng.randrange(len(hay.lines)))
             for length in lengths for i in range(samples)]
+    # the shortest first: a length too short for the sample is refused before any longer one is built
+    built = {}
+    for k in sorted(range(len(jobs)), key=lambda k: jobs[k][0]):
+        length, i, start = jobs[k]
+        built[k] = build_sample(tokenizer, hay, family, length, index=i, seed=seed, depths=depths, needles=needles,
+                                hops=hops, bos=bos, start=start)
+    return [built[k] for k in range(len(jobs))]
 
 
 def score_samples(model: torch.nn.Module, samples: Sequence[Sample], *, progress: bool = True) -> list[dict]:
     """One row per probe: family, length, sample, depth, distance, correct, logprob, whether its context
     was a shared prefill and how it ran ("prefill": `probes.score_probes`'s)."""
+    check_causal_lm(model, "score_samples")
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence) or not samples \
+            or not all(isinstance(s, Sample) for s in samples):
+        raise InvalidInputError(f"samples must be a non-empty list of the Samples make_samples gives, got "
+                                f"{samples!r:.60}")
+    check_length(model, max(len(p.prompt) + len(p.answer) for s in samples for p in s.probes))   # before any pass
     rows = []
     for sample in tqdm(samples, desc="retrieval", unit="sample", disable=not progress):
         out = score_probes(model, [(p.prompt, p.answer) for p in sample.probes])
         rows += [{"family": sample.family, "length": sample.length, "sample": sample.index, "depth": p.depth,
                   "distance": p.distance, "shared": out["shared"], "prefill": out["prefill"], **s} for p, s in zip(sample.probes, out["scores"])]
     return rows
+
+
+ROW_KEYS = {"family", "length", "correct", "logprob", "shared"}   # what a cell reads of score_samples' rows
 
 
 def _prefill(rows: Sequence[dict]) -> str:
@@ -204,6 +223,26 @@ def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOL
     interval, and how the probes ran. Per family the effective length: the longest length up to which accuracy
     stays above `threshold` (RULER's 0.856) or, with `native` and `share_of_native`, above that share of the
     model's own score at its native length (a small model never reaches RULER's bar)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
+        raise InvalidInputError(f"summarize_samples needs the rows of score_samples, got {rows!r:.60}")
+    for i, row in enumerate(rows):
+        missing = ROW_KEYS - set(row) if isinstance(row, dict) else ROW_KEYS
+        if missing:
+            raise InvalidInputError(f"rows[{i}] is not a row of score_samples: it lacks {', '.join(sorted(missing))}")
+    check_number("threshold", threshold, minimum=0, maximum=1, optional=False)   # an accuracy: a share of probes
+    if (native is None) != (share_of_native is None):
+        raise InvalidParameterError(f"native and share_of_native go together (the bar: that share of the accuracy "
+                                    f"at the native length), got native={native!r}, share_of_native="
+                                    f"{share_of_native!r}")
+    if native is not None:
+        check_number("native", native, minimum=2, integer=True, optional=False)
+        check_number("share_of_native", share_of_native, above=0, maximum=1, optional=False)
+        for family in sorted({r["family"] for r in rows}):
+            measured = sorted({r["length"] for r in rows if r["family"] == family})
+            if native not in measured:
+                raise InvalidParameterError(f"native={native} is not a length measured for {family} "
+                                            f"({', '.join(map(str, measured))}): the bar is a share of the accuracy "
+                                            f"there")
     out = {}
     for family in sorted({r["family"] for r in rows}):
         cells = {}
@@ -212,9 +251,7 @@ def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOL
             cells[length] = {**stats.wilson(sum(r["correct"] for r in mine), len(mine)),
                              "logprob": stats.bootstrap_mean([r["logprob"] for r in mine]),
                              "shared": all(r["shared"] for r in mine), "prefill": _prefill(mine)}
-        bar = threshold
-        if native is not None and share_of_native is not None and native in cells:
-            bar = share_of_native * cells[native]["accuracy"]
+        bar = threshold if native is None else share_of_native * cells[native]["accuracy"]
         out[family] = {"cells": cells, "threshold": bar,
                        "effective_length": stats.effective_length({n: c["accuracy"] for n, c in cells.items()}, bar)}
     return out
