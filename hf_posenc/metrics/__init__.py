@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InvalidParameterError
+
 NAMES = ("perplexity",)
 
 
 def path(name: str = "perplexity") -> Path:
     """The folder `evaluate.load` takes for the local module `name`."""
     if name not in NAMES:
-        raise ValueError(f"no local metric {name!r}; available: {', '.join(NAMES)}")
+        raise InvalidParameterError(f"no local metric {name!r}; available: {', '.join(NAMES)}")
     return Path(__file__).parent / name
 
 

@@ -30,12 +30,15 @@ import torch
 
 from .. import api
 from ..errors import InvalidInputError, InvalidParameterError
-from ..losses import evaluating, hidden_states, next_token_losses, short_context_losses
+from ..eval.perplexity import check_length
+from ..losses import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
+                      short_context_losses)
 
 
 @torch.no_grad()
 def token_losses(model, input_ids: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     """-log P(x_t | x_<t) of each token t >= 1 of `input_ids` [1, n], given all of them; [n - 1], float."""
+    check_causal_lm(model, "token_losses")
     with evaluating(model):
         mask = torch.ones_like(input_ids)
         hidden = hidden_states(model, input_ids, mask)[:, :-1]
@@ -51,6 +54,8 @@ def native_window(model) -> int:
 def key_tokens(long: torch.Tensor, short: torch.Tensor, alpha: float = 2.0, beta: float = -2.0) -> torch.Tensor:
     """The key tokens (bool, like `long`): LSD = short - long > alpha and LCL = -long > beta; a token with no
     short window (NaN) is not one."""
+    _check("alpha", alpha)
+    _check("beta", beta)
     return ~torch.isnan(short) & (short - long > alpha) & (-long > beta)
 
 
@@ -103,6 +108,13 @@ def longppl(model, tokenizer, texts: list[str], *, evaluator=None, evaluator_tok
     _check("beta", beta)
     _check("max_length", max_length, low=2, integer=True, optional=True)
     _check("chunk", chunk, low=1, integer=True)
+    check_causal_lm(model, "longppl")
+    if evaluator is not None:
+        check_causal_lm(evaluator, "longppl's evaluator")
+    for name, value in (("tokenizer", tokenizer), ("evaluator_tokenizer", evaluator_tokenizer)):
+        if (value is not None or name == "tokenizer") and not callable(value):
+            raise InvalidInputError(f"longppl {name} must be a transformers tokenizer (hp.load_tokenizer), got "
+                                    f"{value!r:.60}")
     judge = model if evaluator is None else evaluator
     judge_tokenizer = evaluator_tokenizer or tokenizer
     window = native_window(judge) if short_window is None else short_window
@@ -116,17 +128,24 @@ def longppl(model, tokenizer, texts: list[str], *, evaluator=None, evaluator_tok
     by_characters = judge_tokenizer is not tokenizer
     device = next(model.parameters()).device
     judge_device = next(judge.parameters()).device
+    encoded = [_encode(tokenizer, text, by_characters) for text in texts]
+    encoded = [(ids[:length], offsets and offsets[:length]) for ids, offsets in encoded]
+    # the evaluator reads the same characters, with its own tokens
+    judged = [_encode(judge_tokenizer, text[:offsets[-1][1]], True) if by_characters and len(ids) >= 2
+              else (ids, None) for text, (ids, offsets) in zip(texts, encoded)]
+    # every text against both models (their vocabularies, a learned table's end) before the first pass
+    for i, ((ids, _), (judge_ids, _)) in enumerate(zip(encoded, judged)):
+        check_token_ids(model, torch.tensor(ids), f"texts[{i}]'s token ids")
+        check_token_ids(judge, torch.tensor(judge_ids), f"texts[{i}]'s token ids for the evaluator")
+    check_length(model, max(len(ids) for ids, _ in encoded))
+    check_length(judge, max(len(ids) for ids, _ in judged))
     keys = total = key_total = count = 0
-    for text in texts:
-        ids, offsets = _encode(tokenizer, text, by_characters)
-        ids, offsets = ids[:length], offsets and offsets[:length]
+    for (ids, offsets), (judge_ids, judge_offsets) in zip(encoded, judged):
         if len(ids) < 2:
             continue
         ids = torch.tensor([ids], device=device)
         losses = token_losses(model, ids, chunk)
-        if by_characters:   # the evaluator reads the same characters, with its own tokens
-            seen = text[:offsets[-1][1]]
-            judge_ids, judge_offsets = _encode(judge_tokenizer, seen, True)
+        if by_characters:
             judge_ids = torch.tensor([judge_ids], device=judge_device)
             judge_long = token_losses(judge, judge_ids, chunk)
         else:
