@@ -121,21 +121,22 @@ def passkey_cell(model, tokenizer, length: int, trials: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["none", "yarn", "longrope"])
-    parser.add_argument("--target", type=int, default=16384, help="the context the methods are patched to")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 16384])
+    parser.add_argument("--target", type=common.count(ORIGINAL + 1), default=16384,
+                        help="the context the methods are patched to")
+    parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[2048, 8192, 16384])
     parser.add_argument("--texts", nargs="+", default=TEXTS, help="held-out texts (load_corpus specs)")
-    parser.add_argument("--passkey-trials", type=int, default=0, help="passkey trials at --target (0: none)")
+    parser.add_argument("--passkey-trials", type=common.count(0, 100), default=0,
+                        help="passkey trials at --target (0: none)")
     parser.add_argument("--dtype", default=None, choices=common.DTYPES)
     parser.add_argument("--out", default="benchmarks/results/search_judge.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out")
     parser.add_argument("--transfer", nargs=2, metavar=("SEARCH_DIR", "OUT"),
                         help="save a finished search's best point taken to --target as a checkpoint, and stop")
     args = parser.parse_args()
-    if args.target <= ORIGINAL or any(n < 2 or n > args.target for n in args.lengths) or args.passkey_trials < 0:
-        common.refuse(f"--target must be > {ORIGINAL}, --lengths in 2..--target, --passkey-trials >= 0; got "
-                      f"--target {args.target}, --lengths {args.lengths}, --passkey-trials {args.passkey_trials}")
+    if any(n > args.target for n in args.lengths):
+        common.refuse(f"--lengths must stay within --target {args.target}, got {args.lengths}")
     if args.transfer:
         return transfer(*args.transfer, args.target)
     args.dtype = common.dtype_name(args.dtype)
