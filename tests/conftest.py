@@ -10,6 +10,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import examples  # noqa: E402,F401  docs/ARCHITECTURE.md's worked methods, registered for the tests only
 
+if os.environ.get("PYTEST_XDIST_WORKER"):   # `pytest -n 2`: a worker a core, one torch thread each (not 2 x 2)
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -49,7 +49,9 @@ def anchors(page: Path) -> set[str]:
 def test_readme_starts_with_the_two_commands():
     first_block = README.split("```")[1].splitlines()
     commands = [line.split("#")[0].strip() for line in first_block[1:] if line.strip()]
-    assert commands == ["bash scripts/setup.sh && hf-posenc demo", "bash scripts/setup.sh && python -m pytest"]
+    assert commands == ["bash scripts/setup.sh && hf-posenc demo", "bash scripts/setup.sh && python -m pytest -n 2"]
+    ci = (ROOT / ".ci" / "run").read_text()   # CI runs the command README gives
+    assert "bash scripts/setup.sh" in ci and re.search(r"^python -m pytest( -q)? -n 2$", ci, re.M), ci
 
 
 

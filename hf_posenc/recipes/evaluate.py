@@ -1,7 +1,7 @@
-"""Evaluate positional variants of one model: perplexity against context length, perplexity by position,
-perplexity with a sliding window, passkey and needle retrieval, and parameter grids tuned on some
-documents and checked on others. Writes results.json (after every variant: a rerun resumes), summary.md
-and figures to output_dir.
+"""Evaluate positional variants of one model: perplexity against context length, by position and with a
+sliding window, passkey and needle retrieval, recall at a distance, RULER's retrieval families, and parameter
+grids tuned on some documents and checked on others. Writes results.json (after every cell: a rerun resumes),
+summary.md and figures to output_dir.
 
     python recipes/evaluate.py --config recipes/configs/eval_smollm2.yaml
     python recipes/evaluate.py --config eval_smollm2 --eval.variants none yarn --eval.curve_length 4096
