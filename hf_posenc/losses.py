@@ -46,6 +46,7 @@ def distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, 
     """Match the unpatched model on the same tokens: KL(teacher || student) on the logits of a causal
     LM; for an encoder, MSE on the output of every layer, averaged (a denser signal than the last
     layer alone: MiniLM heals to 0.957 instead of 0.942 in the same steps); padding excluded."""
+    _check_teacher(teacher)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     mask = attention_mask.bool()
     extra = {"use_cache": False} if causal else {"output_hidden_states": True}
@@ -58,6 +59,11 @@ def distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, 
         return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
     pairs = list(zip(out.hidden_states[1:], target.hidden_states[1:]))   # [0]: the embeddings, positions differ
     return sum(F.mse_loss(s[mask].float(), t[mask].float()) for s, t in pairs) / len(pairs)
+
+
+def _check_teacher(teacher) -> None:
+    if not isinstance(teacher, nn.Module):
+        raise InvalidInputError(f"distill needs the teacher model (the unpatched model), got {teacher!r:.60}")
 
 
 # -- the output layer a block at a time -------------------------------------------------------------------
@@ -149,6 +155,8 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def output_logits_mismatch(model: nn.Module, length: int = 8) -> str | None:
     """Why `output_logits` does not rebuild this model's logits (a tiny forward compared both ways: its
     forward does more to them than the scalings known here), or None when it does."""
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"output_logits_mismatch needs a transformers model, got {model!r:.60}")
     was_training = model.training
     model.eval()
     try:
@@ -191,6 +199,7 @@ def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
 def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor, chunk: int, temperature: float = 1.0) -> torch.Tensor:
     """`distill_loss` of a causal LM, `chunk` positions of both models' logits at a time."""
+    _check_teacher(teacher)
     check_number("chunk", chunk, minimum=1, integer=True, optional=False)
     with torch.no_grad():
         target = hidden_states(teacher, input_ids, attention_mask)
@@ -280,6 +289,7 @@ def evaluating(model: nn.Module):
 
 def next_token_losses(model: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
     """Per-token cross-entropy of `hidden`'s next tokens `labels` (-100: none, loss 0), `chunk` at a time."""
+    check_number("chunk", chunk, minimum=0, integer=True, optional=False)
     blocks = _blocks(hidden.shape[1], chunk) if chunk else [slice(None)]
     out = [F.cross_entropy(output_logits(model, hidden[:, b]).float().flatten(0, 1), labels[:, b].flatten(),
                            ignore_index=-100, reduction="none").view(labels[:, b].shape) for b in blocks]

@@ -24,6 +24,7 @@ from hf_posenc.metrics import longppl as lp
 PROSE = "".join(f"Verse {i}: and the lamb went unto {100 + i} hills by the river.\n" for i in range(400))
 IDS = torch.full((1, 16), 5)
 MASK = torch.ones(1, 16, dtype=torch.long)
+DOC = list(range(3, 200))
 
 
 # -- what the cases run on, built once ----------------------------------------------------------------------
@@ -296,6 +297,52 @@ CASES = [
          "summarize needs at least one trial and its score, got none"),
     Case("token_nll-encoder", lambda: hpe.token_nll(encoder(), torch.ones(1, 8, dtype=torch.long)),
          hp.UnsupportedModelError, "token_nll: model is a BertForMaskedLM (bert), not a causal LM"),
+    Case("document_perplexity-no-documents", lambda: hpe.document_perplexity(llama(), None, max_length=8),
+         hp.InvalidInputError, "document_perplexity takes documents as a list of token id lists"),
+    Case("document_perplexity-ints-for-documents", lambda: hpe.document_perplexity(llama(), [1, 2], max_length=8),
+         hp.InvalidInputError, "documents[0] must be a list of int token ids, got shape ()"),
+    Case("document_perplexity-a-text", lambda: hpe.document_perplexity(llama(), ["hello"], max_length=8),
+         hp.InvalidInputError, "documents[0] must be token ids (a list of ints, data.tokenize's input_ids), got "
+         "'hello'"),
+    Case("perplexity_by_length-lengths-an-int", lambda: hpe.perplexity_by_length(llama(), [DOC], 8),
+         hp.ParameterTypeError, "lengths must be a list of ints (token counts), got 8 (int)"),
+    Case("perplexity_by_length-one_pass-a-str", lambda: hpe.perplexity_by_length(llama(), [DOC], [8], one_pass="no"),
+         hp.ParameterTypeError, "one_pass must be a bool, got 'no'"),
+    Case("perplexity_by_length-no-documents", lambda: hpe.perplexity_by_length(llama(), None, [8]),
+         hp.InvalidInputError, "perplexity_by_length takes documents as a list of token id lists"),
+    Case("strided-no-text", lambda: hpe.strided_perplexity(llama(), None, window=8, stride=4), hp.InvalidInputError,
+         "input_ids must be token ids (a list of ints, data.tokenize's input_ids), got None"),
+    Case("strided-bos-a-str", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos="a"),
+         hp.ParameterTypeError, "bos must be an int, got 'a'"),
+    Case("strided-bos-past-the-vocabulary", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos=999),
+         hp.InvalidInputError, "bos=999 is not a token id of this model (0..259)"),
+    Case("curve-prefix-a-str", lambda: hpe.perplexity_curve(llama(), [DOC], length=8, prefix="no"),
+         hp.ParameterTypeError, "prefix must be a bool, got 'no'"),
+    Case("curve-no-documents", lambda: hpe.perplexity_curve(llama(), None, length=8), hp.InvalidInputError,
+         "perplexity_curve takes documents as a list of token id lists"),
+    Case("curve_perplexity-start-a-str", lambda: hpe.curve_perplexity({"positions": [7], "nll": [1.0]}, "a"),
+         hp.ParameterTypeError, "start must be a number, got 'a'"),
+    Case("curve_perplexity-end-before-start", lambda: hpe.curve_perplexity({"positions": [7], "nll": [1.0]}, 10, 2),
+         hp.InvalidParameterError, "end must be > 10, got 2"),
+    Case("build_trial-depth-a-str", lambda: hpe.build_trial(tok(), hpe.Haystack(tok(), "abc\n"), needle="x",
+                                                            question="q", answer="a", length=300, depth="a"),
+         hp.ParameterTypeError, "depth must be a number, got 'a'"),
+    Case("haystack-none", lambda: hpe.Haystack(tok(), None), hp.ParameterTypeError,
+         "the haystack must be a text (a str), got None"),
+    Case("cell_sequences-no-passages", lambda: recall.cell_sequences(512, 0), hp.InvalidParameterError,
+         "passages must be >= 1, got 0"),
+    Case("cell_sequences-length-a-str", lambda: recall.cell_sequences("a", 2), hp.ParameterTypeError,
+         "length must be an int, got 'a'"),
+    Case("summarize_samples-row-of-wrong-types", lambda: ruler.summarize_samples(
+        [{"family": "x", "length": "a", "correct": "yes", "logprob": None, "shared": True}]), hp.InvalidInputError,
+         "rows[0] is not a row of score_samples: length an int, correct a bool and logprob a number, got 'a'"),
+    Case("distill_loss-no-teacher", lambda: losses.distill_loss(llama(), None, IDS, MASK, causal=True),
+         hp.InvalidInputError, "distill needs the teacher model (the unpatched model), got None"),
+    Case("output_logits_mismatch-no-model", lambda: losses.output_logits_mismatch(None), hp.InvalidInputError,
+         "output_logits_mismatch needs a transformers model, got None"),
+    Case("next_token_losses-chunk-negative",
+         lambda: losses.next_token_losses(llama(), torch.zeros(1, 4, 64), torch.ones(1, 4, dtype=torch.long), -1),
+         hp.InvalidParameterError, "chunk must be >= 0, got -1"),
     Case("is_length_dependent-none", lambda: hpe.is_length_dependent(None), hp.InvalidInputError,
          "model must be a transformers model, got None"),
 ]

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .. import _compat
-from ..config import check_number
-from ..errors import InvalidInputError, UnsupportedModelError
-from ..losses import check_causal_lm, check_token_ids, output_logits
+from ..config import check_bool, check_number
+from ..errors import InvalidInputError, ParameterTypeError, UnsupportedModelError
+from ..losses import check_causal_lm, check_token_ids, output_logits, vocabulary_size
 from ..record import read_record
 from ..registry import find_family
 
@@ -118,6 +118,30 @@ def token_list(value, name: str) -> list[int]:
     return [int(t) for t in value]
 
 
+def _document(doc, name: str) -> torch.Tensor:
+    """One document (a list or 1-d tensor of token ids) as a tensor; refused naming it when it is not one."""
+    if isinstance(doc, (str, bytes)) or doc is None:
+        raise InvalidInputError(f"{name} must be token ids (a list of ints, data.tokenize's input_ids), got "
+                                f"{doc!r:.60}")
+    try:
+        ids = torch.as_tensor(doc)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInputError(f"{name} must be token ids (a list of ints), got {doc!r:.60}") from None
+    if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise InvalidInputError(f"{name} must be a list of int token ids, got shape {tuple(ids.shape)} of {ids.dtype}")
+    return ids
+
+
+def _documents(documents, what: str) -> list[torch.Tensor]:
+    """`documents` (a list of token id lists, or a [n_docs, n] tensor) as 1-d tensors, each checked before
+    any pass."""
+    if documents is None or isinstance(documents, (str, bytes)) or not hasattr(documents, "__len__") \
+            or not hasattr(documents, "__getitem__"):
+        raise InvalidInputError(f"{what} takes documents as a list of token id lists (data.tokenize's input_ids), "
+                                f"got {documents!r:.60}")
+    return [_document(doc, f"documents[{i}]") for i, doc in enumerate(documents)]
+
+
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token loss (float32) of logits [batch, n, vocab] against targets [batch, n]. Flattened to rows
     rather than transposed to [batch, vocab, n]: a log-softmax over a strided vocabulary dimension is
@@ -134,6 +158,7 @@ def document_perplexity(model: torch.nn.Module, documents: Sequence[Sequence[int
     """Each document (token ids) truncated to `max_length` tokens and scored in one pass. Returns the
     token-weighted perplexity over all documents and each document's own ("per_document")."""
     check_number("max_length", max_length, minimum=2, integer=True, optional=False)
+    documents = _documents(documents, "document_perplexity")
     if not len(documents):
         raise InvalidInputError("document_perplexity needs at least one document, got none")
     check_length(model, max(min(len(doc), max_length) for doc in documents))  # every document, before any runs
@@ -159,6 +184,12 @@ def perplexity_by_length(model: torch.nn.Module, documents: Sequence[Sequence[in
     max(lengths) tokens (the loss of token t depends only on the tokens before it); a length-dependent
     one (`is_length_dependent`: dynamic scaling) gets a pass per length, as a prompt of n tokens would.
     Returns "perplexity" (token-weighted over the documents) and "per_document" ([document][length])."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise ParameterTypeError(f"lengths must be a list of ints (token counts), got {lengths!r:.60} "
+                                 f"({type(lengths).__name__})")
+    if one_pass is not None:
+        check_bool("one_pass", one_pass)
+    documents = _documents(documents, "perplexity_by_length")
     lengths = list(lengths)
     for i, n in enumerate(lengths):
         check_number(f"lengths[{i}]", n, minimum=2, integer=True, optional=False)
@@ -207,11 +238,14 @@ def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, wind
     has_bos = bos is not None
     span = window - has_bos  # tokens of the text per window
     check_number("window", window, minimum=2, integer=True, optional=False)
+    check_number("bos", bos, minimum=0, integer=True)
+    if has_bos and bos >= vocabulary_size(model):
+        raise InvalidInputError(f"bos={bos} is not a token id of this model (0..{vocabulary_size(model) - 1})")
     check_number("stride", stride, minimum=1, integer=True, optional=False)
     if not 0 < stride <= span:
         allowed = f"1..window - 1 ({span}: the BOS takes a position)" if has_bos else f"1..window ({window})"
         raise InvalidInputError(f"stride must be in {allowed}, got {stride}")
-    ids = torch.as_tensor(input_ids)
+    ids = _document(input_ids, "input_ids")
     if len(ids) < 2:
         raise InvalidInputError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
     check_length(model, min(window, len(ids) + has_bos))
@@ -239,6 +273,9 @@ def perplexity_curve(model: torch.nn.Module, documents: Sequence[Sequence[int]],
     separate pass over the tokens up to its end, as a prompt of that length would be run."""
     check_number("length", length, minimum=2, integer=True, optional=False)
     check_number("bucket", bucket, minimum=1, integer=True, optional=False)
+    if prefix is not None:
+        check_bool("prefix", prefix)
+    documents = _documents(documents, "perplexity_curve")
     docs = [torch.as_tensor(d[:length]) for d in documents if len(d) >= length]
     if not docs:
         longest = max((len(d) for d in documents), default=0)
@@ -276,6 +313,8 @@ def curve_perplexity(curve: dict, start: int, end: int | None = None) -> float:
     if not isinstance(curve, dict) or not {"positions", "nll"} <= set(curve):
         raise InvalidInputError(f"curve must be what perplexity_curve returns (with 'positions' and 'nll'), got "
                                 f"{str(curve)[:80]!r}")
+    check_number("start", start, minimum=0, optional=False)
+    check_number("end", end, above=start)
     rows = [(n, w) for p, n, w in zip(curve["positions"], curve["nll"], curve.get("tokens") or [1] * len(curve["nll"]))
             if p >= start and (end is None or p < end)]
     return math.exp(sum(n * w for n, w in rows) / sum(w for _, w in rows)) if rows else float("nan")

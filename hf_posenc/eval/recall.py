@@ -74,6 +74,9 @@ DENSITY = 16 / 9   # tokens of a sequence's half per passage token: 24 passages 
 def cell_sequences(length: int, passages: int, passage_tokens: int = 192) -> tuple[int, int]:
     """(passages a sequence, sequences) of a recall cell of `passages` at `length`: at most DENSITY's share of
     each half in passages, over as many sequences as that needs."""
+    check_number("length", length, minimum=2, maximum=MAX_LENGTH, integer=True, optional=False)
+    check_number("passages", passages, minimum=1, integer=True, optional=False)
+    check_number("passage_tokens", passage_tokens, minimum=1, integer=True, optional=False)
     most = max(1, int((length // 2) / (passage_tokens * DENSITY)))
     per_sequence = min(passages, most)
     return per_sequence, -(-passages // per_sequence)

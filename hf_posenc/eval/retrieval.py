@@ -100,6 +100,8 @@ class Haystack:
     fills a budget with whole lines."""
 
     def __init__(self, tokenizer, text: str):
+        if not isinstance(text, str):
+            raise ParameterTypeError(f"the haystack must be a text (a str), got {text!r:.60} ({type(text).__name__})")
         texts = text.splitlines(keepends=True)
         kept = [(line, ids) for line, ids in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"])
                 if ids]
@@ -133,8 +135,7 @@ def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, an
     (".\n" + "\nWhat" is one "\n\n"). The answer is the tokens that reach past the prompt's text, and
     `needle_at` the token holding the needle's first character (character offsets: a fast tokenizer). As
     many whole haystack lines as fit in `length` tokens, prompt and answer together."""
-    if not 0 <= depth <= 1:
-        raise InvalidParameterError(f"depth must be in [0, 1], got {depth}")
+    check_number("depth", depth, minimum=0, maximum=1, optional=False)
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidInputError(
             f"retrieval trials find the answer by the tokenizer's character offsets, which only a fast tokenizer "

@@ -229,6 +229,12 @@ def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOL
         missing = ROW_KEYS - set(row) if isinstance(row, dict) else ROW_KEYS
         if missing:
             raise InvalidInputError(f"rows[{i}] is not a row of score_samples: it lacks {', '.join(sorted(missing))}")
+        if isinstance(row["length"], bool) or not isinstance(row["length"], int) \
+                or not isinstance(row["correct"], (bool, int)) or isinstance(row["logprob"], bool) \
+                or not isinstance(row["logprob"], (int, float)):
+            raise InvalidInputError(f"rows[{i}] is not a row of score_samples: length an int, correct a bool and "
+                                    f"logprob a number, got {row['length']!r:.20}, {row['correct']!r:.20}, "
+                                    f"{row['logprob']!r:.20}")
     check_number("threshold", threshold, minimum=0, maximum=1, optional=False)   # an accuracy: a share of probes
     if (native is None) != (share_of_native is None):
         raise InvalidParameterError(f"native and share_of_native go together (the bar: that share of the accuracy "
