@@ -9,22 +9,29 @@ whole sequence never exist. Same loss and gradients as the full computation (tes
 `LongCE` weights each token's loss by how much the long context helps it (Fang et al., ICLR 2025), from
 short-context losses the model computes without gradient in the same step (tests/test_longce.py).
 
+The losses a fine-tune trains with (`train.loss`) are registered with `@register_loss` in `LOSSES` (`ce`,
+`longce`; docs/ARCHITECTURE.md, "Training losses"), each checked by tests/test_loss_contract.py.
+
 `TrainingLoss` wraps the model so that `accelerator.prepare` wraps the loss as well: DDP and FSDP see
 one forward that returns the loss, and their hooks stay in charge of the gradients."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import re
 from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import check_number
-from .errors import InvalidInputError, InvalidParameterError, ParameterTypeError, UnsupportedModelError
+from .config import Refused, check_number
+from .errors import (ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError,
+                     UnsupportedModelError)
 
 # what a class of transformers' causal LMs is named (a PEFT wrapper is looked through first)
 CAUSAL_LM_NAMES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -217,10 +224,135 @@ def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.
     return total / mask.sum().clamp(min=1) * temperature ** 2
 
 
-# -- LongCE: each token weighted by how much the long context helps it -------------------------------------
+# -- the training losses `train.loss` names: a registry ----------------------------------------------------
+
+LOSSES: dict[str, type[TrainLoss]] = {}
+
+
+def register_loss(cls: type[TrainLoss]) -> type[TrainLoss]:
+    """Class decorator: make `cls` a loss `train.loss` names (docs/ARCHITECTURE.md, "Training losses"). A name
+    already taken is refused, naming both classes."""
+    if not (isinstance(cls, type) and issubclass(cls, TrainLoss) and dataclasses.is_dataclass(cls)):
+        raise InvalidParameterError(f"register_loss takes a @dataclass(frozen=True) subclass of TrainLoss, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the loss's name in "
+                                    f"train.loss), got {name!r}")
+    if name in LOSSES:
+        taken = LOSSES[name]
+        raise InvalidParameterError(f"training loss {name!r} is registered twice: {taken.__module__}."
+                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
+    LOSSES[name] = cls
+    return cls
+
 
 @dataclass(frozen=True)
-class LongCE:
+class LossContract:
+    """What a loss declares for the contract suite (tests/test_loss_contract.py): `examples`, the parameters it
+    runs with; `plain`, parameters at which it is the plain cross-entropy (None: at none); `refused`, parameters
+    it must refuse, each `config.Refused(params, "words of the error")`."""
+
+    examples: tuple[dict, ...] = ({},)
+    plain: Optional[dict] = None
+    refused: tuple = ()
+
+
+@dataclass(frozen=True)
+class LossRun:
+    """What a fine-tune tells a loss about its run (`TrainLoss.for_run`)."""
+
+    model: Any        # the model, or its skeleton before the weights load
+    objective: str    # train.objective: lm or distill
+    attention: str    # train.attention: full or s2
+    original: int     # the model's original context
+    seq_len: int      # tokens of a training sequence
+
+
+@dataclass(frozen=True)
+class TrainLoss:
+    """A causal LM's next-token training loss (`train.loss`). Its parameters are dataclass fields, checked in
+    `__post_init__` by messages that begin with the parameter's name (as `config.check_number`'s do); a fine-tune
+    sets them as `train.<name>_<parameter>`. A loss writes `token_losses` (each real token's loss from its
+    cross-entropy), or all of `lm_loss` when it needs more than that."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    contract: ClassVar[LossContract] = LossContract()
+
+    def token_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """Each token's loss from `losses`, its cross-entropy ([batch, n - 1], with gradient)."""
+        raise NotImplementedError
+
+    def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The training step's loss: `token_losses` summed over the real tokens, over their number; `chunk`
+        positions of logits at a time (0: the full logits), each block recomputed in the backward pass."""
+        labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
+        real = labels != -100   # padding neither counts nor weighs, whatever token_losses makes of its 0
+
+        def block_sum(losses: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            return (self.token_losses(losses) * keep).sum()
+
+        if chunk:
+            hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
+            total = sum(checkpoint(lambda h, y, k: block_sum(next_token_losses(model, h, y, 0), k),
+                                   hidden[:, b], labels[:, b], real[:, b], use_reentrant=False)
+                        for b in _blocks(hidden.shape[1], chunk))
+        else:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).logits[:, :-1].float()
+            total = block_sum(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                              reduction="none").view(labels.shape), real)
+        return total / real.sum().clamp(min=1)
+
+    @classmethod
+    def for_run(cls, settings: dict, run: LossRun) -> TrainLoss:
+        """The loss a fine-tune trains with: `settings` are its `train.<name>_<parameter>` values by parameter
+        (the parameters the config has no field for keep their defaults). Refused in one line naming the
+        setting; a loss that needs more of the run (its model, its lengths) checks it here."""
+        if run.objective != "lm":
+            raise ConfigError(f"train.loss={cls.name} weights a causal LM's next-token loss (objective lm), got "
+                              f"train.objective={run.objective!r}")
+        try:
+            return cls(**settings)
+        except PosEncError as err:   # the message begins with the parameter: name the setting the user wrote
+            named = str(err).split(" ", 1)[0] in settings
+            raise ConfigError(f"train.{cls.name}_{err}" if named else f"train.loss={cls.name}: {err}") from None
+
+    def describe(self) -> str:
+        """One line for the model card and the run's summary."""
+        parameters = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        return f"{self.summary}" + (f" ({parameters})" if parameters else "")
+
+
+@register_loss
+@dataclass(frozen=True)
+class CrossEntropy(TrainLoss):
+    """The mean next-token cross-entropy over the real tokens: what a fine-tune trains by default."""
+
+    name: ClassVar[str] = "ce"
+    summary: ClassVar[str] = "cross-entropy"
+    contract: ClassVar[LossContract] = LossContract(examples=({},), plain={})
+
+    def token_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        return losses
+
+    def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if chunk:
+            return chunked_lm_loss(model, input_ids, attention_mask, chunk, position_ids)
+        return lm_loss(model, input_ids, attention_mask, position_ids)
+
+    @classmethod
+    def for_run(cls, settings: dict, run: LossRun) -> TrainLoss:
+        return cls()   # any objective: distill trains its own loss, and ce is the config's default
+
+
+# -- LongCE: each token weighted by how much the long context helps it -------------------------------------
+
+@register_loss
+@dataclass(frozen=True)
+class LongCE(TrainLoss):
     """LongCE (Fang et al., ICLR 2025, "What is Wrong with Perplexity for Long-context Language Modeling?",
     Sec. 4): the cross-entropy of each token t weighted by
 
@@ -238,6 +370,17 @@ class LongCE:
     window keeps the ids the long pass gives its tokens (a position scheme's too), so the two losses differ by
     the context alone."""
 
+    name: ClassVar[str] = "longce"
+    summary: ClassVar[str] = ("LongCE (Fang et al. 2025): each token's loss weighted by min(P(long) / P(short), "
+                              "clip), the short-context probability computed by the model without gradient")
+    contract: ClassVar[LossContract] = LossContract(
+        examples=({"window": 8, "stride": 4, "clip": 1.1}, {"window": 8, "stride": 6, "clip": 1.1, "floor": 0.95}),
+        plain={"window": 8, "stride": 4, "clip": 1.0, "floor": 1.0},   # every weight 1
+        refused=(Refused({"window": 0, "stride": 4}, "window must be an int >= 1"),
+                 Refused({"window": 8, "stride": 2.5}, "stride must be an int >= 1"),
+                 Refused({"window": 8, "stride": 4, "clip": 0.5}, "clip must be a number >= 1"),
+                 Refused({"window": 8, "stride": 4, "floor": 1.5}, "floor must be a number in [0, 1]")))
+
     window: int
     stride: int
     clip: float = 5.0
@@ -245,8 +388,47 @@ class LongCE:
 
     def __post_init__(self):
         for name in ("window", "stride"):
-            _check_window(f"LongCE {name}", getattr(self, name))
-        _check_weights(self.clip, self.floor, "LongCE ")
+            _check_window(name, getattr(self, name))
+        _check_weights(self.clip, self.floor)
+
+    def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return _longce_loss(model, input_ids, attention_mask, self, chunk, position_ids)
+
+    @classmethod
+    def for_run(cls, settings: dict, run: LossRun) -> TrainLoss:
+        """window None: the original context; stride None: the window. Refused: S2-Attn, a model with absolute
+        positions, a window that leaves no token a shorter context."""
+        where = "train.loss=longce"
+        if run.attention == "s2":
+            raise ConfigError(f"train.attention=s2 and {where} do not go together: LongCE weighs each token by how "
+                              f"much the whole window helps it, but under S2-Attn the training forward sees only "
+                              f"groups of tokens; use one or the other")
+        window = run.original if settings.get("window") is None else settings["window"]
+        stride = window if settings.get("stride") is None else settings["stride"]
+        loss = super().for_run({**settings, "window": window, "stride": stride}, run)
+        from . import api
+
+        mechanism = api.describe(run.model)["mechanism"]
+        if mechanism not in ("rope", "bias"):
+            raise ConfigError(f"{where} compares each token's loss given a short window at the same positions with "
+                              f"its loss given everything, which only relative positions (RoPE, a bias) read as "
+                              f"less context; this model's positions are {mechanism!r} (a learned table: one "
+                              f"absolute row per position); patch it to rope first (posenc: {{method: rope}}) or "
+                              f"use train.loss=ce")
+        if window + stride >= run.seq_len:
+            said = "" if settings.get("window") is not None else " (its default: the original context)"
+            raise ConfigError(f"train.longce_window={window}{said} + train.longce_stride={stride} must be below "
+                              f"data.seq_len={run.seq_len}: only a token after window + stride tokens has a shorter "
+                              f"context to compare; lower train.longce_window")
+        return loss
+
+    def describe(self) -> str:
+        weight = f"min(P(long) / P(short), {self.clip:g})"
+        if self.floor:
+            weight = f"max({weight}, {self.floor:g})"
+        return (f"LongCE (Fang et al. 2025): each token's loss weighted by {weight}, the short context "
+                f"{self.window}-{self.window + self.stride - 1} tokens")
 
 
 def _check_window(name: str, value) -> None:
@@ -383,12 +565,13 @@ def _longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
 class TrainingLoss(nn.Module):
     """The model with its objective: `forward(input_ids, attention_mask, teacher=None, position_ids=None)`
     returns the loss (position ids: objective lm only, hf_posenc/positions.py).
-    `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. `longce` (objective lm): the
-    tokens weighted by how much the long context helps them (`LongCE`). The teacher of `distill` is an
-    argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
+    `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. `loss` (objective lm): a
+    registered training loss (`LOSSES`: `train.loss`); `longce`, the same as loss=LongCE(...): the tokens
+    weighted by how much the long context helps them. The teacher of `distill` is an argument, not a submodule:
+    frozen, it stays outside what DDP / FSDP wrap."""
 
     def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
-                 temperature: float = 1.0, longce: LongCE | None = None):
+                 temperature: float = 1.0, longce: LongCE | None = None, loss: TrainLoss | None = None):
         super().__init__()
         if objective not in ("lm", "distill"):
             raise InvalidParameterError(f"objective must be 'lm' or 'distill', got {objective!r}")
@@ -396,15 +579,23 @@ class TrainingLoss(nn.Module):
             raise InvalidParameterError("LongCE weights a causal LM's next-token loss: objective lm only")
         if longce is not None and not isinstance(longce, LongCE):
             raise ParameterTypeError(f"longce must be a LongCE(window, stride, ...) or None, got {longce!r:.60}")
+        if loss is not None and not isinstance(loss, TrainLoss):
+            raise ParameterTypeError(f"loss must be a training loss (losses.LOSSES: {', '.join(LOSSES)}) or None, "
+                                     f"got {loss!r:.60}")
+        if loss is not None and (objective != "lm" or longce is not None):
+            raise InvalidParameterError(f"loss={loss!r:.60} is a next-token loss: objective lm only, and not with "
+                                        f"longce= (give one)")
         check_number("chunk", chunk, minimum=0, integer=True, optional=False)
         self.model, self.objective, self.causal = model, objective, causal
-        self.chunk, self.temperature, self.longce = chunk if causal else 0, temperature, longce
+        self.chunk, self.temperature, self.loss = chunk if causal else 0, temperature, (
+            loss if loss is not None else longce)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None,
                 position_ids: torch.Tensor | None = None):
         if self.objective == "lm":
-            if self.longce is not None:
-                return _longce_loss(self.model, input_ids, attention_mask, self.longce, self.chunk, position_ids)
+            if self.loss is not None:
+                return self.loss.lm_loss(self.model, input_ids, attention_mask, chunk=self.chunk,
+                                         position_ids=position_ids)
             if self.chunk:
                 return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk, position_ids)
             return lm_loss(self.model, input_ids, attention_mask, position_ids)
@@ -417,4 +608,4 @@ class TrainingLoss(nn.Module):
                             temperature=self.temperature)
 
     def extra_repr(self) -> str:
-        return f"objective={self.objective!r}, chunk={self.chunk}" + (f", {self.longce}" if self.longce else "")
+        return f"objective={self.objective!r}, chunk={self.chunk}" + (f", {self.loss}" if self.loss else "")

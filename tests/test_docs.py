@@ -2,7 +2,8 @@
 relative link in README.md, docs/ and benchmarks/RESULTS.md reaches a file (and a heading, for #anchors),
 README and the docs page of its kind name every method the package registers, no page counts the methods in
 prose (a count goes stale with the next method), README names every model_type a family matches, and
-docs/ARCHITECTURE.md's worked examples are the files the suite runs (tests/examples/)."""
+docs/ARCHITECTURE.md's worked examples (methods, a training loss) are the files the suite
+runs (tests/examples/)."""
 
 import re
 from pathlib import Path
@@ -136,17 +137,22 @@ def test_a_count_of_methods_is_caught():
 EXAMPLE_BLOCK = re.compile(r"\]\(\.\./tests/examples/(\w+)\.py\)(?:(?!```).)*?```python\n(.*?)^```", re.M | re.S)
 
 
-@pytest.mark.parametrize("name", sorted(examples.EXAMPLES))
+# the worked examples ARCHITECTURE.md links and shows whole, by the name they register (the position scheme's block,
+# shown without its docstring, is tests/test_positions.py's to check)
+WORKED = {**examples.EXAMPLES, **examples.LOSS_EXAMPLES}
+
+
+@pytest.mark.parametrize("name", sorted(WORKED))
 def test_architecture_shows_each_worked_example_as_the_file_the_suite_runs(name):
     shown = dict(EXAMPLE_BLOCK.findall(ARCHITECTURE))
-    module = examples.EXAMPLES[name].__module__.rpartition(".")[2]
+    module = WORKED[name].__module__.rpartition(".")[2]
     assert module in shown, f"docs/ARCHITECTURE.md shows no block after a link to ../tests/examples/{module}.py"
     assert shown[module] == (ROOT / "tests" / "examples" / f"{module}.py").read_text(encoding="utf-8"), (
         f"docs/ARCHITECTURE.md's block of tests/examples/{module}.py differs from the file: copy the file into it")
 
 
 def test_every_worked_example_file_is_shown():
-    modules = sorted(cls.__module__.rpartition(".")[2] for cls in examples.EXAMPLES.values())
+    modules = sorted(cls.__module__.rpartition(".")[2] for cls in WORKED.values())
     assert sorted(dict(EXAMPLE_BLOCK.findall(ARCHITECTURE))) == modules
 
 

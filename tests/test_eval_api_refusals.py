@@ -233,7 +233,7 @@ CASES = [
     Case("longce_weights-shapes-differ", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(4), clip=5),
          hp.InvalidInputError, "long and short must be loss tensors of one shape"),
     Case("LongCE-window-0", lambda: losses.LongCE(0, 1), hp.InvalidParameterError,
-         "LongCE window must be an int >= 1, got 0"),
+         "window must be an int >= 1, got 0"),
     Case("longce_loss-encoder", lambda: losses.longce_loss(encoder(), IDS, MASK, losses.LongCE(4, 2)),
          hp.UnsupportedModelError, "longce_loss: model is a BertForMaskedLM (bert), not a causal LM"),
     Case("longce_loss-learned-table", lambda: losses.longce_loss(table(), IDS, MASK, losses.LongCE(4, 2)),

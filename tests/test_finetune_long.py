@@ -100,9 +100,9 @@ def test_the_card_names_the_longce_floor():
     from hf_posenc.recipes.finetune_long import LongTraining
 
     assert "weighted by min(P(long) / P(short), 3), the short context 16-23" in LongTraining(
-        longce=LongCE(16, 8, 3.0)).describe()
+        loss=LongCE(16, 8, 3.0)).describe()
     assert "weighted by max(min(P(long) / P(short), 3), 1), the short context 16-23" in LongTraining(
-        longce=LongCE(16, 8, 3.0, 1.0)).describe()
+        loss=LongCE(16, 8, 3.0, 1.0)).describe()
 
 
 def test_s2_with_lora_plus_in_two_processes_matches_one(tmp_path, tiny_dir, text_file):  # noqa: F811

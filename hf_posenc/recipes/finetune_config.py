@@ -150,9 +150,10 @@ class TrainArgs:
     s2_shift: bool = field(default=True, metadata={**FIXED,
         "help": "s2: half the heads see the groups shifted by s2_group / 2 (false: plain groups)"})
     loss: str = field(default="ce", metadata={**FIXED,
-        "help": "ce (cross-entropy), or longce: each token's loss weighted by min(P(long) / P(short), "
-                "longce_clip), the short-context probability computed by the model without gradient in the "
-                "same step (Fang et al. 2025; hf_posenc/losses.py)"})
+        "help": "the training loss: ce (cross-entropy), or longce: each token's loss weighted by min(P(long) / "
+                "P(short), longce_clip), the short-context probability computed by the model without gradient in "
+                "the same step (Fang et al. 2025); a loss's settings are train.<loss>_* (docs/finetune.md's table "
+                "of train.loss; hf_posenc/losses.py LOSSES)"})
     longce_window: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "longce: the short context in tokens (null: the original context)"})
     longce_stride: Optional[int] = field(default=None, metadata={**FIXED,

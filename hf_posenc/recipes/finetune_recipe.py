@@ -159,7 +159,7 @@ class FinetuneRecipe:
             chunk = 0
         self.model = model
         self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
-                                      temperature=cfg.train.temperature, longce=preflight.long_training.longce)
+                                      temperature=cfg.train.temperature, loss=preflight.long_training.loss)
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
@@ -396,7 +396,7 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     shares += f", each taken from a span of {preflight.block_len} tokens" if preflight.positions.span else ""
     positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
     long = preflight.long_training
-    positions += f"; {long.describe()}" if long.s2_group or long.longce else ""
+    positions += f"; {long.describe()}" if long.s2_group or cfg.train.loss != "ce" else ""   # the default unsaid
     lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
              f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
              f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
