@@ -491,39 +491,39 @@ def best_method(best: dict, target: int) -> tuple[str, dict]:
 
 
 def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> None:
-    """Each candidate's loss (rejected ones marked at the top) and the best so far, against candidates."""
+    """Each candidate's loss (rejected ones marked above them all) and the best so far, against candidates."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     accepted = [(r["index"], r["loss"]) for r in rows if not r["rejected"]]
     best, running = math.inf, []
     for r in rows:
         if not r["rejected"]:
             best = min(best, r["loss"])
         running.append(best)
-    seeds = [(r["index"], r["loss"]) for r in rows if not r["rejected"] and r["kind"].startswith("seed:")]
     if accepted:
-        ax.scatter(*zip(*accepted), s=14, color="tab:blue", label="candidate")
+        ax.scatter(*zip(*accepted), s=14, color="tab:blue", label="candidate (CMA-ES)")
+    top = max((v for _, v in accepted), default=1.0) * 1.08
+    seeds = [r for r in rows if r["kind"].startswith("seed:")]
+    for r in seeds:
+        y = top if r["rejected"] else r["loss"]
+        ax.scatter([r["index"]], [y], s=44, facecolors="none", edgecolors="tab:green")
+        ax.annotate(r["kind"][5:], (r["index"], y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     if seeds:
-        ax.scatter(*zip(*seeds), s=40, facecolors="none", edgecolors="tab:green", label="seed (closed form)")
-        for r in rows:
-            if r["kind"].startswith("seed:") and not r["rejected"]:
-                ax.annotate(r["kind"][5:], (r["index"], r["loss"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+        ax.scatter([], [], s=44, facecolors="none", edgecolors="tab:green", label="seed (closed form)")
     finite = [(i, v) for i, v in enumerate(running) if math.isfinite(v)]
     if finite:
         ax.step(*zip(*finite), where="post", color="tab:red", label="best so far")
     rejected = [r["index"] for r in rows if r["rejected"]]
-    if rejected and accepted:
-        top = max(v for _, v in accepted)
-        ax.scatter(rejected, [top] * len(rejected), marker="x", color="grey", label="rejected by the guard")
+    if rejected:
+        ax.scatter(rejected, [top] * len(rejected), marker="x", color="grey", label="rejected by the guard (top row)")
     ax.set_xlabel("candidate")
     ax.set_ylabel("loss of far repeats (nats / token, lower is better)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center right", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

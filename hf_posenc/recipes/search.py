@@ -198,9 +198,10 @@ def run(args: SearchConfig) -> dict:
     rows = search.read_candidates(out / "candidates.jsonl")
     if args.plots:
         search.convergence_figure(rows, out / "convergence.png",
-                                  f"{ref}: factor search to {s.target} ({s.mode}), {s.passages} passages of "
-                                  f"{args.data.corpus}")
-    (out / "summary.md").write_text(summary(rows, best, s, runner.record))
+                                  f"{args.model.name}: factor search to {s.target} ({s.mode}), {s.passages} passages "
+                                  f"of {args.data.corpus}")
+    record = json.loads((out / "search.json").read_text())   # as first written: the unpatched guard's value
+    (out / "summary.md").write_text(summary(rows, best, s, record))
     if args.save:
         save_best(model, tokenizer, best, s.target, out / "best", ref)
     print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "
@@ -222,25 +223,40 @@ def save_best(model, tokenizer, best: dict, target: int, folder: Path, ref: str)
 
 
 def summary(rows: list[dict], best: dict, s, record: dict) -> str:
-    """summary.md: the settings, the seeds, the best candidate, and every candidate in order."""
+    """summary.md: the settings, the best candidate, and every candidate in order with its paired difference from
+    the best seed (the same passages: the pairing removes how hard each passage is)."""
+    from hf_posenc.eval import stats
+
     def loss(r: dict) -> str:
         if r["rejected"]:
             return f"rejected (guard +{r['guard_rise']:.2%})"
         return f"{r['loss']:.4f} [{r['low']:.4f}, {r['high']:.4f}]"
 
+    seeds = [r for r in rows if r["kind"].startswith("seed:") and not r["rejected"]]
+    anchor = min(seeds, key=lambda r: r["value"]) if seeds else None
+
+    def versus(r: dict) -> str:
+        if r["rejected"] or anchor is None or r is anchor or len(r["losses"]) < 2:
+            return ""
+        d = stats.paired_difference(r["losses"], anchor["losses"])
+        return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
     lines = [f"# Factor search: {s.model} to {s.target} tokens ({s.mode})", "",
              f"Fitness: mean loss of the repeats of passages at least {s.far} tokens back (n {best['n']} of "
-             f"{s.passages}, 192-token passages of {s.corpus}; nats / token, lower is better; the same passages for "
-             f"every candidate, so two candidates compare passage by passage). Guard: perplexity of the first "
-             f"{s.guard_length} tokens, unpatched {record.get('unpatched_guard_perplexity', float('nan')):.4f}, "
-             f"at most +{s.guard_share:.1%}. dtype {s.dtype}.", "",
+             f"{s.passages}, {s.passage_tokens}-token passages of {s.corpus}; nats / token, lower is better; the same "
+             f"passages for every candidate). Guard: perplexity of the first {s.guard_length} tokens, unpatched "
+             f"{record.get('unpatched_guard_perplexity', float('nan')):.4f}, at most +{s.guard_share:.1%}. dtype "
+             f"{s.dtype}.", "",
              f"**Best: {best['kind']}**, loss {loss(best)}, attention factor {best['attention_factor']}, "
-             f"guard {best['guard_perplexity']:.4f} ({best['guard_rise']:+.2%}).", "",
-             f"long_factor: {json.dumps(best['long_factor'])}", "",
-             "| # | candidate | loss of far repeats (95 %) | one-pass gap | guard | seconds |", "|---|---|---|---|---|---|"]
+             f"guard {best['guard_perplexity']:.4f} ({best['guard_rise']:+.2%})"
+             + (f"; against the best seed ({anchor['kind']}), paired: {versus(best)}" if versus(best) else "") + ".",
+             "", f"long_factor: {json.dumps(best['long_factor'])}", "",
+             f"| # | candidate | loss of far repeats (95 %) | - {anchor['kind'] if anchor else 'best seed'} (paired, 95 %) "
+             f"| one-pass gap | guard | seconds |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "" if r["rejected"] else f"{r['gap_one_pass']:.3f}"
-        lines.append(f"| {r['index']} | {r['kind']} | {loss(r)} | {gap} | {r['guard_rise']:+.2%} | {r['seconds']} |")
+        lines.append(f"| {r['index']} | {r['kind']} | {loss(r)} | {versus(r)} | {gap} | {r['guard_rise']:+.2%} | "
+                     f"{r['seconds']} |")
     return "\n".join(lines) + "\n"
 
 
