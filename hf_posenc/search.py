@@ -347,7 +347,7 @@ class FactorSearch:
                  x: Sequence[float] | None, reference: float) -> dict:
         s = self.settings
         params = longrope_params(factors, attention, s.mode, s.target)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         row = {"index": index, "kind": kind, "x": None if x is None else [float(v) for v in x],
                "long_factor": factors, "attention_factor": attention, "mode": s.mode}
         with api.patched(self.model, "longrope", **params):
@@ -363,6 +363,7 @@ class FactorSearch:
                 row |= {"rejected": False, **self.fitness()}
                 row["value"] = row["loss"]
         row["seconds"] = round(time.perf_counter() - start, 2)
+        row["cpu_seconds"] = round(time.process_time() - cpu, 2)   # all threads of this process: the CPU cost
         return row
 
     def _check_constant_guard(self, factors: list[float], reference: float) -> None:
