@@ -370,3 +370,36 @@ def test_figures_mark_the_original_context_only_within_the_data(tmp_path):
             plots._context_line = original_line
         assert lines[0] == ([original] if marked else [])  # the curve spans 512-2048
         assert lines[-1] == []  # the lengths span 2048-4096: neither context falls inside
+
+
+def _drawn(monkeypatch):
+    """The Figure a plot function saves, kept instead of written."""
+    from hf_posenc.eval import plots
+
+    kept = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
+    return plots, kept
+
+
+def test_recall_figure_shows_a_single_bins_interval_at_its_passages(monkeypatch):
+    """One bin: its 95 % interval is drawn (a band needs two points; an error bar shows one), and its mean sits at
+    its passages' mean distance, not the bin's middle where none of them lies."""
+    plots, kept = _drawn(monkeypatch)
+    passages = [{"distance": d, "gap": g} for d, g in [(100, 1.0), (120, 2.0), (140, 1.5)]]
+    cell = {"passages": passages, "gap": {"mean": 1.5, "half_width": 0.5, "n": 3},
+            "bins": [{"start": 0, "end": 4096, "n": 3, "mean": 1.5, "low": 1.0, "high": 2.0}]}
+    plots.plot_recall({"yarn": cell}, "unused.png")
+    ax = kept[0].axes[0]
+    line = next(l for l in ax.get_lines() if l.get_marker() == "o")
+    assert list(line.get_xdata()) == [120]
+    segments = [seg for c in ax.collections for seg in getattr(c, "get_segments", lambda: [])()]
+    assert any(abs(seg[0][0] - 120) < 1e-9 and {seg[0][1], seg[1][1]} == {1.0, 2.0} for seg in segments)
+
+
+def test_accuracy_figure_keeps_coinciding_series_apart(monkeypatch):
+    plots, kept = _drawn(monkeypatch)
+    same = {1024: {"accuracy": 1.0, "low": 0.6, "high": 1.0}, 4096: {"accuracy": 0.0, "low": 0.0, "high": 0.4}}
+    plots.plot_accuracy_by_length({"none passkey": same, "yarn passkey": dict(same)}, "unused.png")
+    lines = [c.lines[0] for c in kept[0].axes[0].containers if c.get_label() in ("none passkey", "yarn passkey")]
+    assert len(lines) == 2 and lines[0].get_marker() != lines[1].get_marker()
+    assert list(lines[0].get_xdata()) != list(lines[1].get_xdata())   # not drawn on top of each other

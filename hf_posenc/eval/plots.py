@@ -169,13 +169,20 @@ def plot_recall(variants: dict[str, dict], path: str | Path, *, original_context
         passages = cell.get("passages", [])
         ax.scatter([p["distance"] for p in passages], [p["gap"] for p in passages], s=5, alpha=0.25, color=colour)
         bins = [b for b in cell["bins"] if b["n"] > 0]
-        mids = [(b["start"] + b["end"]) / 2 for b in bins]
-        ax.plot(mids, [b["mean"] for b in bins], marker="o", markersize=3, color=colour,
+        # each bin's mean sits at its passages' mean distance (the bin's middle may hold none of them), its
+        # interval as an error bar: a band needs two bins, a bar shows one
+        xs = []
+        for b in bins:
+            inside = [p["distance"] for p in passages if b["start"] <= p["distance"] < b["end"]]
+            xs.append(sum(inside) / len(inside) if inside else (b["start"] + b["end"]) / 2)
+        means = [b["mean"] for b in bins]
+        ax.plot(xs, means, marker="o", markersize=3, color=colour,
                 label=f"{label}: {cell['gap']['mean']:.2f} ± {cell['gap']['half_width']:.2f} (n {cell['gap']['n']})")
-        banded = [(m, b) for m, b in zip(mids, bins) if b["n"] > 1]
+        banded = [(x, b) for x, b in zip(xs, bins) if b["n"] > 1 and math.isfinite(b["low"])]
         if banded:
-            ax.fill_between([m for m, _ in banded], [b["low"] for _, b in banded], [b["high"] for _, b in banded],
-                            color=colour, alpha=0.15, linewidth=0)
+            ax.errorbar([x for x, _ in banded], [b["mean"] for _, b in banded],
+                        yerr=[[b["mean"] - b["low"] for _, b in banded], [b["high"] - b["mean"] for _, b in banded]],
+                        fmt="none", ecolor=colour, alpha=0.6, capsize=2, linewidth=1)
     ax.axhline(0, color="0.5", linewidth=0.8)
     _context_line(ax, original_context, [p["distance"] for c in variants.values() for p in c.get("passages", [])])
     ax.set(xlabel="distance from the first copy (tokens)", ylabel="recall gap (nats / token)", title=title)
@@ -189,12 +196,17 @@ def plot_accuracy_by_length(cells: dict[str, dict[int, dict]], path: str | Path,
     """One line per (variant, family): accuracy at each length with its Wilson 95 % interval as error bars."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
-    for label, by_length in cells.items():
+    markers = "os^Dv<>p"
+    for k, (label, by_length) in enumerate(cells.items()):
         lengths = sorted(by_length)
         acc = [by_length[n]["accuracy"] for n in lengths]
         err = [[a - by_length[n]["low"] for a, n in zip(acc, lengths)],
                [by_length[n]["high"] - a for a, n in zip(acc, lengths)]]
-        ax.errorbar(lengths, acc, yerr=err, marker="o", capsize=3, label=label)
+        # series that coincide (two variants at 0 or 1) would hide each other: each its own marker, open, and
+        # nudged sideways by a few percent of a doubling
+        nudge = 2 ** (0.04 * (k - (len(cells) - 1) / 2))
+        ax.errorbar([n * nudge for n in lengths], acc, yerr=err, marker=markers[k % len(markers)],
+                    fillstyle="none", capsize=3, label=label)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g}k"))
     _context_line(ax, original_context, [n for c in cells.values() for n in c])
