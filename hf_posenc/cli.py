@@ -285,12 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="a RoPE causal LM (default: the embedded SmolLM2-135M)")
     p.add_argument("--tokens", type=int, default=512, help="tokens of the comparison inside the context (default 512)")
     p.add_argument("--methods", help="comma-separated subset of the RoPE methods")
-    p.add_argument("--long-tokens", type=int, default=16384,
-                   help="longest length of part 2, perplexity against length (default 16384, twice SmolLM2's "
-                        "context; 0 skips part 2)")
-    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default none,yarn,dca; none,dca in "
-                                           "float32 on a CPU; each adds a pass at --long-tokens, 2-4.5 min on 2 "
-                                           "CPU cores)")
+    p.add_argument("--long-tokens", type=int, default=None,
+                   help="longest length of part 2, perplexity against length (default: with --long-variants unset, "
+                        "chosen by this CPU's speed so the demo ends within 3 minutes in bfloat16, 5 in float32; "
+                        "else twice the context, 16384 for SmolLM2; 0 skips part 2)")
+    p.add_argument("--long-variants", help="comma-separated variants of part 2 (default: chosen by this CPU's speed "
+                                           "with --long-tokens, none,dca then yarn; else none,yarn,dca, none,dca in "
+                                           "float32; each adds a pass at --long-tokens)")
     p.add_argument("--passkey", action="store_true",
                    help="part 2 also retrieves a passkey hidden halfway through --long-tokens tokens (a second "
                         "pass per variant)")

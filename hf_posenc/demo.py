@@ -38,18 +38,56 @@ def default_long_variants(dtype: torch.dtype) -> tuple[str, ...]:
     return LONG_VARIANTS_FLOAT32_CPU if dtype == torch.float32 else LONG_VARIANTS
 
 
+# What the whole demo aims to take on 2 CPU cores when neither --long-tokens nor --long-variants is given: part 2
+# is sized to the time left, from this CPU's own speed.
+TARGET_SECONDS = {"native bfloat16": 180.0, "float32": 300.0}
+
+
+def pass_cost(model, vocab: int, lengths: tuple[int, int] = (2048, 4096)):
+    """Seconds a forward of n tokens takes here, n (a + b n), from one timed forward at each of two lengths (the
+    attention's share grows with n). Returns the function."""
+    from .eval.perplexity import token_nll
+
+    per_token = []
+    for n in lengths:   # a pass as part 2 runs it: the decoder, the output layer in chunks, the loss
+        ids = (torch.arange(n)[None] * 7 + 3) % vocab
+        start = time.perf_counter()
+        token_nll(model, ids)
+        per_token.append((time.perf_counter() - start) / n)
+    (n1, n2), (t1, t2) = lengths, per_token
+    b = max(0.0, (t2 - t1) / (n2 - n1))
+    a = max(t1 - b * n1, 0.0)
+    return lambda n: n * (a + b * n)
+
+
+def plan_long_part(cost, budget: float, context: int) -> tuple[int, tuple[str, ...]]:
+    """(the longest length, the variants) of part 2 that fit `budget` seconds at `cost(n)` a pass: the longest of
+    2, 1.5 and 1.25 times the context that holds the unpatched model and DCA (the context edge, and a method
+    that carries past it), then YaRN if it fits too. Nothing fits: the shortest with those two."""
+    lengths = [2 * context, 3 * context // 2, 5 * context // 4]
+    for length in lengths:
+        for variants in (LONG_VARIANTS, LONG_VARIANTS_FLOAT32_CPU):
+            if len(variants) * cost(length) <= budget:
+                return length, variants
+    return lengths[-1], LONG_VARIANTS_FLOAT32_CPU
+
+
 @torch.inference_mode()
 def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] = DEMO_METHODS,
-        long_tokens: int = 16384, long_variants: tuple[str, ...] | None = None, passkey: bool = False,
+        long_tokens: int | None = None, long_variants: tuple[str, ...] | None = None, passkey: bool = False,
         dtype: str = "auto", corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo",
         print_fn=print) -> dict:
-    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2;
-    `long_variants=None` takes `default_long_variants` for the dtype. Everything is checked (the model's
-    config, the text, the retrieval prompt) before the weights load."""
+    """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2.
+    With neither `long_tokens` nor `long_variants` given, part 2 is sized to this CPU: its length (2, 1.5 or 1.25
+    times the context) and variants (none and DCA, then YaRN) so that the demo ends within TARGET_SECONDS, from
+    two timed forwards (`plan_long_part`); `long_tokens=None` alone is twice the context, `long_variants=None`
+    alone `default_long_variants` for the dtype. Everything is checked (the model's config, the text, the
+    retrieval prompt) before the weights load."""
     from .registry import get_method
 
     # the demo runs on the CPU: auto asks the CPU (not a GPU beside it) whether it runs bfloat16 natively
     torch_dtype, why = loading.resolve_dtype(dtype, "cpu")
+    by_cpu = long_tokens is None and long_variants is None   # part 2 sized to this CPU, once it is timed
     defaulted = long_variants is None
     if defaulted:
         long_variants = default_long_variants(torch_dtype)
@@ -60,7 +98,7 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
                              f"{'/'.join(get_method(name).mechanisms)} positions")
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (the comparison inside the context), got {tokens}")
-    if long_tokens < 0 or long_tokens == 1:
+    if long_tokens is not None and (long_tokens < 0 or long_tokens == 1):
         raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
     if long_tokens and not long_variants:
         raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
@@ -69,6 +107,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     info = _demo_model(ref, model)
     context = info["max_position_embeddings"]
     target = 2 * context
+    if long_tokens is None:
+        long_tokens = target   # the longest length part 2 may take; by_cpu may choose shorter
     if tokens > context:
         raise ValueError(f"--tokens {tokens} is past the model's context ({context}); part 1 compares inside it")
     tokenizer = loading.load_tokenizer(ref)
@@ -86,6 +126,18 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
              f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
 
+    if by_cpu and long_tokens:
+        goal = TARGET_SECONDS["native bfloat16" if torch_dtype == torch.bfloat16 else "float32"]
+        cost = pass_cost(lm, lm.config.get_text_config().vocab_size, (min(2048, context // 4), min(4096, context // 2)))
+        part1 = (len(methods) + 1) * cost(tokens)
+        budget = goal - (time.perf_counter() - started) - part1 - 10   # 10 s: the figure, the tables
+        long_tokens, long_variants = plan_long_part(cost, budget, context)
+        defaulted = False   # the line below says why part 2 runs what it runs
+        if passkey:   # the passkey at the length chosen
+            trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)
+        print_fn(f"part 2 sized to this CPU (a {target}-token pass ~{cost(target):.0f} s here): {', '.join(long_variants)} "
+                 f"up to {long_tokens} tokens, to end within {goal / 60:.0f} minutes (--long-tokens and "
+                 f"--long-variants choose)")
     inside = _inside_context(lm, ids[:tokens], methods, target)
     print_fn(f"\n1. Inside the original context: the first {tokens} tokens of {corpus}\n")
     print_fn(format_inside(inside))

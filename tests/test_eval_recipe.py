@@ -329,3 +329,27 @@ def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
     assert [(b.desc, b.n, b.total) for b in seen] == [("yarn, 80-token pass", 2, 2), ("yarn, 70-token pass", 2, 2)]
     assert not any(m._forward_hooks or m._forward_hooks_with_kwargs for m in model.modules())
 
+
+
+def test_demo_sizes_its_long_part_to_the_cpu():
+    """Part 2 by this CPU's speed: the longest length that holds the unpatched model and DCA in the time left,
+    then YaRN if it fits; a CPU too slow for any gets the shortest, which still crosses the context edge."""
+    from hf_posenc import demo
+
+    context = 8192
+    cost = lambda n: n * (0.002 + 1e-7 * n)   # seconds a pass of n tokens: ~59 s at 16k
+    assert demo.plan_long_part(cost, 200, context) == (16384, ("none", "yarn", "dca"))
+    assert demo.plan_long_part(cost, 120, context) == (16384, ("none", "dca"))
+    assert demo.plan_long_part(cost, 90, context) == (12288, ("none", "dca"))
+    assert demo.plan_long_part(cost, 1, context) == (10240, ("none", "dca"))
+
+
+def test_demo_without_lengths_runs_what_fits(checkpoint, corpus_dir, tmp_path, monkeypatch):
+    from hf_posenc import demo
+
+    lines = []
+    monkeypatch.setattr(demo, "TARGET_SECONDS", {"native bfloat16": 0.0, "float32": 0.0})   # no time at all
+    result = demo.run(str(checkpoint), tokens=40, methods=("yarn",), corpus=str(corpus_dir / "a.txt"),
+                      dtype="float32", out=None, print_fn=lines.append)
+    assert list(result["past"]) == ["none", "dca"] and result["past"]["none"]["lengths"]["lengths"][-1] == 80
+    assert any(line.startswith("part 2 sized to this CPU") for line in lines)
