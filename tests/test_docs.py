@@ -2,7 +2,7 @@
 relative link in README.md, docs/ and benchmarks/RESULTS.md reaches a file (and a heading, for #anchors),
 README and the docs page of its kind name every method the package registers, no page counts the methods in
 prose (a count goes stale with the next method), README names every model_type a family matches, and
-docs/ARCHITECTURE.md's worked examples (methods, a training loss) are the files the suite
+docs/ARCHITECTURE.md's worked examples (methods, a training loss, a RULER task family) are the files the suite
 runs (tests/examples/)."""
 
 import re
@@ -139,7 +139,7 @@ EXAMPLE_BLOCK = re.compile(r"\]\(\.\./tests/examples/(\w+)\.py\)(?:(?!```).)*?``
 
 # the worked examples ARCHITECTURE.md links and shows whole, by the name they register (the position scheme's block,
 # shown without its docstring, is tests/test_positions.py's to check)
-WORKED = {**examples.EXAMPLES, **examples.LOSS_EXAMPLES}
+WORKED = {**examples.EXAMPLES, **examples.LOSS_EXAMPLES, **examples.TASK_EXAMPLES}
 
 
 @pytest.mark.parametrize("name", sorted(WORKED))

@@ -10,6 +10,9 @@ Long-Context Language Models?"), generated offline from a seed:
 | multiquery | niah_multiquery | `needles` numbers for as many keys | all of them, in the order asked |
 | vt | vt | a chain `VAR A = 12345`, `VAR B = VAR A`, ... (`hops` links) in noise | every variable that holds the value |
 
+Each family is a class registered with `@register_task` in `FAMILIES` (docs/ARCHITECTURE.md, "RULER task families"),
+which `make_samples`, the evaluate recipe's `eval.tasks` and benchmarks/bench_ruler.py read.
+
 A sample is written as text and tokenized once per probe, context + question + answer together, so what the model
 sees is what anyone re-encoding the decoded prompt sees (`prompt == tok(tok.decode(prompt))`). Probes that share a
 context run on one prefill (hf_posenc/eval/probes.py) where that is exact. A probe is found when greedy decoding
@@ -19,9 +22,11 @@ gives the whole answer (teacher forcing: the argmax at every answer position); i
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -35,8 +40,7 @@ from .perplexity import check_length
 from .probes import score_probes
 from .retrieval import FILLER, INTRO, KEYS, Haystack, check_depths, check_haystack, check_lengths, framing
 
-FAMILIES = ("passkey", "single", "multikey", "multivalue", "multiquery", "vt")
-NOISE = ("passkey", "vt")          # their haystack is the noise line; the others' real text
+FAMILIES: dict[str, type[TaskFamily]] = {}   # name -> family, filled by @register_task below
 RULER_THRESHOLD = 0.856            # RULER's bar for the effective length: Llama-2-7B's score at 4k
 
 
@@ -104,6 +108,92 @@ def _content(family: str, rng: random.Random, needles: int, hops: int):
                     " " + ", ".join(values[i] for i in order))]
 
 
+# -- the families, as a registry ----------------------------------------------------------------------------
+
+class TaskFamily:
+    """A family of retrieval tasks (docs/ARCHITECTURE.md, "RULER task families"): what one sample hides in its
+    haystack and what it asks."""
+
+    name: ClassVar[str]
+    ruler: ClassVar[str] = ""                 # the RULER task it follows
+    summary: ClassVar[str] = ""               # its context, and what each probe asks
+    noise: ClassVar[bool] = False             # its haystack is the noise line, not a real text (no `haystack`)
+    reads: ClassVar[tuple[str, ...]] = ()     # which of make_samples' depths, needles, hops change its samples
+
+    def content(self, rng: random.Random, needles: int, hops: int) -> tuple[list[str], list[tuple[str, str]]]:
+        """(needle lines, [(question, answer), ...]) of one sample, drawn from `rng` alone: each needle a line
+        ending in a newline (one needle sits at the sample's depth, several at random depths, in order), and one
+        probe per (question, answer), the answer continuing the question from a space."""
+        raise NotImplementedError
+
+
+def register_task(cls: type[TaskFamily]) -> type[TaskFamily]:
+    """Class decorator: make `cls` a family `make_samples` and `eval.tasks` take by its `name`. A name already
+    taken is refused, naming both classes."""
+    if not (isinstance(cls, type) and issubclass(cls, TaskFamily)):
+        raise InvalidParameterError(f"register_task takes a subclass of TaskFamily, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the family's name in "
+                                    f"eval.tasks), got {name!r}")
+    if name in FAMILIES:
+        taken = FAMILIES[name]
+        raise InvalidParameterError(f"task family {name!r} is registered twice: {taken.__module__}."
+                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
+    FAMILIES[name] = cls
+    return cls
+
+
+class _Written(TaskFamily):
+    """RULER's families as `_content` writes them."""
+
+    def content(self, rng, needles, hops):
+        texts, asks = _content(self.name, rng, needles, hops)
+        return [text for text, _ in texts], asks
+
+
+@register_task
+class Passkey(_Written):
+    """RULER's niah_single_1."""
+    name, ruler, noise, reads = "passkey", "niah_single_1", True, ("depths",)
+    summary = "one 7-digit number in a repeated noise line; asks that number"
+
+
+@register_task
+class Single(_Written):
+    """RULER's niah_single_2."""
+    name, ruler, reads = "single", "niah_single_2", ("depths",)
+    summary = "one number for a key word in real text; asks the number of the key"
+
+
+@register_task
+class Multikey(_Written):
+    """RULER's niah_multikey_1."""
+    name, ruler, reads = "multikey", "niah_multikey_1", ("needles",)
+    summary = "`needles` numbers for as many key words in real text; asks each key's number (a probe a key)"
+
+
+@register_task
+class Multivalue(_Written):
+    """RULER's niah_multivalue."""
+    name, ruler, reads = "multivalue", "niah_multivalue", ("needles",)
+    summary = "`needles` numbers for one key word in real text; asks all of them, in the order they appear"
+
+
+@register_task
+class Multiquery(_Written):
+    """RULER's niah_multiquery."""
+    name, ruler, reads = "multiquery", "niah_multiquery", ("needles",)
+    summary = "`needles` numbers for as many key words in real text; asks all of them, in the order asked"
+
+
+@register_task
+class VariableTracking(_Written):
+    """RULER's vt."""
+    name, ruler, noise, reads = "vt", "vt", True, ("hops",)
+    summary = "a chain VAR A = 12345, VAR B = VAR A, ... (`hops` links) in noise; asks every variable holding the value"
+
+
 def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, index: int, seed: int,
                  depths: Sequence[float] = (0.5,), needles: int = 4, hops: int = 4, bos: bool | str = "auto",
                  start: int = 0) -> Sample:
@@ -111,7 +201,7 @@ def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, ind
     haystack lines as fit. The needles sit at line boundaries: a single needle at depths[index % len(depths)],
     several at random depths (a chain in order)."""
     rng = random.Random(f"{seed}/{family}/{length}/{index}")
-    texts, asks = _content(family, rng, needles, hops)
+    texts, asks = FAMILIES[family]().content(rng, needles, hops)
     if len(texts) == 1:
         shares = [depths[index % len(depths)]]
     else:
@@ -126,7 +216,7 @@ def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, ind
             for n, cut in enumerate(cuts):
                 if cut == i:
                     needle_chars.append((n, len(body)))
-                    body += texts[n][0]
+                    body += texts[n]
             body += line
         context = body + "\n"
         encoded = [tokenizer(context + q + a, add_special_tokens=False, return_offsets_mapping=True)
@@ -173,14 +263,14 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
                                     f"each: more than the shortest length {min(lengths)}; hops must be < "
                                     f"{min(lengths)}, and far fewer fit (RULER's: 4)")
     check_number("seed", seed, integer=True, optional=False)
-    check_haystack(haystack, family not in NOISE, f"the {family} family")
+    check_haystack(haystack, not FAMILIES[family].noise, f"the {family} family")
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidInputError(f"retrieval samples find the answer by the tokenizer's character offsets, which only "
                                 f"a fast tokenizer gives; {type(tokenizer).__name__} is not one")
     framing(tokenizer, bos)
-    hay = Haystack(tokenizer, FILLER if family in NOISE else haystack)
+    hay = Haystack(tokenizer, FILLER if FAMILIES[family].noise else haystack)
     rng = random.Random(seed)
-    jobs = [(length, i, 0 if family in NOISE else rng.randrange(len(hay.lines)))
+    jobs = [(length, i, 0 if FAMILIES[family].noise else rng.randrange(len(hay.lines)))
             for length in lengths for i in range(samples)]
     # the shortest first: a length too short for the sample is refused before any longer one is built
     built = {}

@@ -99,12 +99,16 @@ class EvalArgs:
                 "wrong where the model breaks down)"})
     recall_bin: int = field(default=0, metadata={"help": "width of the distance bins (0: length / 8)"})
     tasks: list[str] = field(default_factory=list, metadata={
-        "help": "retrieval families of RULER (passkey, single, multikey, multivalue, multiquery, vt), each at "
-                "task_lengths"})
+        "help": "retrieval families of RULER (passkey, single, multikey, multivalue, multiquery, vt; the table of "
+                "families in docs/evaluate.md), each at task_lengths"})
     task_lengths: list[int] = field(default_factory=list, metadata={"help": "context lengths of eval.tasks"})
     task_samples: int = field(default=8, metadata={"help": "samples per (task, length)"})
-    task_needles: int = field(default=4, metadata={"help": "needles of multikey / multivalue / multiquery"})
-    task_hops: int = field(default=4, metadata={"help": "links of the variable-tracking chain"})
+    task_needles: int = field(default=4, metadata={
+        "help": "needles of a sample, for the families that read them (multikey, multivalue, multiquery, ...: "
+                "docs/evaluate.md's table)"})
+    task_hops: int = field(default=4, metadata={
+        "help": "links of the variable-tracking chain, for the families that read them (vt, ...: docs/evaluate.md's "
+                "table)"})
 
 
 @dataclass
@@ -604,9 +608,14 @@ def config_changes(saved, config: dict) -> list[tuple[str, object, object]]:
 
 RECALL_FIELDS = ("recall_passages", "recall_passage_tokens", "recall_distances", "recall_corpus", "recall_control",
                  "recall_bin")
-# RULER's families that read eval.task_needles / eval.task_hops / eval.depths (hf_posenc/eval/ruler.py: the
-# others place their needles at random depths)
-NEEDLE_FAMILIES, HOP_FAMILIES, DEPTH_FAMILIES = {"multikey", "multivalue", "multiquery"}, {"vt"}, {"passkey", "single"}
+
+
+def reading(tasks, setting: str) -> set[str]:
+    """The families among `tasks` that read make_samples' `setting` (depths, needles, hops: each family says which,
+    hf_posenc/eval/ruler.py)."""
+    from hf_posenc.eval import ruler
+
+    return {t for t in tasks if t in ruler.FAMILIES and setting in ruler.FAMILIES[t].reads}
 
 
 def unread(ev) -> set[str]:
@@ -618,9 +627,9 @@ def unread(ev) -> set[str]:
                  "tune_length": ev["grid"], "curve_documents": ev["curve_length"],
                  "curve_bucket": ev["curve_length"], "strided_stride": ev["strided_windows"],
                  "strided_tokens": ev["strided_windows"], "trials": trials,
-                 "depths": trials or tasks & DEPTH_FAMILIES,
+                 "depths": trials or reading(tasks, "depths"),
                  "seed": trials or ev["recall_lengths"] or tasks, "task_samples": tasks,
-                 "task_needles": tasks & NEEDLE_FAMILIES, "task_hops": tasks & HOP_FAMILIES,
+                 "task_needles": reading(tasks, "needles"), "task_hops": reading(tasks, "hops"),
                  **{name: ev["recall_lengths"] for name in RECALL_FIELDS}}
     except (TypeError, KeyError):
         return set()
