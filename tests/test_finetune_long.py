@@ -163,7 +163,7 @@ BAD = [
      "it has one attention head: there is no second half of the heads to shift"),
     ({"train": {"attention": "sparse"}}, "train.attention must be one of full, s2"),
     ({"train": {"s2_group": 1}}, "train.s2_group must be an int >= 2"),
-    ({"train": {"loss": "focal"}}, "train.loss must be one of ce, longce"),
+    ({"train": {"loss": "no_such_loss"}}, "train.loss must be one of ce, longce"),
     ({"train": {"loss": "longce"}},
      "train.longce_window=128 (its default: the original context) + train.longce_stride=128 must be below "
      "data.seq_len=64"),
