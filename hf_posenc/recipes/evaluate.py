@@ -208,8 +208,8 @@ def check_recall_and_tasks(ev: EvalArgs, need) -> None:
     need(not ev.recall_distances or bool(ev.recall_lengths),
          "eval.recall_distances needs eval.recall_lengths (the lengths to measure recall at)")
     for length in ev.recall_lengths:
-        per_sequence, _ = recall_plan(ev, length)
-        try:
+        try:   # the cell's plan and its layout: both bound the length (recall.MAX_LENGTH)
+            per_sequence, _ = recall_plan(ev, length)
             recall.plan_layout(length, passages=per_sequence, passage_tokens=ev.recall_passage_tokens,
                                distances=ev.recall_distances or None, head=1, seed=ev.seed)
         except ValueError as err:
