@@ -210,7 +210,7 @@ GGUF_CASES = [
      r"--out .*folder\.gguf is a folder", True),
     ("patch-gguf-out-exists", [*GGUF_PATCH, "--out", "{root}/taken.gguf"], r"taken\.gguf exists; pass --overwrite", True),
     ("patch-gguf-dynamic", ["patch", "{root}/good.gguf", "--method", "dynamic", "--factor", "2", "--out",
-                            "{root}/o.gguf"], r"method 'dynamic' cannot be written into GGUF metadata", True),
+                            "{root}/o.gguf"], r"method 'dynamic' cannot be written into a GGUF file", True),
     ("patch-gguf-factor-below-one", [*GGUF_PATCH[:-1], "0.5", "--out", "{root}/o.gguf"], r"factor must be >= 1", True),
     ("patch-gguf-heads-past-the-width", ["patch", "{root}/heads.gguf", "--method", "yarn", "--factor", "2", "--out",
                                          "{root}/o.gguf"], r"its metadata does not make a model config", True),

@@ -125,7 +125,7 @@ def test_a_method_that_says_why_no_engine_runs_it_is_refused_with_its_words():
 def test_llama_cpp_refuses_a_rope_type_it_has_no_scaling_for():
     model = tiny_model("llama")
     hp.patch(model, "llama3", factor=2)
-    with pytest.raises(hp.MethodNotApplicableError, match="rope_type 'llama3', and llama.cpp has no 'llama3'"):
+    with pytest.raises(hp.MethodNotApplicableError, match="rope_type 'llama3', whose per-pair factors no flag carries"):
         hp.llama_cpp_args(model)
     assert hp.serving_overrides(model)["rope_parameters"]["rope_type"] == "llama3"
 
