@@ -60,6 +60,11 @@ def native_bfloat16(device: torch.device | str | None = None) -> tuple[bool, str
     capability = torch.backends.cpu.get_cpu_capability()
     probes = {"AMX": "_is_amx_tile_supported", "AVX512-BF16": "_is_avx512_bf16_supported"}
     found = [name for name, probe in probes.items() if getattr(torch.cpu, probe, lambda: False)()]
+    if found and not capability.startswith("AVX512"):
+        # the hardware has it, but torch's kernels are held below AVX512 (ATEN_CPU_CAPABILITY=avx2, or an OS
+        # that hides it): its bfloat16 attention then fails ("pack_vnni2 is only supported when avx512 ...")
+        return False, (f"this CPU has {', '.join(found)}, but torch runs at capability {capability}, whose kernels "
+                       f"emulate bfloat16 (or refuse it): float32")
     if found:
         return True, f"this CPU runs bfloat16 natively ({', '.join(found)}; torch capability {capability})"
     return False, (f"this CPU has no native bfloat16 (torch capability {capability}, no AVX512-BF16 or AMX): "

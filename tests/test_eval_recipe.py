@@ -353,3 +353,18 @@ def test_demo_without_lengths_runs_what_fits(checkpoint, corpus_dir, tmp_path, m
                       dtype="float32", out=None, print_fn=lines.append)
     assert list(result["past"]) == ["none", "dca"] and result["past"]["none"]["lengths"]["lengths"][-1] == 80
     assert any(line.startswith("part 2 sized to this CPU") for line in lines)
+
+
+def test_bfloat16_is_not_native_where_torch_runs_below_avx512(monkeypatch):
+    """A CPU with AMX whose torch kernels are held at AVX2 (ATEN_CPU_CAPABILITY=avx2) cannot run bfloat16
+    attention ('pack_vnni2 is only supported when avx512 is supported'): auto picks float32 there."""
+    import torch
+
+    from hf_posenc import _compat
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    ok, why = _compat.native_bfloat16("cpu")
+    assert not ok and "capability AVX2" in why
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert _compat.native_bfloat16("cpu")[0]
