@@ -368,3 +368,12 @@ def test_a_refused_score_ran_no_forward(monkeypatch):
     with pytest.raises(hp.ParameterTypeError):
         recall.score_recall(model, sets(), control="no", progress=False)
     assert not calls
+
+
+@pytest.mark.parametrize("cfg", [None, {}, "recipes/configs/smollm2_yarn_16k_finetune.yaml"])
+def test_finetune_recipe_refuses_what_is_not_a_config(cfg):
+    from hf_posenc.errors import ParameterTypeError
+    from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
+
+    with pytest.raises(ParameterTypeError, match="FinetuneRecipe needs a FinetuneConfig"):
+        FinetuneRecipe(cfg)

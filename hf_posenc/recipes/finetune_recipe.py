@@ -42,6 +42,7 @@ from hf_posenc import checkpoints as ckpt  # noqa: E402
 from hf_posenc import data as hdata  # noqa: E402
 from hf_posenc import train_data  # noqa: E402
 from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
+from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
@@ -59,6 +60,9 @@ class FinetuneRecipe:
     run prints (finetune.py)."""
 
     def __init__(self, cfg: FinetuneConfig, preflight: Optional[Preflight] = None, progress: Optional[dict] = None):
+        if not isinstance(cfg, FinetuneConfig):   # None or a dict would end in an AttributeError deep in the checks
+            raise ParameterTypeError(f"FinetuneRecipe needs a FinetuneConfig (finetune_config.parse_config(argv), or "
+                                     f"FinetuneConfig(...)), got {type(cfg).__name__}: {cfg!r:.60}")
         self.cfg = cfg
         self.preflight = check_config(cfg) if preflight is None else preflight
         self.progress = {} if progress is None else progress
