@@ -485,10 +485,20 @@ def _only_search(folder: Path):
         yield
 
 
-def best_method(best: dict, target: int) -> tuple[str, dict]:
-    """(method, hp.patch parameters) that saves `best` as a stock checkpoint: `longrope` with the searched
-    factors (in the search's mode)."""
-    return "longrope", longrope_params(best["long_factor"], best["attention_factor"], best["mode"], target)
+# seeds that, as a static set with their own attention factor, are their method at every length
+OWN_METHODS = {"seed:YaRN": ("yarn", lambda s: 0.1 * math.log(s) + 1), "seed:llama3": ("llama3", lambda s: 1.0)}
+
+
+def best_method(best: dict, target: int, original: int) -> tuple[str, dict]:
+    """(method, hp.patch parameters) that saves `best` as a stock checkpoint: its own method where the best is the
+    YaRN or llama3 seed of a static search with that method's attention factor (the same model, in the form more
+    engines run: llama.cpp's flags take YaRN), else `longrope` with the searched factors, in the search's mode."""
+    own = OWN_METHODS.get(best["kind"])
+    attention = best["attention_factor"]
+    if own and best["mode"] == "static" and attention is not None and \
+            math.isclose(attention, own[1](target / original), rel_tol=1e-6):
+        return own[0], {"max_position_embeddings": target}
+    return "longrope", longrope_params(best["long_factor"], attention, best["mode"], target)
 
 
 def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> None:

@@ -288,3 +288,22 @@ def test_a_switched_search_whose_fixed_attention_fails_the_guard_is_refused_befo
     runner.fitness = lambda: pytest.fail("a long pass ran")
     with pytest.raises(ConfigError, match=r"longrope's default attention factor 1\.155, which raises the guard"):
         runner.run()
+
+
+def test_the_best_is_saved_as_its_own_method_where_it_is_one():
+    """A static search whose best is the YaRN (llama3) seed with YaRN's (llama3's) attention factor saves yarn
+    (llama3): the same model at every length; anything else saves longrope with its factors and mode."""
+    row = {"kind": "seed:YaRN", "mode": "static", "attention_factor": 0.1 * math.log(4) + 1, "long_factor": [2.0] * 8}
+    assert search.best_method(row, TARGET, ORIGINAL) == ("yarn", {"max_position_embeddings": TARGET})
+    assert search.best_method({**row, "kind": "seed:llama3", "attention_factor": 1.0}, TARGET, ORIGINAL)[0] == "llama3"
+    for other in ({"mode": "switched"}, {"attention_factor": 1.05}, {"kind": "cma:3"}):
+        method, params = search.best_method({**row, **other}, TARGET, ORIGINAL)
+        assert method == "longrope" and params["long_factor"] == [2.0] * 8
+    model = tiny_model()
+    name, factors, attention = next(s for s in search.closed_forms(model, TARGET) if s[0] == "yarn")
+    ids = token_ids(200)
+    with hp.patched(model, *search.best_method({**row, "long_factor": factors}, TARGET, ORIGINAL)[:1],
+                    max_position_embeddings=TARGET):
+        want = model(ids).logits
+    with hp.patched(model, "longrope", **search.longrope_params(factors, attention, "static", TARGET)):
+        torch.testing.assert_close(model(ids).logits, want, atol=2e-5, rtol=1e-4)   # the seed is its method
