@@ -307,3 +307,11 @@ def test_the_best_is_saved_as_its_own_method_where_it_is_one():
         want = model(ids).logits
     with hp.patched(model, "longrope", **search.longrope_params(factors, attention, "static", TARGET)):
         torch.testing.assert_close(model(ids).logits, want, atol=2e-5, rtol=1e-4)   # the seed is its method
+
+
+def test_a_search_in_bfloat16_saves_the_stored_weights_not_its_rounded_copy(checkpoint, corpus, tmp_path):
+    recipe.main(recipe_args(checkpoint, corpus, tmp_path, "--model.dtype", "bfloat16", "--search.budget", "0",
+                            "--plots", "false"))
+    saved, stored = hp.load_model(str(tmp_path / "best")), hp.load_model(str(checkpoint))
+    for (name, a), (_, b) in zip(saved.named_parameters(), stored.named_parameters()):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b), name

@@ -203,18 +203,20 @@ def run(args: SearchConfig) -> dict:
     record = json.loads((out / "search.json").read_text())   # as first written: the unpatched guard's value
     (out / "summary.md").write_text(summary(rows, best, s, record))
     if args.save:
-        save_best(model, tokenizer, best, s, out / "best", ref)
+        save_best(tokenizer, best, s, out / "best", ref)
     print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "
           f"{out / 'summary.md'}" + (f"; checkpoint {out / 'best'}" if args.save else ""))
     return best
 
 
-def save_best(model, tokenizer, best: dict, s, folder: Path, ref: str) -> None:
-    """The best candidate as a stock checkpoint: the model patched with it, saved as `hf-posenc patch` saves."""
+def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
+    """The best candidate as a stock checkpoint: the model as stored (not the search's bfloat16 copy: its weights
+    would be rounded), patched with it, saved as `hf-posenc patch` saves."""
     import hf_posenc as hp
     from hf_posenc import card, search
 
     method, params = search.best_method(best, s.target, s.original)
+    model = hp.load_model(ref)
     with hp.patched(model, method, **params), user_input.replacing(folder) as fresh:
         model.save_pretrained(fresh)
         card.fit_tokenizer(tokenizer, model)
