@@ -35,6 +35,9 @@ def refusals():
     """Input errors raised inside the block end the program as `refuse` does (for the CLI and the recipes)."""
     try:
         yield
+    except BrokenPipeError:   # the reader left (`--help | head`): not an input error; stop writing, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except INPUT_ERRORS as err:
         refuse(err)
     except OverflowError as err:  # a number so large that a context computed from it overflows

@@ -334,3 +334,15 @@ def test_patch_that_fails_while_saving_leaves_the_output_as_it_was(root, tmp_pat
     after = snapshot(tmp_path)
     del before["."], after["."]  # (the folder's own mtime: a temporary folder came and went in it)
     assert after == before  # the old model untouched, no half-written folder beside it
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`hf-posenc evaluate --help | head -3`: the pipe closes under the writer; that is no input error, so no
+    'error: [Errno 32] Broken pipe' line (a subprocess: the handler points the process's stdout at /dev/null)."""
+    import subprocess
+    import sys
+
+    code = ("from hf_posenc.user_input import refusals\n"
+            "with refusals():\n    raise BrokenPipeError(32, 'Broken pipe')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
