@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -145,6 +146,26 @@ class RegistrationError(PosEncError, ValueError):
 
 # name -> method class, filled by @register_method where each method is defined (hf_posenc/methods/<name>.py)
 METHODS: dict[str, type[MethodConfig]] = {}
+
+
+def register_named(table: dict, cls: type, base: type, *, decorator: str, kind: str, noun: str, setting: str,
+                   dataclass: bool = False) -> type:
+    """What the registries of the front ends' choices share (`register_scheme`, `register_loss`, `register_task`):
+    `cls` must be a subclass of `base` (a dataclass where `dataclass`), its `name` a lowercase word, not taken;
+    then `table[name] = cls`. Refused naming the decorator, the class, or both classes of a name taken twice."""
+    if not (isinstance(cls, type) and issubclass(cls, base) and (not dataclass or dataclasses.is_dataclass(cls))):
+        shape = f"a @dataclass(frozen=True) subclass of {base.__name__}" if dataclass else f"a subclass of {base.__name__}"
+        raise InvalidParameterError(f"{decorator} takes {shape}, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the {noun}'s name in "
+                                    f"{setting}), got {name!r}")
+    if name in table:
+        taken = table[name]
+        raise InvalidParameterError(f"{kind} {name!r} is registered twice: {taken.__module__}.{taken.__qualname__} "
+                                    f"and {cls.__module__}.{cls.__qualname__}")
+    table[name] = cls
+    return cls
 
 
 def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import Refused, check_number
+from .config import Refused, check_number, register_named
 from .errors import (ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError,
                      UnsupportedModelError)
 
@@ -232,18 +231,8 @@ LOSSES: dict[str, type[TrainLoss]] = {}
 def register_loss(cls: type[TrainLoss]) -> type[TrainLoss]:
     """Class decorator: make `cls` a loss `train.loss` names (docs/ARCHITECTURE.md, "Training losses"). A name
     already taken is refused, naming both classes."""
-    if not (isinstance(cls, type) and issubclass(cls, TrainLoss) and dataclasses.is_dataclass(cls)):
-        raise InvalidParameterError(f"register_loss takes a @dataclass(frozen=True) subclass of TrainLoss, got {cls!r}")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the loss's name in "
-                                    f"train.loss), got {name!r}")
-    if name in LOSSES:
-        taken = LOSSES[name]
-        raise InvalidParameterError(f"training loss {name!r} is registered twice: {taken.__module__}."
-                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
-    LOSSES[name] = cls
-    return cls
+    return register_named(LOSSES, cls, TrainLoss, decorator="register_loss", kind="training loss", noun="loss",
+                          setting="train.loss", dataclass=True)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
@@ -46,7 +45,7 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 import torch
 
-from .config import MAX_POSITIONS, check_number, parse_params
+from .config import MAX_POSITIONS, check_number, parse_params, register_named
 from .errors import InvalidInputError, InvalidParameterError, ParameterTypeError
 
 SCHEMES: dict[str, type[PositionScheme]] = {}
@@ -55,19 +54,8 @@ SCHEMES: dict[str, type[PositionScheme]] = {}
 def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
     """Class decorator: make `cls` a scheme `scheme()` builds by its `name` (docs/ARCHITECTURE.md, "Position
     schemes"). A name already taken is refused, naming both classes."""
-    if not (isinstance(cls, type) and issubclass(cls, PositionScheme) and dataclasses.is_dataclass(cls)):
-        raise InvalidParameterError(f"register_scheme takes a @dataclass(frozen=True) subclass of PositionScheme, "
-                                    f"got {cls!r}")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the scheme's name in "
-                                    f"train.positions), got {name!r}")
-    if name in SCHEMES:
-        taken = SCHEMES[name]
-        raise InvalidParameterError(f"position scheme {name!r} is registered twice: {taken.__module__}."
-                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
-    SCHEMES[name] = cls
-    return cls
+    return register_named(SCHEMES, cls, PositionScheme, decorator="register_scheme", kind="position scheme",
+                          noun="scheme", setting="train.positions", dataclass=True)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ gives the whole answer (teacher forcing: the argmax at every answer position); i
 from __future__ import annotations
 
 import random
-import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ..config import check_number
+from ..config import check_number, register_named
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
 from ..losses import check_causal_lm
@@ -130,18 +129,8 @@ class TaskFamily:
 def register_task(cls: type[TaskFamily]) -> type[TaskFamily]:
     """Class decorator: make `cls` a family `make_samples` and `eval.tasks` take by its `name`. A name already
     taken is refused, naming both classes."""
-    if not (isinstance(cls, type) and issubclass(cls, TaskFamily)):
-        raise InvalidParameterError(f"register_task takes a subclass of TaskFamily, got {cls!r}")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the family's name in "
-                                    f"eval.tasks), got {name!r}")
-    if name in FAMILIES:
-        taken = FAMILIES[name]
-        raise InvalidParameterError(f"task family {name!r} is registered twice: {taken.__module__}."
-                                    f"{taken.__qualname__} and {cls.__module__}.{cls.__qualname__}")
-    FAMILIES[name] = cls
-    return cls
+    return register_named(FAMILIES, cls, TaskFamily, decorator="register_task", kind="task family", noun="family",
+                          setting="eval.tasks")
 
 
 class _Written(TaskFamily):
