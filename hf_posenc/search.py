@@ -250,6 +250,12 @@ class SearchSettings:
                 f"distance is {max(layout.distances)}); use a shorter far_from or a longer target")
         return layout
 
+    def recall_sets(self, tokenizer, text_ids: Sequence[int], prefix: Sequence[int] = ()) -> list[recall.RecallSet]:
+        """The recall sequences every candidate is scored on (refused when the text is too short for them)."""
+        sequences = recall.cell_sequences(self.target, self.passages, self.passage_tokens)[1]
+        return recall.make_recall(tokenizer, text_ids, self.layout(head=len(prefix)), sequences=sequences,
+                                  seed=self.seed, prefix=prefix)
+
     def space(self, pairs: int = 2) -> FactorSpace:
         attention = None if self.attention_range is None else tuple(self.attention_range)
         return FactorSpace(pairs=pairs, factor=self.target / self.original, original=self.original,
@@ -308,15 +314,15 @@ class FactorSearch:
     """A factor search for `model` at `settings.target`, recorded in `out` (search.json, candidates.jsonl)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, text_ids: Sequence[int], settings: SearchSettings,
-                 out: str | os.PathLike, *, prefix: Sequence[int] = (), progress: bool = True):
+                 out: str | os.PathLike, *, prefix: Sequence[int] = (), progress: bool = True,
+                 sets: list[recall.RecallSet] | None = None):
         self.model, self.settings, self.out, self.progress = model, settings, Path(out), progress
         rotary = rotary_module(model)
         self.pairs = int(rotary.inv_freq.numel())
         self.space = settings.space(self.pairs)
         s = settings
-        layout = s.layout(head=len(prefix))
-        sequences = recall.cell_sequences(s.target, s.passages, s.passage_tokens)[1]
-        self.sets = recall.make_recall(tokenizer, text_ids, layout, sequences=sequences, seed=s.seed, prefix=prefix)
+        self.sets = sets if sets is not None else s.recall_sets(tokenizer, text_ids, prefix)   # `sets`: built before
+        layout = self.sets[0].layout
         guard = list(prefix) + [int(t) for t in text_ids[:s.guard_length - len(prefix)]]
         self.guard_ids = torch.tensor([guard])
         self.record = {"settings": asdict(s), "pairs": self.pairs,

@@ -159,7 +159,6 @@ def run(args: SearchConfig) -> dict:
 
     import hf_posenc as hp
     from hf_posenc import data, loading, search
-    from hf_posenc.eval import recall
 
     ref = user_input.model_ref(args.model.name)
     inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.exists()]
@@ -178,12 +177,11 @@ def run(args: SearchConfig) -> dict:
     corpus = data.load_corpus(args.data.corpus)
     ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
     try:
-        layout = s.layout(head=len(prefix))
+        s.layout(head=len(prefix))
     except ValueError as err:
         raise ConfigError(f"search: {err}") from None
-    sequences = recall.cell_sequences(s.target, s.passages, s.passage_tokens)[1]
     try:   # the text long enough for its passages: refused before the weights load
-        recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=s.seed, prefix=prefix)
+        sets = s.recall_sets(tokenizer, ids, prefix)
     except ValueError as err:
         raise ConfigError(f"data.corpus {args.data.corpus!r}: {err}") from None
     if len(ids) + len(prefix) < s.guard_length:
@@ -193,7 +191,7 @@ def run(args: SearchConfig) -> dict:
     print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}; "
           f"{5 + s.budget} candidates", file=sys.stderr)
     model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation).to(device).eval()
-    runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix)
+    runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix, sets=sets)
     best = runner.run()
     rows = search.read_candidates(out / "candidates.jsonl")
     if args.plots:
