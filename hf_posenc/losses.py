@@ -556,11 +556,13 @@ class TrainingLoss(nn.Module):
     returns the loss (position ids: objective lm only, hf_posenc/positions.py).
     `chunk` (causal LMs): positions of logits at a time, 0 for the full logits. `loss` (objective lm): a
     registered training loss (`LOSSES`: `train.loss`); `longce`, the same as loss=LongCE(...): the tokens
-    weighted by how much the long context helps them. The teacher of `distill` is an argument, not a submodule:
-    frozen, it stays outside what DDP / FSDP wrap."""
+    weighted by how much the long context helps them. `documents` (objective lm): the position ids given restart
+    at each packed document, and attention stays inside each (hf_posenc/documents.py). The teacher of `distill`
+    is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
 
     def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
-                 temperature: float = 1.0, longce: LongCE | None = None, loss: TrainLoss | None = None):
+                 temperature: float = 1.0, longce: LongCE | None = None, loss: TrainLoss | None = None,
+                 documents: bool = False):
         super().__init__()
         if objective not in ("lm", "distill"):
             raise InvalidParameterError(f"objective must be 'lm' or 'distill', got {objective!r}")
@@ -576,11 +578,22 @@ class TrainingLoss(nn.Module):
                                         f"longce= (give one)")
         check_number("chunk", chunk, minimum=0, integer=True, optional=False)
         self.model, self.objective, self.causal = model, objective, causal
+        if documents and objective != "lm":
+            raise InvalidParameterError("documents=True keeps a causal LM's packed documents apart: objective lm only")
         self.chunk, self.temperature, self.loss = chunk if causal else 0, temperature, (
             loss if loss is not None else longce)
+        self.documents = documents
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None,
                 position_ids: torch.Tensor | None = None):
+        if self.documents:   # each document its own sequence: the position ids restart at each (documents.py)
+            from .documents import kept_apart
+
+            with kept_apart(self.model):
+                return self._loss(input_ids, attention_mask, teacher, position_ids)
+        return self._loss(input_ids, attention_mask, teacher, position_ids)
+
+    def _loss(self, input_ids, attention_mask, teacher, position_ids):
         if self.objective == "lm":
             if self.loss is not None:
                 return self.loss.lm_loss(self.model, input_ids, attention_mask, chunk=self.chunk,

@@ -124,9 +124,10 @@ def whole_spans(packed, corpus: str, span: int):
     return packed if len(keep) == len(packed) else packed.select(keep)
 
 
-def collate(pad_id: int):
+def collate(pad_id: int, documents_eos: Optional[int] = None):
     """Pads a batch of blocks (only the corpus' last block, or short ones, are shorter): padding gets
-    attention 0 and label -100."""
+    attention 0 and label -100. With `documents_eos` (data.packing=documents), each block's position ids
+    restart after every EOS, and a document's first token is not scored (`hf_posenc.documents`)."""
     def fn(rows):
         n = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
@@ -134,5 +135,11 @@ def collate(pad_id: int):
         for i, r in enumerate(rows):
             ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
             mask[i, :len(r["input_ids"])] = 1
-        return {"input_ids": ids, "attention_mask": mask}
+        batch = {"input_ids": ids, "attention_mask": mask}
+        if documents_eos is not None:
+            from .documents import document_position_ids, unscored_starts
+
+            batch["position_ids"] = document_position_ids(ids, mask, eos_token_id=documents_eos)
+            batch["attention_mask"] = unscored_starts(mask, batch["position_ids"])
+        return batch
     return fn

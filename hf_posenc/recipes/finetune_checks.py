@@ -23,7 +23,7 @@ from ..train_data import load_documents
 from .recipe_config import differences, old_names, one_line, plain, shown_setting
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
-from .finetune_long import LongTraining, check_long_training
+from .finetune_long import LongTraining, check_documents, check_long_training, check_mixed_windows
 
 
 @dataclasses.dataclass
@@ -108,7 +108,12 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                           f"sequences")
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
-    long_training = check_long_training(cfg, model, ref, original, seq_len, short_len, positions)
+    switched, short_window = check_mixed_windows(cfg, ref, original, seq_len, causal, positions)
+    long_training = check_long_training(cfg, model, ref, original, seq_len,
+                                        short_len or (short_window if short_window != seq_len else None), positions)
+    long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
+                                        switched=switched, short_window=short_window,
+                                        documents=check_documents(cfg, causal, positions))
     if exact:
         from ..families.learned_tables import check_length
 

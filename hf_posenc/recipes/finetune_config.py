@@ -33,6 +33,7 @@ GROUPS = {
 # evaluation cadence, logging, memory knobs): a resume takes them and says which changed. PER_COMMAND ones say
 # how this command starts (output_dir, --resume, --overwrite_output_dir): not settings of the run, not compared.
 FIXED = {"resume_may_change": False}
+PACKINGS = ("joined", "documents")
 ADJUSTABLE = {"resume_may_change": True}
 PER_COMMAND = {"resume_may_change": True, "per_command": True}
 
@@ -84,6 +85,10 @@ class DataArgs:
         "help": "length of the short sequences (null: the original context)"})
     bos: Union[bool, str] = field(default="auto", metadata={**FIXED,
         "help": "BOS before each document: auto (as the tokenizer starts an input), true, false"})
+    packing: str = field(default="joined", metadata={**FIXED,
+        "help": "joined: documents packed end to end, EOS between them, a window's tokens attend across them; "
+                "documents: each document kept apart inside its window (position ids restart after each EOS, no "
+                "attention across it: document masking, hf_posenc/documents.py)"})
     shuffle: bool = field(default=True, metadata={**FIXED, "help": "shuffle the packed sequences each epoch"})
     cache_dir: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
         "help": "where packed data is cached (null: $HF_POSENC_CACHE/data)"})
@@ -93,6 +98,8 @@ class DataArgs:
             raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
         if not 0.0 <= self.short_share < 1.0:
             raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
+        _need(self.packing in PACKINGS, f"data.packing must be one of {', '.join(PACKINGS)} (documents: attention "
+                                        f"kept inside each document), got {self.packing!r}")
         if not (isinstance(self.bos, bool) or self.bos == "auto"):
             raise ConfigError(f"data.bos must be auto, true or false, got {self.bos!r}")
         if self.streaming and not self.max_documents:
@@ -154,6 +161,10 @@ class TrainArgs:
                 "P(short), longce_clip), the short-context probability computed by the model without gradient in "
                 "the same step (Fang et al. 2025); a loss's settings are train.<loss>_* (docs/finetune.md's table "
                 "of train.loss; hf_posenc/losses.py LOSSES)"})
+    mixed_windows: float = field(default=0.0, metadata={**FIXED,
+        "help": "share of micro-batches trained inside the original context with the short rope, the rest with "
+                "the target's (LongRoPE2's mixed context windows); the run trains and saves the patch as a "
+                "switched longrope (hf_posenc/mixed_windows.py); 0: off"})
     longce_window: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "longce: the short context in tokens (null: the original context)"})
     longce_stride: Optional[int] = field(default=None, metadata={**FIXED,
@@ -183,6 +194,9 @@ class TrainArgs:
         _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
               f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
         _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        _need(_is_number(self.mixed_windows) and 0 <= self.mixed_windows < 1,
+              f"train.mixed_windows must be a share in [0, 1) (0: off; the rest are long windows), "
+              f"got {self.mixed_windows!r}")
         _need(self.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: the full logits at once), got {self.loss_chunk}")
         _need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
                                           f"got {self.keep_checkpoints}")

@@ -68,10 +68,14 @@ def unused_settings(train: TrainArgs) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class LongTraining:
-    """What train.attention and train.loss resolve to for this run."""
+    """What train.attention, train.loss, train.mixed_windows and data.packing resolve to for this run."""
     s2_group: Optional[int] = None   # S2-Attn's tokens per group; None: full attention in training
     s2_shift: bool = True
     loss: Optional[TrainLoss] = None   # the resolved train.loss (None: the plain loss, as for distill)
+    mixed_share: float = 0.0         # train.mixed_windows
+    switched: Optional[dict] = None  # mixed windows: the longrope patch trained and saved (mixed_windows.py)
+    short_window: Optional[int] = None   # mixed windows: the tokens of a short window
+    documents: Optional[str] = None  # data.packing=documents: what keeps them apart (documents.mask_kind)
 
     def describe(self) -> str:
         """One line for the model card and the run's summary."""
@@ -81,7 +85,20 @@ class LongTraining:
                             else ", no shift") + "; the saved model uses full attention")
         else:
             attention = "full attention"
-        return f"{attention}; {self.loss.describe() if self.loss else 'cross-entropy'}"
+        parts = [attention, self.loss.describe() if self.loss else "cross-entropy"]
+        if self.switched:
+            parts.append(f"mixed windows: {self.mixed_share:.0%} of the micro-batches {self.short_window} tokens "
+                         f"inside the original context with the short rope, the rest with the long rope, as a "
+                         f"switched longrope (attention factor {self.switched.get('attention_factor', 'default')})")
+        if self.documents:
+            parts.append(f"documents kept apart ({self.documents})")
+        return "; ".join(parts)
+
+    @property
+    def said(self) -> bool:
+        """Whether the run's summary line names it (the plain run's full attention and cross-entropy are unsaid)."""
+        return bool(self.s2_group or self.switched or self.documents
+                    or (self.loss is not None and self.loss.name != "ce"))
 
 
 def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq_len: int,
@@ -132,6 +149,79 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
     resolved = loss.for_run(loss_settings(train, loss), LossRun(model, train.objective, train.attention, original,
                                                                 seq_len))
     return LongTraining(group, train.s2_shift, resolved if train.objective == "lm" else None)
+
+
+def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: int, causal: bool,
+                        positions: PositionScheme) -> tuple[Optional[dict], Optional[int]]:
+    """train.mixed_windows against the run: (the switched longrope patch, the short window's tokens), or
+    (None, None) when off. Refused in one line: no patch or one with no short rope, a model with more than one
+    RoPE, a pairing that cannot work (distill, data.short_share), windows that never leave the original context."""
+    share = cfg.train.mixed_windows
+    if not share:
+        return None, None
+    where = f"train.mixed_windows={share}"
+    if not cfg.posenc:
+        raise ConfigError(f"{where} mixes the model's own rope with a patched one: it needs a posenc patch (yarn, "
+                          f"ntk, linear, llama3, longrope)")
+    if cfg.train.objective != "lm":
+        raise ConfigError(f"{where} trains long windows with the long rope; train.objective=distill trains inside "
+                          f"the original context only: use objective lm")
+    if cfg.data.short_share:
+        raise ConfigError(f"{where} and data.short_share={cfg.data.short_share} both set a share of short windows: "
+                          f"give one (mixed windows also switch the rope for them)")
+    if not (positions.spreads or seq_len > original):
+        raise ConfigError(f"{where}: every window here stays inside the original context (data.seq_len={seq_len} "
+                          f"<= {original}, contiguous position ids), so none would train the long rope; spread the "
+                          f"ids with train.positions (pose, cream, randomized) or raise data.seq_len")
+    from .. import api, loading, mixed_windows
+
+    method = cfg.posenc["method"]
+    params = {k: v for k, v in cfg.posenc.items() if k != "method"}
+    why = mixed_windows.why_no_short_rope(method)
+    if why:
+        raise ConfigError(f"{where}: {why}")
+    fresh = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
+    try:
+        switched = mixed_windows.switched_params(fresh, method, params)
+        api.patch(fresh, "longrope", **switched)   # dry-run: the patch the run trains and saves
+    except PosEncError as err:
+        raise ConfigError(f"{where} on {ref!r}: {err}") from None
+    return switched, min(seq_len, original)
+
+
+def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme) -> Optional[str]:
+    """data.packing=documents against the run: what keeps the documents apart (for the summary line), or None
+    when the documents are joined. Refused in one line where it cannot work."""
+    if cfg.data.packing != "documents":
+        return None
+    where = "data.packing=documents"
+    if not causal or cfg.train.objective != "lm":
+        raise ConfigError(f"{where} keeps a causal LM's packed documents apart (objective lm); "
+                          f"train.objective={cfg.train.objective} of a {'causal LM' if causal else 'non-causal model'} "
+                          f"reads its inputs whole: use data.packing=joined")
+    if positions.spreads:
+        raise ConfigError(f"{where} restarts the position ids at each document, but train.positions="
+                          f"{cfg.train.positions!r} spreads each window's ids over the target: give one")
+    if cfg.train.attention == "s2":
+        raise ConfigError(f"{where} needs the attention to mask documents; train.attention=s2 computes grouped "
+                          f"attention of its own: use train.attention=full")
+    if cfg.posenc:
+        from ..config import AttentionMethodConfig
+        from ..registry import get_method
+
+        if issubclass(get_method(cfg.posenc["method"]), AttentionMethodConfig):
+            raise ConfigError(f"{where} needs the attention to mask documents; posenc method "
+                              f"{cfg.posenc['method']!r} computes attention itself, without that mask: use a RoPE "
+                              f"method or data.packing=joined")
+    from .. import documents
+    from .finetune_model import choose_attention
+
+    backend = choose_attention(cfg.model.attn_implementation)
+    try:
+        documents.check_backend(backend)
+    except PosEncError as err:
+        raise ConfigError(f"{where} with model.attn_implementation={cfg.model.attn_implementation!r}: {err}") from None
+    return documents.mask_kind(backend)
 
 
 def enable_s2(model, long: Optional[LongTraining]) -> None:

@@ -40,6 +40,7 @@ from transformers import get_scheduler  # noqa: E402
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import checkpoints as ckpt  # noqa: E402
 from hf_posenc import data as hdata  # noqa: E402
+from hf_posenc import mixed_windows  # noqa: E402
 from hf_posenc import train_data  # noqa: E402
 from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
 from hf_posenc.errors import ParameterTypeError  # noqa: E402
@@ -126,9 +127,10 @@ class FinetuneRecipe:
         tokenizer = self.tokenizer
         self.pad_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                        else train_data.boundary_ids(tokenizer, False)[0])
+        documents_eos = train_data.boundary_ids(tokenizer, False)[0] if cfg.data.packing == "documents" else None
         self.dataloader = torch.utils.data.DataLoader(self.dataset, batch_size=cfg.train.batch_size,
                                                       shuffle=cfg.data.shuffle,
-                                                      collate_fn=train_data.collate(self.pad_id))
+                                                      collate_fn=train_data.collate(self.pad_id, documents_eos))
         if accelerator.is_main_process:
             prepare_output_dir(cfg)
             # whole or not at all: a later --resume compares its settings with this file (check_resume)
@@ -148,7 +150,10 @@ class FinetuneRecipe:
         if cfg.train.objective == "distill":
             self.teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
             disable_dropout(model)
-        if cfg.posenc:
+        long = preflight.long_training
+        if long.switched:   # mixed windows: the patch as the rope that switches with the window's length
+            hp.patch(model, "longrope", **long.switched)
+        elif cfg.posenc:
             hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
         if cfg.model.gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -163,7 +168,8 @@ class FinetuneRecipe:
             chunk = 0
         self.model = model
         self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
-                                      temperature=cfg.train.temperature, loss=preflight.long_training.loss)
+                                      temperature=cfg.train.temperature, loss=long.loss,
+                                      documents=bool(long.documents))
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
@@ -400,7 +406,7 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     shares += f", each taken from a span of {preflight.block_len} tokens" if preflight.positions.span else ""
     positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
     long = preflight.long_training
-    positions += f"; {long.describe()}" if long.s2_group or cfg.train.loss != "ce" else ""   # the default unsaid
+    positions += f"; {long.describe()}" if long.said else ""   # the default unsaid
     lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
              f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
              f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
@@ -460,11 +466,16 @@ def window_batch(preflight: Preflight, batch: dict, cfg: FinetuneConfig, acceler
     the model's own 0..n-1), and for text=span each target-long span cut to its window's tokens at those ids.
     Row r of micro-batch `micro` of optimizer step `step` on process p is window number
     ((((step - 1) * grad_accum + micro) * processes + p) * batch_size + r) of the run, and its ids depend
-    only on (seed, that number): a resumed run draws the same ids, each process those of its own windows."""
-    scheme = preflight.positions
+    only on (seed, that number): a resumed run draws the same ids, each process those of its own windows.
+    With train.mixed_windows, a micro-batch drawn short (from the seed and its number, alike on every process)
+    is cut to its first tokens inside the original context, at 0..n-1 (or its documents' ids)."""
+    scheme, long = preflight.positions, preflight.long_training
+    consumed = (step - 1) * cfg.train.grad_accum + micro
+    if long.switched and mixed_windows.short_window(seed=cfg.train.seed, index=consumed, share=long.mixed_share):
+        # inside the original context: its first tokens at 0..n-1 (the switched rope turns to its short set)
+        return {k: v[:, :long.short_window] for k, v in batch.items()}
     if not scheme.spreads:
         return batch
-    consumed = (step - 1) * cfg.train.grad_accum + micro
     first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
     return scheme.add_position_ids(batch, seed=cfg.train.seed, first_index=first, window=preflight.seq_len)
 

@@ -1,0 +1,106 @@
+"""Documents kept apart inside a packed training window (document masking: ProLong, Gao et al. 2024; Llama 3).
+
+A window of packed documents (each one ended by EOS, `hf_posenc.data.pack_exact`) is trained as if each document
+were its own sequence: the position ids restart at 0 where a document begins, and no token attends to a token of
+another document. The mask is the one transformers builds itself from position ids that restart when the model
+gets no 2D attention mask (`masking_utils.find_packed_sequence_indices`): a block-diagonal causal mask for SDPA
+and eager attention, sliding windows kept, FlashAttention's variable-length kernel, a FlexAttention BlockMask.
+`kept_apart(model)` drops the 2D mask on the way into the decoder; the loss still reads it: padding, and the first
+token of each document (`unscored_starts`: the previous document's EOS cannot predict it), are not scored.
+
+    ids = document_position_ids(batch["input_ids"], batch["attention_mask"], eos_token_id=tokenizer.eos_token_id)
+    with kept_apart(model):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=ids).logits
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from .errors import InvalidInputError, UnsupportedModelError
+
+# Attention implementations that mask packed documents from restarting position ids (transformers 5): the
+# others (a kernel registered by a user, paged attention) get no mask at all and would read across documents.
+MASKING_BACKENDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def document_position_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, eos_token_id: int) -> torch.Tensor:
+    """Position ids that restart at 0 at each document of each row: after every EOS, and where the padding
+    after a row's last token begins (padding is its own sequence, which no real token sees: it comes last)."""
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise InvalidInputError(f"input_ids and attention_mask must both be [batch, tokens], got "
+                                f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    real = attention_mask.bool()
+    starts = torch.zeros_like(real)
+    starts[:, 0] = True
+    starts[:, 1:] = (input_ids[:, :-1] == eos_token_id) | (real[:, 1:] != real[:, :-1])
+    index = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    last_start = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
+    return index - last_start
+
+
+def unscored_starts(attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The 2D mask of the tokens a loss scores: the first token of each document after a row's first is left out,
+    as its own forward would leave it (nothing of its document precedes it; the token before it is the previous
+    document's EOS). Under `kept_apart` the model's attention comes from the position ids, so this mask is the
+    loss's only: the model never reads it."""
+    scored = attention_mask.clone()
+    scored[:, 1:] = scored[:, 1:] * (position_ids[:, 1:] != 0)
+    return scored
+
+
+def documents(position_ids: torch.Tensor) -> torch.Tensor:
+    """The document number of each token (0, 1, ... along each row), from ids that restart at each one."""
+    restarts = torch.ones_like(position_ids, dtype=torch.bool)
+    restarts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    return restarts.cumsum(1) - 1
+
+
+@contextlib.contextmanager
+def kept_apart(model: nn.Module) -> Iterator[None]:
+    """Inside the block, a forward of the model's decoder that is given position ids attends within each
+    document only: its 2D attention mask is dropped, so transformers builds the packed-documents mask from the
+    ids. A forward without position ids is left as it is (its ids would be 0..n-1: one document)."""
+    decoder = decoder_of(model)
+
+    def drop_mask(module, args, kwargs):
+        if kwargs.get("position_ids") is not None and kwargs.get("past_key_values") is None:
+            kwargs["attention_mask"] = None
+        return args, kwargs
+
+    handle = decoder.register_forward_pre_hook(drop_mask, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The transformers decoder (LlamaModel, ...) inside a causal LM, a PEFT or DDP wrapper looked through."""
+    inner = model
+    for _ in range(4):
+        inner = getattr(inner, "module", inner)   # DDP
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner   # PEFT
+    if not hasattr(inner, "base_model"):
+        raise UnsupportedModelError(f"{type(model).__name__} has no decoder (base_model) to keep documents apart in")
+    return inner.base_model
+
+
+def check_backend(attn_implementation: str) -> None:
+    """Refuses an attention implementation that does not mask packed documents from their position ids."""
+    if attn_implementation not in MASKING_BACKENDS:
+        raise InvalidInputError(f"attention {attn_implementation!r} cannot keep documents apart (transformers builds "
+                                f"no mask for it from restarting position ids); use one of "
+                                f"{', '.join(MASKING_BACKENDS)}")
+
+
+def mask_kind(attn_implementation: str) -> str:
+    """What keeps the documents apart, for the run's summary line."""
+    return {"flash_attention_2": "FlashAttention varlen", "flash_attention_3": "FlashAttention varlen",
+            "flex_attention": "a FlexAttention block mask"}.get(
+        attn_implementation, f"{attn_implementation.upper() if attn_implementation == 'sdpa' else attn_implementation}"
+                             f" with a block-diagonal causal mask")

@@ -1,0 +1,66 @@
+"""Documents kept apart (hf_posenc/documents.py): a packed window trained with document masking is, token for
+token, the documents' own separate forwards, on every RoPE family the suite covers."""
+
+import pytest
+import torch
+
+from hf_posenc import documents
+from hf_posenc.errors import InvalidInputError
+from test_rope_families import FAMILIES, build
+
+EOS = 3
+LENGTHS = (9, 24, 7)   # three documents, the second longer than the sliding windows and chunks (16); the last cut
+
+
+def packed_window(vocab: int = 128, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for i, n in enumerate(LENGTHS):
+        doc = torch.randint(4, vocab, (n,), generator=g)
+        docs.append(torch.cat([doc, torch.tensor([EOS])]) if i < len(LENGTHS) - 1 else doc)
+    return docs
+
+
+def test_position_ids_restart_after_each_eos_and_at_the_padding():
+    docs = packed_window()
+    ids = torch.cat(docs)[None].repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, -5:] = 0   # the second row: padded at its end
+    got = documents.document_position_ids(ids, mask, eos_token_id=EOS)
+    expected = torch.cat([torch.arange(len(d)) for d in docs])
+    assert got[0].tolist() == expected.tolist()
+    assert got[1, :-5].tolist() == expected[:-5].tolist() and got[1, -5:].tolist() == list(range(5))
+    assert documents.documents(got)[0].tolist() == sum(([i] * len(d) for i, d in enumerate(docs)), [])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_masked_window_equals_the_documents_forwards(family):
+    model = build(family)
+    docs = packed_window(model.config.vocab_size)
+    ids = torch.cat(docs)[None]
+    mask = torch.ones_like(ids)
+    position_ids = documents.document_position_ids(ids, mask, eos_token_id=EOS)
+    with torch.no_grad():
+        with documents.kept_apart(model):
+            packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits[0]
+        apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
+        joined = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0]
+    torch.testing.assert_close(packed, apart, atol=1e-5, rtol=1e-5)
+    # and the mask is what makes it so: without it the later documents read the earlier ones
+    assert (joined[len(docs[0]):] - apart[len(docs[0]):]).abs().max() > 1e-3
+
+
+def test_a_forward_without_position_ids_is_left_alone():
+    model = build("llama")
+    ids = torch.cat(packed_window())[None]
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits
+        with documents.kept_apart(model):
+            inside = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    torch.testing.assert_close(inside, plain)
+
+
+def test_a_backend_that_cannot_mask_is_refused():
+    documents.check_backend("sdpa")
+    with pytest.raises(InvalidInputError, match="cannot keep documents apart"):
+        documents.check_backend("paged|sdpa")

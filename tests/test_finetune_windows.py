@@ -1,0 +1,241 @@
+"""The fine-tune's mixed context windows (train.mixed_windows, hf_posenc/mixed_windows.py) and documents kept
+apart (data.packing=documents, hf_posenc/documents.py): each against its reference (the unpatched model inside
+the original context, the patched one past it; per-document forwards), refused pairings, and a resume that ends
+as the uninterrupted run, bit for bit."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_posenc as hp
+from hf_posenc import checkpoints as ckpt
+from hf_posenc import documents, mixed_windows, train_data
+from hf_posenc.errors import ConfigError, MethodNotApplicableError
+from hf_posenc.losses import TrainingLoss
+from hf_posenc.recipes import finetune_checks as checks
+from hf_posenc.recipes import finetune_config as FC
+from hf_posenc.recipes.finetune_recipe import window_batch
+from test_finetune import run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401 (fixtures)
+from test_rope_families import FAMILIES, REFUSED, build
+from tiny import tiny_model, token_ids
+
+CTX = 64   # the tiny models' original context (tiny.TINY)
+
+
+# ------------------------------------------------------------------------------------------ mixed windows
+
+@pytest.mark.parametrize("method, params", [("yarn", {}), ("ntk", {}), ("linear", {}), ("llama3", {}),
+                                            ("yarn", {"attention_factor": 1.2})])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi", "gpt_neox", "cohere", "deepseek_v3"])
+def test_switched_patch_is_the_unpatched_model_inside_and_the_method_past_the_original_context(family, method,
+                                                                                               params):
+    if "longrope" in REFUSED.get(family, ()):
+        pytest.skip(f"{family} refuses longrope")
+    model = build(family)
+    params = {"max_position_embeddings": 2 * CTX, **params}
+    short, long = token_ids(CTX - 8), token_ids(3 * CTX // 2, seed=1)
+    with torch.no_grad():
+        unpatched = model(short).logits
+        with hp.patched(model, method, **params) as patched:
+            rescaled = patched(long).logits
+            attention = next(m for m in patched.modules() if hasattr(m, "attention_scaling")).attention_scaling
+        switched = mixed_windows.switched_params(model, method, params)
+        assert switched["short_factor"] == [1.0] * len(switched["long_factor"])
+        assert switched["attention_factor"] == params.get("attention_factor", 1.0)
+        if switched["attention_factor"] == 1.0:   # inside the original context: the unpatched model
+            with hp.patched(model, "longrope", **switched) as patched:
+                torch.testing.assert_close(patched(short).logits, unpatched, rtol=0, atol=1e-5)
+        # with the method's own attention factor the long set is the method itself
+        with hp.patched(model, "longrope", **{**switched, "attention_factor": attention}) as patched:
+            torch.testing.assert_close(patched(long).logits, rescaled, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dca", "self_extend", "dynamic", "dynamic_yarn", "alibi"])
+def test_a_method_without_a_short_rope_is_refused(method):
+    with pytest.raises(MethodNotApplicableError, match="short rope|fixed long rope"):
+        mixed_windows.switched_params(tiny_model(), method, {"max_position_embeddings": 2 * CTX})
+
+
+def test_the_short_share_is_drawn_per_micro_batch_from_the_seed():
+    draws = [mixed_windows.short_window(seed=3, index=i, share=0.3) for i in range(4000)]
+    assert abs(sum(draws) / len(draws) - 0.3) < 0.03
+    assert draws == [mixed_windows.short_window(seed=3, index=i, share=0.3) for i in range(4000)]
+    assert draws != [mixed_windows.short_window(seed=4, index=i, share=0.3) for i in range(4000)]
+    assert not any(mixed_windows.short_window(seed=3, index=i, share=0.0) for i in range(100))
+
+
+def mixed_config(tmp_path, tiny_dir, text_file, name="mixed", **train):
+    return write_config(tmp_path / name / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                        train={"positions": "pose chunks=2", "mixed_windows": 0.5, **train})
+
+
+def test_mixed_windows_cut_a_short_micro_batch_and_spread_a_long_one(tmp_path, tiny_dir, text_file):
+    cfg = FC.parse_config(["--config", str(mixed_config(tmp_path, tiny_dir, text_file))])
+    preflight = checks.check_config(cfg)
+    assert preflight.long_training.switched["short_factor"] == [1.0] * 8
+    batch = {"input_ids": torch.arange(128).view(2, 64), "attention_mask": torch.ones(2, 64, dtype=torch.long)}
+    kinds = set()
+    for step in range(1, 7):
+        for micro in range(2):
+            out = window_batch(preflight, batch, cfg, _Process(), step, micro)
+            index = (step - 1) * 2 + micro
+            short = mixed_windows.short_window(seed=3, index=index, share=0.5)
+            kinds.add(short)
+            if short:
+                assert "position_ids" not in out and torch.equal(out["input_ids"], batch["input_ids"])
+            else:   # the scheme's ids (a draw may stay inside the original context: the short rope reads it)
+                expected = preflight.positions.add_position_ids(batch, seed=3, first_index=index * 2, window=64)
+                assert torch.equal(out["position_ids"], expected["position_ids"])
+    assert kinds == {True, False}
+
+
+class _Process:
+    num_processes, process_index = 1, 0
+
+
+def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_path, tiny_dir, text_file):
+    full = run_recipe(mixed_config(tmp_path, tiny_dir, text_file, "full"))
+    cut_cfg = mixed_config(tmp_path, tiny_dir, text_file, "cut")
+    assert run_recipe(cut_cfg, "--train.stop_after_steps", "3") is None
+    resumed = run_recipe(cut_cfg, "--resume")
+    full_log, resumed_log = (ckpt.read_log(tmp_path / n / "out") for n in ("full", "cut"))
+    assert [r["loss"] for r in resumed_log] == [r["loss"] for r in full_log]
+    a, b = state(full), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "cut" / "out"
+    stock = AutoModelForCausalLM.from_pretrained(out).eval()
+    rope = stock.config.rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["short_factor"] == [1.0] * len(rope["long_factor"])
+    for n in (100, 200):   # inside the original 128 (short factors) and past it (long)
+        ids = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            torch.testing.assert_close(stock(ids).logits, resumed.eval()(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"train": {"mixed_windows": 0.5}}, "stays inside the original context"),            # contiguous 64 < 128
+    ({"train": {"mixed_windows": 1.0}}, r"a share in \[0, 1\)"),
+    ({"train": {"mixed_windows": -0.1}}, r"a share in \[0, 1\)"),
+    ({"train": {"mixed_windows": 0.5, "positions": "pose"}, "posenc": None}, "needs a posenc patch"),
+    ({"train": {"mixed_windows": 0.5}, "data": {"seq_len": 192},
+      "posenc": {"method": "dynamic_yarn", "max_position_embeddings": 256}}, "fixed long rope"),
+    ({"train": {"mixed_windows": 0.5, "positions": "pose"}, "data": {"short_share": 0.25, "short_len": 32}},
+     "both set a share of short windows"),
+    ({"data": {"packing": "documents"}, "train": {"positions": "pose"}}, "spreads each window's ids"),
+    ({"data": {"packing": "documents"}, "train": {"attention": "s2"}}, "train.attention=s2"),
+    ({"data": {"packing": "documents"}, "posenc": {"method": "self_extend", "max_position_embeddings": 256}},
+     "computes attention itself"),
+    ({"data": {"packing": "documents"}, "model": {"attn_implementation": "paged|sdpa"}}, "cannot keep documents"),
+    ({"data": {"packing": "packed"}}, "data.packing must be one of joined, documents"),
+])
+def test_a_window_mix_or_packing_that_cannot_work_is_refused_before_loading(tmp_path, tiny_dir, text_file,
+                                                                            overrides, message):
+    sections = {"data": {"corpus": str(text_file), **overrides.pop("data", {})}, **overrides}
+    path = write_config(tmp_path / "c.yaml", tiny_dir, **sections)
+    with pytest.raises(ConfigError, match=message):
+        checks.check_config(FC.parse_config(["--config", str(path)]))
+    assert not (tmp_path / "out").exists()
+
+
+# -------------------------------------------------------------------------------------- documents apart
+
+def test_the_loss_of_a_packed_window_is_the_documents_own_losses():
+    model = tiny_model()
+    eos, g = 3, torch.Generator().manual_seed(0)
+    docs = [torch.randint(4, 128, (n,), generator=g) for n in (11, 17, 6)]
+    rows = [torch.cat([docs[0], torch.tensor([eos]), docs[1], torch.tensor([eos])]).tolist(),
+            torch.cat([docs[2], torch.tensor([eos])]).tolist()]   # the second row padded
+    batch = train_data.collate(0, eos)([{"input_ids": r} for r in rows])
+    loss = TrainingLoss(model, objective="lm", causal=True, documents=True)(
+        batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for doc in docs:   # each document with its EOS, alone
+            ids = torch.cat([doc, torch.tensor([eos])])[None]
+            logits = model(ids).logits[0, :-1]
+            total += F.cross_entropy(logits, ids[0, 1:], reduction="sum")
+            count += ids.shape[1] - 1
+    torch.testing.assert_close(loss, total / count, rtol=1e-5, atol=1e-6)
+    plain = train_data.collate(0)([{"input_ids": r} for r in rows])
+    with torch.no_grad():
+        joined = TrainingLoss(model, objective="lm", causal=True)(plain["input_ids"], plain["attention_mask"])
+    assert abs(float(joined) - float(total / count)) > 1e-3   # joined, the later documents read the earlier ones
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory, text_file):
+    """30 documents of 20 to 78 bytes: most 64-token windows hold two or three."""
+    folder = tmp_path_factory.mktemp("short_documents")
+    text = (text_file / "a.txt").read_text()
+    for i in range(30):
+        (folder / f"{i:02d}.txt").write_text(text[i * 80: i * 80 + 20 + 2 * i])
+    return folder
+
+
+def documents_config(tmp_path, tiny_dir, corpus, name, **train):
+    return write_config(tmp_path / name / "c.yaml", tiny_dir, data={"corpus": str(corpus), "packing": "documents"},
+                        train={"loss": "longce", "longce_window": 16, **train})
+
+
+def test_documents_apart_resume_bit_exact(tmp_path, tiny_dir, short_documents):
+    text_file = short_documents
+    full = run_recipe(documents_config(tmp_path, tiny_dir, text_file, "full"))
+    cut_cfg = documents_config(tmp_path, tiny_dir, text_file, "cut")
+    assert run_recipe(cut_cfg, "--train.stop_after_steps", "3") is None
+    resumed = run_recipe(cut_cfg, "--resume")
+    full_log, resumed_log = (ckpt.read_log(tmp_path / n / "out") for n in ("full", "cut"))
+    assert [r["loss"] for r in resumed_log] == [r["loss"] for r in full_log]
+    a, b = state(full), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # and the documents were kept apart: the joined run trains other weights
+    joined = run_recipe(write_config(tmp_path / "joined" / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+                                     train={"loss": "longce", "longce_window": 16}))
+    assert any(not torch.equal(a[k], v) for k, v in state(joined).items())
+
+
+def test_position_ids_of_the_collate_restart_at_each_document():
+    batch = train_data.collate(0, 9)([{"input_ids": [5, 6, 9, 7, 8, 9, 4]}, {"input_ids": [1, 9, 2]}])
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 0], [0, 1, 0, 0, 1, 2, 3]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0]]
+    assert documents.documents(batch["position_ids"]).tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 1, 2, 2, 2, 2]]
+
+
+def test_kill_9_with_mixed_windows_and_documents_apart_resumes_to_the_uninterrupted_run(tmp_path, tiny_dir,
+                                                                                         text_file):
+    """Both new settings together (windows of 192 tokens past the original 128, so that mixed windows have long
+    ones to mix with), the run killed with SIGKILL between checkpoints; --resume ends with the uninterrupted run's
+    losses and weights, bit for bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_finetune import RECIPE
+
+    def config(name, steps):
+        return write_config(tmp_path / name / "c.yaml", tiny_dir,
+                            data={"corpus": str(text_file), "packing": "documents", "seq_len": 192},
+                            train={"mixed_windows": 0.5, "steps": steps, "save_every": 1, "batch_size": 1,
+                                   "scheduler": "constant_with_warmup"})
+
+    killed = config("killed", 8)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    child = subprocess.Popen([sys.executable, str(RECIPE), "--config", str(killed)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out, deadline = tmp_path / "killed" / "out", time.monotonic() + 240
+    try:
+        while len(ckpt.read_log(out)) < 3 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    assert 3 <= len(ckpt.read_log(out)) < 8
+    resumed = run_recipe(killed, "--resume")
+    whole = run_recipe(config("whole", 8))
+    assert [r["loss"] for r in ckpt.read_log(out)] == [r["loss"] for r in ckpt.read_log(tmp_path / "whole" / "out")]
+    a, b = state(whole), state(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
