@@ -6,8 +6,9 @@ Bible, not a play: the fine-tunes trained on plays), first copies in the first h
 in the second, one pass with the first copies and one control pass per sequence (--one-pass: none). The same
 passages at the same places for every row, so rows are compared passage by passage (paired differences).
 Rows: `none` (unpatched: inside its own 8k the reference, at 16k the negative control past its context), `ntk`,
-`yarn`, `dynamic_yarn`, `dca`, `self_extend` (each patched to the cell's length, at least 16k), or NAME=FOLDER (a saved
-fine-tune, loaded with hp.from_pretrained).
+`yarn`, `dynamic_yarn`, `dca`, `self_extend` (each patched to the cell's length, at least 16k), `yarn_switched` (YaRN's
+frequencies past 8k, the unpatched ones inside, attention factor 1: a mixed-windows fine-tune's start), or
+NAME=FOLDER (a saved fine-tune, loaded with hp.from_pretrained).
 
 `--probes N` adds one cell: N multikey probes (hf_posenc/eval/ruler.py) on one prefill of the longest length,
 the prefill's CPU time against the probes', for the first row.
@@ -50,7 +51,12 @@ def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):
     if folder:
         return hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
     model = hp.load_model(ref, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
-    if name != "none":
+    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/mixed_windows.py)
+        from hf_posenc import mixed_windows
+
+        params = hpe.variant_params(model, "yarn", {}, max(length, 2 * ORIGINAL))
+        hp.patch(model, "longrope", **mixed_windows.switched_params(model, "yarn", params))
+    elif name != "none":
         params = hpe.variant_params(model, name, {}, max(length, 2 * ORIGINAL))
         hp.patch(model, name, **params)
     return model
@@ -71,7 +77,7 @@ def check_rows(rows: list[str]) -> None:
         try:
             if folder:
                 resolve(folder)
-            elif name != "none":
+            elif name not in ("none", "yarn_switched"):
                 get_method(name)
         except (ModelNotFoundError, UnknownMethodError) as err:
             common.refuse(f"row {row!r}: {err}")

@@ -1,7 +1,9 @@
 """Train long on short: SmolLM2-135M (8k) taken to 32k with YaRN x4, fine-tuned on 2048-token windows with
 each position scheme (hf_posenc/positions.py), against the training-free methods, on two held-out plays.
 
-Rows (--rows): `none` (unpatched), `yarn` (x4, no training), `dca` (no training), and fine-tunes written
+Rows (--rows): `none` (unpatched), `yarn` (x4, no training), `yarn_switched` (YaRN x4's frequencies past 8k and the
+unpatched ones inside it, a switched longrope with attention factor 1: the start of a `train.mixed_windows`
+fine-tune), `dca` (no training), and fine-tunes written
 NAME=POSITIONS: `contiguous=contiguous` (the control: the same text, steps and tokens, ids 0..n-1),
 `pose=pose chunks=2`, `cream=cream`, `pose_share=pose chunks=2 contiguous_share=0.5`, `span=pose chunks=2
 text=span` (the tokens at the ids of a 32k span), `pose3=pose chunks=3`. Every fine-tune runs recipes/configs/smollm2_pose_32k_cpu_finetune.yaml
@@ -123,7 +125,11 @@ def load_row(row: str, args, dtype: torch.dtype):
         return hp.from_pretrained(str(Path(args.runs) / name), dtype=dtype, attn_implementation="sdpa").to(
             common.DEVICE).eval()
     model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").to(common.DEVICE).eval()
-    if name != "none":
+    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/mixed_windows.py)
+        from hf_posenc import mixed_windows
+
+        hp.patch(model, "longrope", **mixed_windows.switched_params(model, "yarn", {"max_position_embeddings": TARGET}))
+    elif name != "none":
         hp.patch(model, name, max_position_embeddings=TARGET)
     return model
 
@@ -141,7 +147,10 @@ def perplexity_cell(model, ids: list[int]) -> dict:
     full = hpe.token_nll(model, torch.tensor([ids[:TARGET]]))[0].double()   # entry t scores token t + 1
     window = hpe.token_nll(model, torch.tensor([ids[TARGET - WINDOW:TARGET]]))[0].double()
     late = slice(LATE - 1, TARGET - 1)
-    return {"perplexity": {str(n): math.exp(full[:n - 1].mean().item()) for n in LENGTHS},
+    # each shorter length its own pass: a rope that switches with the input's length (longrope, a mixed-windows
+    # fine-tune) reads the first n tokens alone otherwise than inside the 32k pass
+    alone = {n: hpe.token_nll(model, torch.tensor([ids[:n]]))[0].double() for n in LENGTHS if n < TARGET}
+    return {"perplexity": {str(n): math.exp(alone.get(n, full)[:n - 1].mean().item()) for n in LENGTHS},
             "late_loss_full": full[late].mean().item(),
             "late_loss_16k": window[LATE - 1 - (TARGET - WINDOW):].mean().item()}
 
@@ -174,8 +183,8 @@ def main() -> None:
                 common.refuse(f"row {row!r}: NAME=@CONFIG needs a config file that exists")
         elif "=" in row:
             positions.scheme(row.partition("=")[2])
-        elif row not in ("none", "yarn", "dca"):
-            common.refuse(f"a row is none, yarn, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
+        elif row not in ("none", "yarn", "yarn_switched", "dca"):
+            common.refuse(f"a row is none, yarn, yarn_switched, dca or NAME=POSITIONS (a fine-tune), got {row!r}")
     if not all(0 <= d <= 1 for d in args.depths):
         common.refuse(f"--depths are fractions in [0, 1], got {args.depths}")
     args.dtype = common.dtype_name(args.dtype)

@@ -3,6 +3,8 @@ the recipe's loss with the full logits (`--loss-chunk 0`) and a block of positio
 
     python benchmarks/bench_train_memory.py                       # CPU: 512 .. 8192, full and chunked loss
     python benchmarks/bench_train_memory.py --lengths 8192 16384 32768   # on a GPU (yarn patch past 8k)
+    python benchmarks/bench_train_memory.py --lengths 2048 8192 --loss-chunk 1024 --packing joined documents
+                                          # documents kept apart (data.packing=documents) against joined ones
 
 Each length runs in its own process: load, one warm-up step at 64 tokens (allocates the AdamW
 states), then one timed training step (forward, backward, optimizer step) at the length. Peak
@@ -24,7 +26,10 @@ import sys
 import common
 
 
-def one(length: int, dtype: str, chunk: int) -> dict:
+DOCUMENT = 500   # --packing documents: an EOS every DOCUMENT tokens (the stdlib's modules are ~this size and up)
+
+
+def one(length: int, dtype: str, chunk: int, packing: str = "joined") -> dict:
     import torch
 
     import hf_posenc as hp
@@ -39,11 +44,19 @@ def one(length: int, dtype: str, chunk: int) -> dict:
     device = "cuda" if cuda else "cpu"
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0)
-    objective = TrainingLoss(model, objective="lm", causal=True, chunk=chunk)
+    documents = packing == "documents"
+    objective = TrainingLoss(model, objective="lm", causal=True, chunk=chunk, documents=documents)
+    eos = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
 
     def step(n):
-        ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-        loss = objective(ids, torch.ones_like(ids))
+        ids = torch.randint(1, model.config.vocab_size, (1, n), device=device)
+        mask, position_ids = torch.ones_like(ids), None
+        if documents:
+            from hf_posenc.documents import document_position_ids
+
+            ids[:, DOCUMENT - 1::DOCUMENT] = eos
+            position_ids = document_position_ids(ids, mask, eos_token_id=eos)
+        loss = objective(ids, mask, position_ids=position_ids)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -52,7 +65,7 @@ def one(length: int, dtype: str, chunk: int) -> dict:
     seconds, step_peak, base = common.peak_step(lambda: step(length), cuda)
     return {"length": length, "seconds": seconds, "tokens_per_s": length / seconds, "resident_before_mib": base,
             "peak_mib": base + step_peak, "step_peak_mib": step_peak, "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "dtype": dtype, "loss_chunk": chunk}
+            "dtype": dtype, "loss_chunk": chunk, "packing": packing}
 
 
 def main():
@@ -62,24 +75,29 @@ def main():
                         help="positions of logits at a time (0: the full logits); one table each")
     parser.add_argument("--dtype", default="float32", choices=common.DTYPES,
                         help="weights dtype (float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--packing", nargs="+", default=["joined"], choices=["joined", "documents"],
+                        help="documents: an EOS every 500 tokens, each document kept apart (one table each)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.dtype, args.loss_chunk[0])))
+        print(json.dumps(one(args.one, args.dtype, args.loss_chunk[0], args.packing[0])))
         return
     print(f"{common.machine()}, dtype {args.dtype}", flush=True)
-    slopes = {chunk: table(args, chunk) for chunk in args.loss_chunk}
-    if 0 in slopes and len(slopes) > 1:
-        print(json.dumps({f"slope_ratio_full_over_chunk_{c}": round(slopes[0] / s, 2)
-                          for c, s in slopes.items() if c and s}))
+    slopes = {(chunk, packing): table(args, chunk, packing) for chunk in args.loss_chunk for packing in args.packing}
+    for packing in args.packing:
+        full = slopes.get((0, packing))
+        if full and len(args.loss_chunk) > 1:
+            print(json.dumps({f"slope_ratio_full_over_chunk_{c}" + (f"_{packing}" if packing != "joined" else ""):
+                              round(full / s, 2) for (c, p), s in slopes.items() if c and s and p == packing}))
 
 
-def table(args, chunk: int) -> float | None:
-    print(f"loss_chunk={chunk} ({'full logits' if not chunk else f'{chunk} positions at a time'})", flush=True)
+def table(args, chunk: int, packing: str = "joined") -> float | None:
+    print(f"loss_chunk={chunk} ({'full logits' if not chunk else f'{chunk} positions at a time'}), packing {packing}",
+          flush=True)
     rows = []
     for length in args.lengths:
         out = subprocess.run([sys.executable, __file__, "--one", str(length), "--dtype", args.dtype,
-                              "--loss-chunk", str(chunk)], capture_output=True, text=True,
+                              "--loss-chunk", str(chunk), "--packing", packing], capture_output=True, text=True,
                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")})
         if out.returncode != 0:
             print(f"{length}: failed ({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})")

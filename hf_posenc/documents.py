@@ -62,14 +62,16 @@ def documents(position_ids: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def kept_apart(model: nn.Module) -> Iterator[None]:
-    """Inside the block, a forward of the model's decoder that is given position ids attends within each
-    document only: its 2D attention mask is dropped, so transformers builds the packed-documents mask from the
-    ids. A forward without position ids is left as it is (its ids would be 0..n-1: one document)."""
+    """Inside the block, a forward of the model's decoder that is given position ids (and no cache) attends within
+    each document only: its 2D attention mask is dropped and it keeps no cache, so transformers builds the
+    packed-documents mask from the ids. A forward without position ids is left as it is (its ids would be
+    0..n-1: one document), and one that continues a cache (generation)."""
     decoder = decoder_of(model)
 
     def drop_mask(module, args, kwargs):
         if kwargs.get("position_ids") is not None and kwargs.get("past_key_values") is None:
-            kwargs["attention_mask"] = None
+            # no cache either: transformers looks for packed documents only in a forward without one
+            kwargs.update(attention_mask=None, use_cache=False)
         return args, kwargs
 
     handle = decoder.register_forward_pre_hook(drop_mask, with_kwargs=True)

@@ -42,7 +42,8 @@ def test_masked_window_equals_the_documents_forwards(family):
     position_ids = documents.document_position_ids(ids, mask, eos_token_id=EOS)
     with torch.no_grad():
         with documents.kept_apart(model):
-            packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits[0]
+            # as a user calls it (use_cache at its default: a cache would turn transformers' packed mask off)
+            packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[0]
         apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
         joined = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0]
     torch.testing.assert_close(packed, apart, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ LAYERS = {
     "patch calls": ("hf_posenc.registry", "hf_posenc.serving", "hf_posenc.loading", "hf_posenc.api",
                     "hf_posenc.configs"),
     "uses": ("hf_posenc.eval", "hf_posenc.analysis", "hf_posenc.metrics", "hf_posenc.losses", "hf_posenc.data",
+             "hf_posenc.documents", "hf_posenc.mixed_windows",
              "hf_posenc.train_data", "hf_posenc.positions", "hf_posenc.harness", "hf_posenc.card",
              "hf_posenc.checkpoints", "hf_posenc.search"),
     "front ends": ("hf_posenc", "hf_posenc.user_input", "hf_posenc.cli", "hf_posenc.demo", "hf_posenc.recipes"),

@@ -113,7 +113,8 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                                         short_len or (short_window if short_window != seq_len else None), positions)
     long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
                                         switched=switched, short_window=short_window,
-                                        documents=check_documents(cfg, causal, positions))
+                                        documents=check_documents(cfg, causal, positions,
+                                                                  choose_attention(cfg.model.attn_implementation)))
     if exact:
         from ..families.learned_tables import check_length
 

@@ -189,9 +189,10 @@ def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: i
     return switched, min(seq_len, original)
 
 
-def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme) -> Optional[str]:
-    """data.packing=documents against the run: what keeps the documents apart (for the summary line), or None
-    when the documents are joined. Refused in one line where it cannot work."""
+def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme, backend: str) -> Optional[str]:
+    """data.packing=documents against the run (`backend`: the attention implementation it resolves to): what
+    keeps the documents apart (for the summary line), or None when the documents are joined. Refused in one line
+    where it cannot work."""
     if cfg.data.packing != "documents":
         return None
     where = "data.packing=documents"
@@ -214,9 +215,7 @@ def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme
                               f"{cfg.posenc['method']!r} computes attention itself, without that mask: use a RoPE "
                               f"method or data.packing=joined")
     from .. import documents
-    from .finetune_model import choose_attention
 
-    backend = choose_attention(cfg.model.attn_implementation)
     try:
         documents.check_backend(backend)
     except PosEncError as err:
