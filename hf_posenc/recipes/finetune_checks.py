@@ -108,7 +108,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                           f"sequences")
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
-    switched, short_window = check_mixed_windows(cfg, ref, original, seq_len, causal, positions)
+    switched, short_window = check_mixed_windows(cfg, ref, original, seq_len, positions)
     long_training = check_long_training(cfg, model, ref, original, seq_len,
                                         short_len or (short_window if short_window != seq_len else None), positions)
     long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
@@ -339,7 +339,7 @@ def check_corpus(field: str, spec: str, args: DataArgs) -> None:
             datasets.load_dataset_builder(name, subset or None)
         except Exception as err:   # offline, unknown name, gated, ...
             raise ConfigError(f"{field}={spec!r}: the hub dataset {name!r} cannot be reached "
-                              f"({type(err).__name__}: {one_line(err)}); use the built-in shakespeare or kjv, "
+                              f"({type(err).__name__}: {one_line(err)}); use the built-in shakespeare, kjv or stdlib, "
                               f"local .txt/.jsonl/.parquet files, or a reachable hub dataset") from None
 
 

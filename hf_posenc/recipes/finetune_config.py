@@ -69,7 +69,8 @@ class ModelArgs:
 @dataclasses.dataclass
 class DataArgs:
     corpus: str = field(default="shakespeare", metadata={**FIXED,
-        "help": "a load_corpus spec: shakespeare / kjv, local .txt/.jsonl/.parquet files, a hub dataset NAME[:CONFIG]"})
+        "help": "a load_corpus spec: shakespeare / kjv / stdlib, local .txt/.jsonl/.parquet files, a hub dataset "
+                "NAME[:CONFIG]"})
     split: str = field(default="train", metadata={**FIXED, "help": "the split of a hub dataset"})
     text_column: str = field(default="text", metadata={**FIXED,
         "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})

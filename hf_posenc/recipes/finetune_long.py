@@ -1,9 +1,11 @@
 """The fine-tune recipe's long-context training options: shifted sparse attention in training
 (`train.attention: s2`, hf_posenc/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") and the long-context
-loss (`train.loss`: a loss of hf_posenc/losses.LOSSES, `ce` or `longce`: LongCE, Fang et al., ICLR 2025). Their
-names are checked with the config (`check_fields`), the loss's settings (`train.<loss>_<parameter>`) by the loss
-itself against the model's skeleton and the run's windows before anything loads (`check_long_training`, called by
-finetune_checks.check_config), and what they resolve to (`LongTraining`, kept in the Preflight) sets up the model
+loss (`train.loss`: a loss of hf_posenc/losses.LOSSES, `ce` or `longce`: LongCE, Fang et al., ICLR 2025), mixed
+context windows (`train.mixed_windows`, hf_posenc/mixed_windows.py) and documents kept apart (`data.packing:
+documents`, hf_posenc/documents.py). Their names are checked with the config (`check_fields`), the loss's settings
+(`train.<loss>_<parameter>`) by the loss itself against the model's skeleton and the run's windows before anything
+loads (`check_long_training`, `check_mixed_windows`, `check_documents`, called by finetune_checks.check_config),
+and what they resolve to (`LongTraining`, kept in the Preflight) sets up the model
 and the loss (finetune_recipe.py). Nothing here names a loss: a loss registered in hf_posenc/losses.py is a value
 of train.loss as it is.
 
@@ -151,8 +153,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
     return LongTraining(group, train.s2_shift, resolved if train.objective == "lm" else None)
 
 
-def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: int, causal: bool,
-                        positions: PositionScheme) -> tuple[Optional[dict], Optional[int]]:
+def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: int, positions: PositionScheme) -> tuple[Optional[dict], Optional[int]]:
     """train.mixed_windows against the run: (the switched longrope patch, the short window's tokens), or
     (None, None) when off. Refused in one line: no patch or one with no short rope, a model with more than one
     RoPE, a pairing that cannot work (distill, data.short_share), windows that never leave the original context."""
