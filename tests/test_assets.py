@@ -44,3 +44,26 @@ def test_kjv_text_reads_the_bible_when_installed():
     text = assets.kjv_text()
     assert text.lstrip().startswith("1. In the beginning God created the heaven and the earth.")
     assert len(text) > 4_000_000
+
+
+def test_the_stdlib_corpus_is_one_document_per_package_or_module():
+    import sysconfig
+    from pathlib import Path
+
+    from hf_posenc.errors import InvalidInputError
+
+    docs = data.load_corpus("stdlib:json,textwrap")
+    assert list(docs["title"]) == ["json", "textwrap"]
+    json_doc, textwrap_doc = docs["text"]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted((root / "json").glob("*.py"))
+    assert json_doc.startswith("# json/__init__.py\n" + (root / "json" / "__init__.py").read_text())
+    assert all(f"# json/{f.name}\n" in json_doc for f in files)   # every file of the package, each named
+    assert textwrap_doc == f"# textwrap.py\n{(root / 'textwrap.py').read_text()}\n"
+    parts = data.stdlib_parts()
+    assert "test" not in parts and "site-packages" not in parts   # its own tests and installed packages left out
+    assert not any("test" in f.relative_to(root).parts[1:-1] for f in parts["unittest"])   # unittest/test/ too
+    everything_but = data.load_corpus("stdlib:-json")
+    assert "json" not in everything_but["title"] and len(everything_but) == len(parts) - 1
+    with pytest.raises(InvalidInputError, match="no package"):
+        data.load_corpus("stdlib:no_such_module")
