@@ -65,22 +65,28 @@ def _kjv(names: list[str]) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"title": chosen, "text": [by_number[books[n]] for n in chosen]})
 
 
-# Not documents of the standard library: its own tests, what is installed beside it, compiled files.
+# Not documents of the standard library: its own tests, what is installed beside it, compiled files, and the
+# build's record of this machine's paths (_sysconfigdata_*).
 STDLIB_SKIPPED = {"test", "tests", "site-packages", "dist-packages", "lib-dynload", "__pycache__"}
+
+
+def _skipped(name: str) -> bool:
+    return name in STDLIB_SKIPPED or name.endswith("_test") or name.startswith(("config-", ".", "_sysconfigdata"))
 
 
 def stdlib_parts() -> dict[str, list[Path]]:
     """The installed interpreter's standard library as repositories: each top-level package (its .py files,
-    `__init__.py` first, then by path; test folders left out) or single-file module, by name."""
+    `__init__.py` first, then by path; test folders, `test`, `tests`, `*_test`, left out) or single-file module,
+    by name."""
     import sysconfig
 
     root = Path(sysconfig.get_paths()["stdlib"])
     parts = {}
     for entry in sorted(root.iterdir()):
-        if entry.name in STDLIB_SKIPPED or entry.name.startswith(("config-", ".")):
+        if _skipped(entry.name):
             continue
         if entry.is_dir() and (entry / "__init__.py").is_file():
-            files = [f for f in entry.rglob("*.py") if not STDLIB_SKIPPED & set(f.relative_to(entry).parts[:-1])]
+            files = [f for f in entry.rglob("*.py") if not any(map(_skipped, f.relative_to(entry).parts[:-1]))]
             parts[entry.name] = sorted(files, key=lambda f: (f.relative_to(entry).parts != ("__init__.py",),
                                                              f.relative_to(entry).parts))
         elif entry.suffix == ".py" and entry.is_file():

@@ -53,7 +53,7 @@ def unscored_starts(attention_mask: torch.Tensor, position_ids: torch.Tensor) ->
     return scored
 
 
-def documents(position_ids: torch.Tensor) -> torch.Tensor:
+def document_index(position_ids: torch.Tensor) -> torch.Tensor:
     """The document number of each token (0, 1, ... along each row), from ids that restart at each one."""
     restarts = torch.ones_like(position_ids, dtype=torch.bool)
     restarts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
@@ -62,16 +62,20 @@ def documents(position_ids: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def kept_apart(model: nn.Module) -> Iterator[None]:
-    """Inside the block, a forward of the model's decoder that is given position ids (and no cache) attends within
-    each document only: its 2D attention mask is dropped and it keeps no cache, so transformers builds the
-    packed-documents mask from the ids. A forward without position ids is left as it is (its ids would be
-    0..n-1: one document), and one that continues a cache (generation)."""
+    """Inside the block, a forward of the model's decoder that is given position ids attends within each document
+    only: its 2D attention mask and any cache are dropped, so transformers builds the packed-documents mask from
+    the ids. For training forwards: generate outside the block. A forward without position ids is left as it is
+    (its ids would be 0..n-1: one document)."""
     decoder = decoder_of(model)
 
     def drop_mask(module, args, kwargs):
-        if kwargs.get("position_ids") is not None and kwargs.get("past_key_values") is None:
-            # no cache either: transformers looks for packed documents only in a forward without one
+        if kwargs.get("position_ids") is not None:
+            # no cache either (`cache`, `past_key_values` before transformers 5.2x): transformers looks for packed
+            # documents only in a forward without one
             kwargs.update(attention_mask=None, use_cache=False)
+            for name in ("cache", "past_key_values"):
+                if kwargs.get(name) is not None:
+                    kwargs[name] = None
         return args, kwargs
 
     handle = decoder.register_forward_pre_hook(drop_mask, with_kwargs=True)
@@ -92,17 +96,33 @@ def decoder_of(model: nn.Module) -> nn.Module:
     return inner.base_model
 
 
-def check_backend(attn_implementation: str) -> None:
-    """Refuses an attention implementation that does not mask packed documents from their position ids."""
+def check_model(model_type: str, attn_implementation: str, batch_size: int) -> None:
+    """Refuses what would read across documents: a family whose decoder is not known to build transformers'
+    packed mask from restarting ids (OPT rebuilds its positions from the 2D mask; state-space layers carry their
+    state over), an attention implementation it builds no mask for, and FlashAttention with more than one row
+    (transformers takes a batch of several rows for unpacked and runs the plain causal kernel)."""
+    from .families.rope_models import TESTED_MODEL_TYPES
+
+    if model_type not in TESTED_MODEL_TYPES:
+        raise UnsupportedModelError(f"documents kept apart are verified on {', '.join(sorted(TESTED_MODEL_TYPES))} "
+                                    f"(tests/test_documents.py), not on {model_type!r}, whose decoder may not mask "
+                                    f"packed documents")
     if attn_implementation not in MASKING_BACKENDS:
         raise InvalidInputError(f"attention {attn_implementation!r} cannot keep documents apart (transformers builds "
                                 f"no mask for it from restarting position ids); use one of "
                                 f"{', '.join(MASKING_BACKENDS)}")
+    if attn_implementation.startswith("flash_attention") and batch_size > 1:
+        raise InvalidInputError(f"{attn_implementation} keeps packed documents apart in a batch of one row only "
+                                f"(transformers' variable-length path), got {batch_size} rows: use batch_size 1 "
+                                f"with grad_accum, or sdpa")
+
+
+MASK_KINDS = {"flash_attention_2": "FlashAttention's variable-length kernel",
+              "flash_attention_3": "FlashAttention's variable-length kernel",
+              "flex_attention": "a FlexAttention block mask", "sdpa": "SDPA with a block-diagonal causal mask",
+              "eager": "eager attention with a block-diagonal causal mask"}
 
 
 def mask_kind(attn_implementation: str) -> str:
     """What keeps the documents apart, for the run's summary line."""
-    return {"flash_attention_2": "FlashAttention varlen", "flash_attention_3": "FlashAttention varlen",
-            "flex_attention": "a FlexAttention block mask"}.get(
-        attn_implementation, f"{attn_implementation.upper() if attn_implementation == 'sdpa' else attn_implementation}"
-                             f" with a block-diagonal causal mask")
+    return MASK_KINDS[attn_implementation]

@@ -481,15 +481,33 @@ def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_ma
     out = torch.full((batch, n - 1), float("nan"), device=input_ids.device)
     if position_ids is None:
         position_ids = torch.arange(n, device=input_ids.device).expand(batch, n)
+    # a rope that follows the input's length (longrope's two sets, dynamic scaling) is set by the largest id: each
+    # short window moved up to the long pass's, the same distances, so that it reads them with the long pass's rope
+    top = position_ids.amax(dim=1, keepdim=True) if rope_follows_length(model) else None
     with evaluating(model):
         for start in range(stride, n - window, stride):
             end = min(start + window + stride, n)
-            ids, mask = input_ids[:, start:end], attention_mask[:, start:end]
-            hidden = hidden_states(model, ids, mask, position_ids[:, start:end])[:, window - 1:-1]
+            ids, mask, at = input_ids[:, start:end], attention_mask[:, start:end], position_ids[:, start:end]
+            if top is not None:
+                at = at + (top - at.amax(dim=1, keepdim=True))
+            hidden = hidden_states(model, ids, mask, at)[:, window - 1:-1]
             labels = ids[:, window:].masked_fill(mask[:, window:] == 0, -100)
             losses = next_token_losses(model, hidden, labels, chunk)
             out[:, start + window - 1:end - 1] = losses.masked_fill(labels == -100, float("nan"))
     return out
+
+
+def rope_follows_length(model: nn.Module) -> bool:
+    """Whether the model's rotary frequencies change with the input's largest position id: transformers' longrope
+    (short and long factors) and dynamic scaling, hf_posenc's length-dependent methods."""
+    from .methods.rope import LengthDependentRotary
+
+    inner = _inner(model)
+    if any(isinstance(m, LengthDependentRotary) for m in inner.modules()):
+        return True
+    params = getattr(inner.config.get_text_config(), "rope_parameters", None) or {}   # none: a bias, a table
+    nested = [v for v in params.values() if isinstance(v, dict)]   # one set per layer type (Gemma 3)
+    return any(p.get("rope_type") in ("longrope", "dynamic") for p in [params, *nested])
 
 
 def longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, longce: LongCE,

@@ -12,7 +12,7 @@ when given, else 1: inside the original context the switched model is then the u
 
     params = switched_params(model, "yarn", {"max_position_embeddings": 32768})
     hp.patch(model, "longrope", **params)
-    short = short_window(seed=42, index=7, share=0.5)   # micro-batch 7 of the run: short or long, from the seed
+    short = drawn_short(seed=42, index=7, share=0.5)   # micro-batch 7 of the run: short or long, from the seed
 """
 
 from __future__ import annotations
@@ -68,11 +68,12 @@ def switched_params(model: torch.nn.Module, method: str, params: dict) -> dict:
         after, _ = _compat.rope_init(text, None, target, type(rotary_of(patched)))
     factors = (before.double() / after.double()).tolist()
     switched = {"max_position_embeddings": target, "long_factor": [float(f) for f in factors],
-                "short_factor": [1.0] * len(factors), "attention_factor": float(params.get("attention_factor") or 1.0)}
+                "short_factor": [1.0] * len(factors),
+                "attention_factor": float(1.0 if params.get("attention_factor") is None else params["attention_factor"])}
     return switched
 
 
-def short_window(*, seed: int, index: int, share: float) -> bool:
+def drawn_short(*, seed: int, index: int, share: float) -> bool:
     """Whether micro-batch `index` of a run seeded `seed` trains inside the original context: a draw of its own
     (not the position schemes' stream), so a resumed run draws the same, and every process alike for the same
     micro-batch."""

@@ -63,6 +63,8 @@ def test_the_stdlib_corpus_is_one_document_per_package_or_module():
     parts = data.stdlib_parts()
     assert "test" not in parts and "site-packages" not in parts   # its own tests and installed packages left out
     assert not any("test" in f.relative_to(root).parts[1:-1] for f in parts["unittest"])   # unittest/test/ too
+    assert not any("idle_test" in f.parts for f in parts["idlelib"])
+    assert not any(name.startswith("_sysconfigdata") for name in parts)   # this machine's build paths
     everything_but = data.load_corpus("stdlib:-json")
     assert "json" not in everything_but["title"] and len(everything_but) == len(parts) - 1
     with pytest.raises(InvalidInputError, match="no package"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_posenc import documents
-from hf_posenc.errors import InvalidInputError
+from hf_posenc.errors import InvalidInputError, UnsupportedModelError
 from test_rope_families import FAMILIES, build
 
 EOS = 3
@@ -30,7 +30,7 @@ def test_position_ids_restart_after_each_eos_and_at_the_padding():
     expected = torch.cat([torch.arange(len(d)) for d in docs])
     assert got[0].tolist() == expected.tolist()
     assert got[1, :-5].tolist() == expected[:-5].tolist() and got[1, -5:].tolist() == list(range(5))
-    assert documents.documents(got)[0].tolist() == sum(([i] * len(d) for i, d in enumerate(docs)), [])
+    assert documents.document_index(got)[0].tolist() == sum(([i] * len(d) for i, d in enumerate(docs)), [])
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -61,7 +61,25 @@ def test_a_forward_without_position_ids_is_left_alone():
     torch.testing.assert_close(inside, plain)
 
 
-def test_a_backend_that_cannot_mask_is_refused():
-    documents.check_backend("sdpa")
-    with pytest.raises(InvalidInputError, match="cannot keep documents apart"):
-        documents.check_backend("paged|sdpa")
+def test_an_explicit_empty_cache_does_not_turn_the_mask_off():
+    from transformers import DynamicCache
+
+    model = build("llama")
+    docs = packed_window()
+    ids = torch.cat(docs)[None]
+    position_ids = documents.document_position_ids(ids, torch.ones_like(ids), eos_token_id=EOS)
+    with torch.no_grad():
+        with documents.kept_apart(model):
+            packed = model(input_ids=ids, position_ids=position_ids, cache=DynamicCache(config=model.config)).logits[0]
+        apart = torch.cat([model(input_ids=d[None]).logits[0] for d in docs])
+    torch.testing.assert_close(packed, apart, atol=1e-5, rtol=1e-5)
+
+
+def test_what_would_read_across_documents_is_refused():
+    documents.check_model("llama", "sdpa", 4)
+    documents.check_model("qwen3", "flash_attention_2", 1)
+    for model_type, backend, rows, message in [("opt", "sdpa", 1, "not on 'opt'"),
+                                               ("llama", "paged|sdpa", 1, "cannot keep documents apart"),
+                                               ("llama", "flash_attention_2", 2, "one row only")]:
+        with pytest.raises((InvalidInputError, UnsupportedModelError), match=message):
+            documents.check_model(model_type, backend, rows)

@@ -26,11 +26,11 @@ CTX = 64   # the tiny models' original context (tiny.TINY)
 
 @pytest.mark.parametrize("method, params", [("yarn", {}), ("ntk", {}), ("linear", {}), ("llama3", {}),
                                             ("yarn", {"attention_factor": 1.2})])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi", "gpt_neox", "cohere", "deepseek_v3"])
+@pytest.mark.parametrize("family", [f for f in sorted(FAMILIES) if "layer_types" not in FAMILIES[f]])
 def test_switched_patch_is_the_unpatched_model_inside_and_the_method_past_the_original_context(family, method,
                                                                                                params):
-    if "longrope" in REFUSED.get(family, ()):
-        pytest.skip(f"{family} refuses longrope")
+    if {"longrope", method} & REFUSED.get(family, set()):
+        pytest.skip(f"{family}'s config refuses {method} or longrope")
     model = build(family)
     params = {"max_position_embeddings": 2 * CTX, **params}
     short, long = token_ids(CTX - 8), token_ids(3 * CTX // 2, seed=1)
@@ -57,11 +57,11 @@ def test_a_method_without_a_short_rope_is_refused(method):
 
 
 def test_the_short_share_is_drawn_per_micro_batch_from_the_seed():
-    draws = [mixed_windows.short_window(seed=3, index=i, share=0.3) for i in range(4000)]
+    draws = [mixed_windows.drawn_short(seed=3, index=i, share=0.3) for i in range(4000)]
     assert abs(sum(draws) / len(draws) - 0.3) < 0.03
-    assert draws == [mixed_windows.short_window(seed=3, index=i, share=0.3) for i in range(4000)]
-    assert draws != [mixed_windows.short_window(seed=4, index=i, share=0.3) for i in range(4000)]
-    assert not any(mixed_windows.short_window(seed=3, index=i, share=0.0) for i in range(100))
+    assert draws == [mixed_windows.drawn_short(seed=3, index=i, share=0.3) for i in range(4000)]
+    assert draws != [mixed_windows.drawn_short(seed=4, index=i, share=0.3) for i in range(4000)]
+    assert not any(mixed_windows.drawn_short(seed=3, index=i, share=0.0) for i in range(100))
 
 
 def mixed_config(tmp_path, tiny_dir, text_file, name="mixed", **train):
@@ -79,7 +79,7 @@ def test_mixed_windows_cut_a_short_micro_batch_and_spread_a_long_one(tmp_path, t
         for micro in range(2):
             out = window_batch(preflight, batch, cfg, _Process(), step, micro)
             index = (step - 1) * 2 + micro
-            short = mixed_windows.short_window(seed=3, index=index, share=0.5)
+            short = mixed_windows.drawn_short(seed=3, index=index, share=0.5)
             kinds.add(short)
             if short:
                 assert "position_ids" not in out and torch.equal(out["input_ids"], batch["input_ids"])
@@ -128,6 +128,7 @@ def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_p
     ({"data": {"packing": "documents"}, "posenc": {"method": "self_extend", "max_position_embeddings": 256}},
      "computes attention itself"),
     ({"data": {"packing": "documents"}, "model": {"attn_implementation": "paged|sdpa"}}, "cannot keep documents"),
+    ({"data": {"packing": "documents", "seq_len": 192}, "train": {"mixed_windows": 0.5}}, "follow its longest document"),
     ({"data": {"packing": "packed"}}, "data.packing must be one of joined, documents"),
 ])
 def test_a_window_mix_or_packing_that_cannot_work_is_refused_before_loading(tmp_path, tiny_dir, text_file,
@@ -199,14 +200,14 @@ def test_position_ids_of_the_collate_restart_at_each_document():
     batch = train_data.collate(0, 9)([{"input_ids": [5, 6, 9, 7, 8, 9, 4]}, {"input_ids": [1, 9, 2]}])
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 0], [0, 1, 0, 0, 1, 2, 3]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0]]
-    assert documents.documents(batch["position_ids"]).tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 1, 2, 2, 2, 2]]
+    assert documents.document_index(batch["position_ids"]).tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 1, 2, 2, 2, 2]]
 
 
-def test_kill_9_with_mixed_windows_and_documents_apart_resumes_to_the_uninterrupted_run(tmp_path, tiny_dir,
-                                                                                         text_file):
-    """Both new settings together (windows of 192 tokens past the original 128, so that mixed windows have long
-    ones to mix with), the run killed with SIGKILL between checkpoints; --resume ends with the uninterrupted run's
-    losses and weights, bit for bit."""
+@pytest.mark.parametrize("setting", ["mixed", "documents"])
+def test_kill_9_resumes_to_the_uninterrupted_run(tmp_path, tiny_dir, text_file, short_documents, setting):
+    """Each new setting (mixed windows on windows of 192 tokens past the original 128, so that it has long ones to
+    mix with; documents apart on short documents), the run killed with SIGKILL between checkpoints; --resume ends
+    with the uninterrupted run's losses and weights, bit for bit."""
     import os
     import signal
     import subprocess
@@ -215,13 +216,15 @@ def test_kill_9_with_mixed_windows_and_documents_apart_resumes_to_the_uninterrup
 
     from test_finetune import RECIPE
 
-    def config(name, steps):
-        return write_config(tmp_path / name / "c.yaml", tiny_dir,
-                            data={"corpus": str(text_file), "packing": "documents", "seq_len": 192},
-                            train={"mixed_windows": 0.5, "steps": steps, "save_every": 1, "batch_size": 1,
+    sections = ({"data": {"corpus": str(text_file), "seq_len": 192}, "train": {"mixed_windows": 0.5}}
+                if setting == "mixed" else {"data": {"corpus": str(short_documents), "packing": "documents"}, "train": {}})
+
+    def config(name):
+        return write_config(tmp_path / name / "c.yaml", tiny_dir, data=sections["data"],
+                            train={**sections["train"], "steps": 8, "save_every": 1, "batch_size": 1,
                                    "scheduler": "constant_with_warmup"})
 
-    killed = config("killed", 8)
+    killed = config("killed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     child = subprocess.Popen([sys.executable, str(RECIPE), "--config", str(killed)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -235,7 +238,28 @@ def test_kill_9_with_mixed_windows_and_documents_apart_resumes_to_the_uninterrup
         child.kill()
     assert 3 <= len(ckpt.read_log(out)) < 8
     resumed = run_recipe(killed, "--resume")
-    whole = run_recipe(config("whole", 8))
+    whole = run_recipe(config("whole"))
     assert [r["loss"] for r in ckpt.read_log(out)] == [r["loss"] for r in ckpt.read_log(tmp_path / "whole" / "out")]
     a, b = state(whole), state(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_longce_short_windows_read_with_the_long_pass_rope_under_a_switched_patch():
+    """A long micro-batch of a mixed-windows run: LongCE's short windows whose ids stay inside the original
+    context must not turn the switched rope to its short set (they would differ from the long pass by the rope,
+    not by the context alone): each short window is scored as the static long rope scores it."""
+    from hf_posenc.losses import short_context_losses
+
+    model = tiny_model()
+    ids = token_ids(3 * CTX // 2, seed=2)
+    positions = torch.arange(ids.shape[1])[None]
+    mask = torch.ones_like(ids)
+    switched = mixed_windows.switched_params(model, "yarn", {"max_position_embeddings": 2 * CTX})
+    with torch.no_grad():
+        with hp.patched(model, "longrope", **{**switched, "short_factor": switched["long_factor"]}) as static:
+            expected = short_context_losses(static, ids, mask, 16, 16, positions)
+        with hp.patched(model, "longrope", **switched) as patched:
+            got = short_context_losses(patched, ids, mask, 16, 16, positions)
+    scored = ~expected.isnan()
+    assert scored[:, :CTX].any()   # windows that end inside the original context are among them
+    torch.testing.assert_close(got[scored], expected[scored], rtol=1e-4, atol=1e-4)

@@ -108,12 +108,12 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                           f"sequences")
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
-    switched, short_window = check_mixed_windows(cfg, ref, original, seq_len, positions)
+    switched, short_tokens = check_mixed_windows(cfg, ref, original, seq_len, positions)
     long_training = check_long_training(cfg, model, ref, original, seq_len,
-                                        short_len or (short_window if short_window != seq_len else None), positions)
+                                        short_len or (short_tokens if short_tokens != seq_len else None), positions)
     long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
-                                        switched=switched, short_window=short_window,
-                                        documents=check_documents(cfg, causal, positions,
+                                        switched=switched, short_tokens=short_tokens,
+                                        document_mask=check_documents(cfg, model, causal, positions,
                                                                   choose_attention(cfg.model.attn_implementation)))
     if exact:
         from ..families.learned_tables import check_length

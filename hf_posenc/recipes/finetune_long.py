@@ -76,8 +76,8 @@ class LongTraining:
     loss: Optional[TrainLoss] = None   # the resolved train.loss (None: the plain loss, as for distill)
     mixed_share: float = 0.0         # train.mixed_windows
     switched: Optional[dict] = None  # mixed windows: the longrope patch trained and saved (mixed_windows.py)
-    short_window: Optional[int] = None   # mixed windows: the tokens of a short window
-    documents: Optional[str] = None  # data.packing=documents: what keeps them apart (documents.mask_kind)
+    short_tokens: Optional[int] = None   # mixed windows: the tokens of a short micro-batch
+    document_mask: Optional[str] = None   # data.packing=documents: what keeps them apart (documents.mask_kind)
 
     def describe(self) -> str:
         """One line for the model card and the run's summary."""
@@ -89,17 +89,17 @@ class LongTraining:
             attention = "full attention"
         parts = [attention, self.loss.describe() if self.loss else "cross-entropy"]
         if self.switched:
-            parts.append(f"mixed windows: {self.mixed_share:.0%} of the micro-batches {self.short_window} tokens "
+            parts.append(f"mixed windows: {self.mixed_share:.0%} of the micro-batches {self.short_tokens} tokens "
                          f"inside the original context with the short rope, the rest with the long rope, as a "
                          f"switched longrope (attention factor {self.switched.get('attention_factor', 'default')})")
-        if self.documents:
-            parts.append(f"documents kept apart ({self.documents})")
+        if self.document_mask:
+            parts.append(f"documents kept apart ({self.document_mask})")
         return "; ".join(parts)
 
     @property
     def said(self) -> bool:
         """Whether the run's summary line names it (the plain run's full attention and cross-entropy are unsaid)."""
-        return bool(self.s2_group or self.switched or self.documents
+        return bool(self.s2_group or self.switched or self.document_mask
                     or (self.loss is not None and self.loss.name != "ce"))
 
 
@@ -190,7 +190,8 @@ def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: i
     return switched, min(seq_len, original)
 
 
-def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme, backend: str) -> Optional[str]:
+def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: PositionScheme,
+                    backend: str) -> Optional[str]:
     """data.packing=documents against the run (`backend`: the attention implementation it resolves to): what
     keeps the documents apart (for the summary line), or None when the documents are joined. Refused in one line
     where it cannot work."""
@@ -215,10 +216,13 @@ def check_documents(cfg: FinetuneConfig, causal: bool, positions: PositionScheme
             raise ConfigError(f"{where} needs the attention to mask documents; posenc method "
                               f"{cfg.posenc['method']!r} computes attention itself, without that mask: use a RoPE "
                               f"method or data.packing=joined")
+    if cfg.train.mixed_windows:
+        raise ConfigError(f"{where} with train.mixed_windows={cfg.train.mixed_windows}: a window's rope would follow "
+                          f"its longest document (the ids restart at each), not the share drawn: give one")
     from .. import documents
 
     try:
-        documents.check_backend(backend)
+        documents.check_model(model.config.get_text_config().model_type, backend, cfg.train.batch_size)
     except PosEncError as err:
         raise ConfigError(f"{where} with model.attn_implementation={cfg.model.attn_implementation!r}: {err}") from None
     return documents.mask_kind(backend)

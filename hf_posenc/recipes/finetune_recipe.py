@@ -169,7 +169,7 @@ class FinetuneRecipe:
         self.model = model
         self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
                                       temperature=cfg.train.temperature, loss=long.loss,
-                                      documents=bool(long.documents))
+                                      documents=bool(long.document_mask))
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
@@ -471,9 +471,9 @@ def window_batch(preflight: Preflight, batch: dict, cfg: FinetuneConfig, acceler
     is cut to its first tokens inside the original context, at 0..n-1 (or its documents' ids)."""
     scheme, long = preflight.positions, preflight.long_training
     consumed = (step - 1) * cfg.train.grad_accum + micro
-    if long.switched and mixed_windows.short_window(seed=cfg.train.seed, index=consumed, share=long.mixed_share):
+    if long.switched and mixed_windows.drawn_short(seed=cfg.train.seed, index=consumed, share=long.mixed_share):
         # inside the original context: its first tokens at 0..n-1 (the switched rope turns to its short set)
-        return {k: v[:, :long.short_window] for k, v in batch.items()}
+        return {k: v[:, :long.short_tokens] for k, v in batch.items()}
     if not scheme.spreads:
         return batch
     first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
