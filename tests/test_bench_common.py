@@ -259,7 +259,7 @@ def test_bench_recall_refuses_a_row_it_cannot_load_before_loading_anything(tmp_p
     (tmp_path / "saved" / "config.json").write_text("{}")
     rows = [r.replace("FOLDER", str(tmp_path)).replace("SAVED", str(tmp_path / "saved")) for r in rows]
     assert says in refused(capsys, bench_recall.check_rows, rows)
-    bench_recall.check_rows(["none", "yarn", f"ft={tmp_path / 'saved'}"])   # each of its kinds passes
+    bench_recall.check_rows(["none", "yarn", "yarn_switched", f"ft={tmp_path / 'saved'}"])   # each of its kinds passes
 
 
 # -- issue 40, item 4: every flag refused in one line before anything loads --------------------------------------

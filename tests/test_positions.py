@@ -19,6 +19,7 @@ import hf_posenc as hp
 from hf_posenc import card
 from hf_posenc import checkpoints as ckpt
 from hf_posenc import positions as P
+from hf_posenc.recipes.finetune_long import LongTraining
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError
 from hf_posenc.losses import TrainingLoss
 from hf_posenc.recipes import finetune_checks as checks
@@ -95,7 +96,7 @@ def test_the_card_claims_the_distances_the_run_drew(name, processes):
     scheme = P.scheme(name, target=256)
     cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=2, batch_size=3, seed=5),
                           data=SimpleNamespace(short_share=0.0))
-    preflight = SimpleNamespace(positions=scheme, seq_len=16)
+    preflight = SimpleNamespace(positions=scheme, seq_len=16, long_training=LongTraining())
     line = card.positions_line(preflight, cfg, steps=2, processes=processes)
     windows = 2 * 2 * 3 * processes
     drawn = max(int(P.relative_distances(scheme.position_ids(16, seed=5, index=w)).max()) for w in range(windows))
@@ -618,7 +619,8 @@ def test_a_resumed_pose_run_draws_the_same_ids_and_ends_bit_identical(tmp_path, 
 def test_each_process_draws_the_ids_of_its_own_windows():
     from hf_posenc.recipes.finetune_recipe import window_positions
 
-    preflight = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8)
+    preflight = SimpleNamespace(positions=P.scheme("randomized", target=10000), seq_len=8,
+                                long_training=LongTraining())
     cfg = SimpleNamespace(train=SimpleNamespace(grad_accum=3, batch_size=2, seed=0))
     batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
     seen = {}
@@ -629,7 +631,7 @@ def test_each_process_draws_the_ids_of_its_own_windows():
                 for row, ids in enumerate(window_positions(preflight, batch, cfg, acc, step, micro)):
                     seen.setdefault(tuple(ids.tolist()), []).append((rank, step, micro, row))
     assert len(seen) == 2 * 2 * 3 * 2        # 24 windows, 24 different draws
-    plain = SimpleNamespace(positions=P.scheme("contiguous"), seq_len=8)
+    plain = SimpleNamespace(positions=P.scheme("contiguous"), seq_len=8, long_training=LongTraining())
     assert window_positions(plain, batch, cfg, acc, 1, 0) is None
 
 
