@@ -63,7 +63,8 @@ def test_the_comments_are_found():
         by_file.setdefault(name, []).append((config, flags))
     assert set(by_file) == {p.name for p in CONFIGS.glob("*.yaml")}   # each config says how to run it
     assert ("smollm2_yarn_16k_finetune", ["--data.seq_len", "2048", "--data.short_share", "0", "--train.grad_accum",
-                                          "1", "--train.steps", "20", "--eval.lengths", "2048"]) in by_file[
+                                          "1", "--train.steps", "20", "--eval.lengths", "2048", "--train.longce_window",
+                                          "512"]) in by_file[
         "smollm2_yarn_16k_finetune.yaml"]
     assert suggested_commands.__doc__
 
