@@ -67,10 +67,9 @@ def switched_params(model: torch.nn.Module, method: str, params: dict) -> dict:
         target = int(text.max_position_embeddings)
         after, _ = _compat.rope_init(text, None, target, type(rotary_of(patched)))
     factors = (before.double() / after.double()).tolist()
-    switched = {"max_position_embeddings": target, "long_factor": [float(f) for f in factors],
-                "short_factor": [1.0] * len(factors),
-                "attention_factor": float(1.0 if params.get("attention_factor") is None else params["attention_factor"])}
-    return switched
+    attention = params.get("attention_factor")
+    return {"max_position_embeddings": target, "long_factor": [float(f) for f in factors],
+            "short_factor": [1.0] * len(factors), "attention_factor": 1.0 if attention is None else float(attention)}
 
 
 def drawn_short(*, seed: int, index: int, share: float) -> bool:

@@ -153,7 +153,8 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
     return LongTraining(group, train.s2_shift, resolved if train.objective == "lm" else None)
 
 
-def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: int, positions: PositionScheme) -> tuple[Optional[dict], Optional[int]]:
+def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: int,
+                        positions: PositionScheme) -> tuple[Optional[dict], Optional[int]]:
     """train.mixed_windows against the run: (the switched longrope patch, the short window's tokens), or
     (None, None) when off. Refused in one line: no patch or one with no short rope, a model with more than one
     RoPE, a pairing that cannot work (distill, data.short_share), windows that never leave the original context."""
