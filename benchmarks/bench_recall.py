@@ -270,6 +270,7 @@ def pooled(sets: list[dict], seeds: list[int], pairs: list[tuple[str, str]] | No
     paired differences."""
     keys = [k for k in sets[0] if all(k in s for s in sets[1:])]
     cells = {k: {"passages": [p for s in sets for p in s[k]["passages"]],
+                 "bins": [{"start": b["start"], "end": b["end"]} for b in sets[0][k].get("bins", [])],   # by 4k bin
                  **({"folder": sets[0][k]["folder"]} if "folder" in sets[0][k] else {})} for k in keys}
     print(f"\nPooled over the passages of seeds {', '.join(map(str, seeds))}:")
     print("| row | length | gap, all (95 %) | gap, >= 16k (95 %) |\n|---|---|---|---|")
