@@ -437,7 +437,7 @@ def test_shipped_causal_config_with_lora_trains_in_two_processes(tmp_path, tiny_
     cfg = shipped_on_tiny("smollm2_yarn_16k_finetune", tmp_path / "c.yaml", tiny_dir, text_file,
                           data={"seq_len": 64, "short_len": 16},
                           train={"steps": 3, "save_every": 2, "warmup_steps": 1, "grad_accum": 2, "lr": 1e-2,
-                                 "trainable": ["embeddings", "norms"],
+                                 "longce_window": 16, "trainable": ["embeddings", "norms"],
                                  "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}})
     proc = two_processes(cfg)
     assert proc.returncode == 0, proc.stderr[-4000:]
