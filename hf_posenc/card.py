@@ -88,6 +88,8 @@ def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight,
     held_out = bool(cfg.eval.corpus) and cfg.eval.corpus != cfg.data.corpus
     evaluated_on = (f"held-out `{cfg.eval.corpus}`" if held_out else
                     f"`{cfg.data.corpus}`, the training text itself: not held out (eval.corpus names other text)")
+    switched = (", trained and saved as a switched `longrope` (mixed windows: the unpatched frequencies inside the "
+                "original context)" if preflight.long_training.switched else "")
     card = f"""---
 base_model: {cfg.model.name}
 library_name: transformers
@@ -98,7 +100,7 @@ tags: [hf_posenc, long-context]
 Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 
 - **Base model**: `{base}` (context {preflight.original_context})
-- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {preflight.target_context}
+- **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {preflight.target_context}{switched}
 - **Mechanism after patch**: `{json.dumps(describe, default=str)}`
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
 - **Position ids**: {positions_line(preflight, cfg, steps)}

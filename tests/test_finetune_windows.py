@@ -108,6 +108,7 @@ def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_p
     stock = AutoModelForCausalLM.from_pretrained(out).eval()
     rope = stock.config.rope_parameters
     assert rope["rope_type"] == "longrope" and rope["short_factor"] == [1.0] * len(rope["long_factor"])
+    assert "saved as a switched `longrope`" in (out / "README.md").read_text()   # the card says what it is
     for n in (100, 200):   # inside the original 128 (short factors) and past it (long)
         ids = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
         with torch.no_grad():
