@@ -209,4 +209,9 @@ def test_a_doc_block_runs_as_pasted(block, monkeypatch, tmp_path):
                 Path(name).parent.mkdir(parents=True, exist_ok=True)
                 Path(name).write_text(text)
     namespace = {name: GIVEN[name]() for name in free_names(block.code)}
+    from accelerate.state import AcceleratorState, GradientState
+
+    # a recipe block builds its own Accelerator: the state an earlier test in this process left is not the reader's
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     exec(compile(block.code, f"{block.page} block {block.index}", "exec"), namespace)
