@@ -143,6 +143,20 @@ def is_rotary_module(module: torch.nn.Module) -> bool:
     )
 
 
+def single_rotary(model: torch.nn.Module, needs: str) -> torch.nn.Module:
+    """The model's one rotary module, for work that `needs` one RoPE for every layer ("the factor search takes"):
+    a model with several, or with a RoPE per layer type, is refused saying so."""
+    from .errors import MethodNotApplicableError
+
+    found = [m for m in model.modules() if is_rotary_module(m)]
+    text = model.config.get_text_config()
+    if len(found) != 1 or rope_layer_types(text) != [None]:
+        raise MethodNotApplicableError(
+            f"{needs} a model with one RoPE for every layer; this {text.model_type} model has "
+            f"{len(found)} rotary module(s) and rope layer types {rope_layer_types(text)}")
+    return found[0]
+
+
 def build_rotary(module_cls: type, config: PreTrainedConfig, device: torch.device | None) -> torch.nn.Module:
     """Build a family's own rotary module from `config`, the way the family's model does."""
     if "device" in inspect.signature(module_cls.__init__).parameters:

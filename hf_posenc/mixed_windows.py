@@ -41,13 +41,7 @@ def why_no_short_rope(method: str) -> str | None:
 
 def rotary_of(model: torch.nn.Module) -> torch.nn.Module:
     """The model's one rotary module (mixed windows switch one RoPE for every layer)."""
-    found = [m for m in model.modules() if _compat.is_rotary_module(m)]
-    text = model.config.get_text_config()
-    if len(found) != 1 or _compat.rope_layer_types(text) != [None]:
-        raise MethodNotApplicableError(
-            f"mixed windows switch a model with one RoPE for every layer; this {text.model_type} model has "
-            f"{len(found)} rotary module(s) and rope layer types {_compat.rope_layer_types(text)}")
-    return found[0]
+    return _compat.single_rotary(model, "mixed windows switch")
 
 
 def switched_params(model: torch.nn.Module, method: str, params: dict) -> dict:

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from . import _compat, api
 from .config import MAX_POSITIONS, check_number
-from .errors import ConfigError, InvalidInputError, InvalidParameterError, MethodNotApplicableError
+from .errors import ConfigError, InvalidInputError, InvalidParameterError
 from .eval import recall, stats
 from .eval.perplexity import token_nll
 
@@ -150,13 +150,7 @@ class FactorSpace:
 
 def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
     """The model's one rotary module (a model with one RoPE for every layer)."""
-    found = [m for m in model.modules() if _compat.is_rotary_module(m)]
-    text = model.config.get_text_config()
-    if len(found) != 1 or _compat.rope_layer_types(text) != [None]:
-        raise MethodNotApplicableError(
-            f"the factor search takes a model with one RoPE for every layer; this {text.model_type} model has "
-            f"{len(found)} rotary module(s) and rope layer types {_compat.rope_layer_types(text)}")
-    return found[0]
+    return _compat.single_rotary(model, "the factor search takes")
 
 
 def closed_forms(model: torch.nn.Module, target: int) -> list[tuple[str, list[float], float]]:
