@@ -93,15 +93,23 @@ class _Process:
     num_processes, process_index = 1, 0
 
 
-def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_path, tiny_dir, text_file):
-    full = run_recipe(mixed_config(tmp_path, tiny_dir, text_file, "full"))
-    cut_cfg = mixed_config(tmp_path, tiny_dir, text_file, "cut")
+def stopped_and_resumed(tmp_path, config) -> tuple[dict, object]:
+    """A run straight through (`config("full")`) and the same run stopped after step 3 and resumed
+    (`config("cut")`): their losses are equal, and so are their weights, bit for bit. Returns (the full run's
+    state, the resumed model)."""
+    full = run_recipe(config("full"))
+    cut_cfg = config("cut")
     assert run_recipe(cut_cfg, "--train.stop_after_steps", "3") is None
     resumed = run_recipe(cut_cfg, "--resume")
     full_log, resumed_log = (ckpt.read_log(tmp_path / n / "out") for n in ("full", "cut"))
     assert [r["loss"] for r in resumed_log] == [r["loss"] for r in full_log]
     a, b = state(full), state(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    return a, resumed
+
+
+def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_path, tiny_dir, text_file):
+    _, resumed = stopped_and_resumed(tmp_path, lambda name: mixed_config(tmp_path, tiny_dir, text_file, name))
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "cut" / "out"
@@ -182,17 +190,9 @@ def documents_config(tmp_path, tiny_dir, corpus, name, **train):
 
 
 def test_documents_apart_resume_bit_exact(tmp_path, tiny_dir, short_documents):
-    text_file = short_documents
-    full = run_recipe(documents_config(tmp_path, tiny_dir, text_file, "full"))
-    cut_cfg = documents_config(tmp_path, tiny_dir, text_file, "cut")
-    assert run_recipe(cut_cfg, "--train.stop_after_steps", "3") is None
-    resumed = run_recipe(cut_cfg, "--resume")
-    full_log, resumed_log = (ckpt.read_log(tmp_path / n / "out") for n in ("full", "cut"))
-    assert [r["loss"] for r in resumed_log] == [r["loss"] for r in full_log]
-    a, b = state(full), state(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, _ = stopped_and_resumed(tmp_path, lambda name: documents_config(tmp_path, tiny_dir, short_documents, name))
     # and the documents were kept apart: the joined run trains other weights
-    joined = run_recipe(write_config(tmp_path / "joined" / "c.yaml", tiny_dir, data={"corpus": str(text_file)},
+    joined = run_recipe(write_config(tmp_path / "joined" / "c.yaml", tiny_dir, data={"corpus": str(short_documents)},
                                      train={"loss": "longce", "longce_window": 16}))
     assert any(not torch.equal(a[k], v) for k, v in state(joined).items())
 
