@@ -74,13 +74,18 @@ def _skipped(name: str) -> bool:
     return name in STDLIB_SKIPPED or name.endswith("_test") or name.startswith(("config-", ".", "_sysconfigdata"))
 
 
+def stdlib_root() -> Path:
+    """Where the installed interpreter's standard library lies (sysconfig's stdlib path)."""
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_parts() -> dict[str, list[Path]]:
     """The installed interpreter's standard library as repositories: each top-level package (its .py files,
     `__init__.py` first, then by path; test folders, `test`, `tests`, `*_test`, left out) or single-file module,
     by name."""
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     parts = {}
     for entry in sorted(root.iterdir()):
         if _skipped(entry.name):
@@ -99,10 +104,7 @@ def stdlib_parts() -> dict[str, list[Path]]:
 def _stdlib(names: list[str]) -> datasets.Dataset:
     """One document per package or module: ProLong's (Gao et al. 2024) code repositories, each its files
     concatenated, offline. A file's text follows a line naming it, as a reader of the repository sees it."""
-    import sysconfig
-
-    parts = stdlib_parts()
-    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, root = stdlib_parts(), stdlib_root()
     chosen = _choose(names, parts, "stdlib", "package(s) or module(s)")
     texts = ["".join(f"# {f.relative_to(root).as_posix()}\n{f.read_text(encoding='utf-8', errors='replace')}\n"
                      for f in parts[name]) for name in chosen]

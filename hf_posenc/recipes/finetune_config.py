@@ -33,9 +33,10 @@ GROUPS = {
 # evaluation cadence, logging, memory knobs): a resume takes them and says which changed. PER_COMMAND ones say
 # how this command starts (output_dir, --resume, --overwrite_output_dir): not settings of the run, not compared.
 FIXED = {"resume_may_change": False}
-PACKINGS = ("joined", "documents")
 ADJUSTABLE = {"resume_may_change": True}
 PER_COMMAND = {"resume_may_change": True, "per_command": True}
+
+PACKINGS = ("joined", "documents")   # data.packing
 
 
 def _need(ok: bool, message: str) -> None:
