@@ -5,10 +5,13 @@ a GGUF file whose rope-scaling metadata says what the patch does.
     hp.llama_cpp_args(model)        # ["--rope-scaling", "yarn", "--rope-scale", "4", ...]
     hp.write_gguf(model, "in.gguf", "out-4x.gguf")   # the same tensors, the patch in the metadata
 
-Engines disagree on YaRN's attention factor (the scale on cos/sin, so on q and k): transformers and
-vLLM take it whole (`attention_factor`, default 0.1 ln s + 1 from Peng et al. 2023), llama.cpp
-multiplies its flag by its own 0.1 ln s + 1. The outputs here spell it out in each engine's terms,
-so every engine computes the same scale as the patched model.
+Engines read the attention factor (the scale on cos/sin, so on q and k) from different keys, each engine's
+formula transcribed in tests/test_engine_formulas.py: transformers takes YaRN's and LongRoPE's `attention_factor`
+whole; vLLM reads YaRN's as `attn_factor`, a multiplier on its own 0.1 ln s + 1 (Peng et al. 2023), and LongRoPE's
+as `short_mscale` / `long_mscale` (else sqrt(1 + ln s / ln L)); llama.cpp multiplies its own scale (0.1 ln s + 1
+for YaRN, 1 otherwise) by the GGUF key `rope.scaling.attn_factor`, and overwrites `--yarn-attn-factor` for YaRN.
+A patch writes the vLLM keys into the saved config beside transformers' own (so a saved folder serves as it ran),
+and the GGUF key here; llama.cpp's flags cannot carry a non-default YaRN scale.
 
 On a model with one RoPE per attention type (Gemma 3), llama.cpp's flags and GGUF rope keys reach the
 full-attention layers only (its gemma3 loader keeps the sliding layers at their own base and scale), so a
@@ -196,8 +199,16 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
         args += ["--rope-scaling", "yarn", "--rope-scale", _num(factor),
                  "--yarn-orig-ctx", str(params["original_max_position_embeddings"]),
                  "--yarn-beta-fast", _num(params.get("beta_fast", 32.0)),
-                 "--yarn-beta-slow", _num(params.get("beta_slow", 1.0)),
-                 "--yarn-attn-factor", _num(yarn_attention_factor(model, layer_type) / (1 + 0.1 * math.log(factor)))]
+                 "--yarn-beta-slow", _num(params.get("beta_slow", 1.0))]
+        attention = yarn_attention_factor(model, layer_type)
+        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+            # llama.cpp's src/llama-context.cpp (0c1e57098, llama_context's constructor) sets the YaRN scale to its
+            # own 0.1 ln s + 1 whenever ext_factor != 0, whatever --yarn-attn-factor says (since its PR 17945)
+            raise MethodNotApplicableError(
+                f"llama.cpp overwrites --yarn-attn-factor with its own YaRN scale 0.1 ln s + 1 = "
+                f"{1 + 0.1 * math.log(factor):.6g}; this patch's attention factor {attention:.6g} goes in the GGUF "
+                f"key rope.scaling.attn_factor: write a GGUF file with hp.write_gguf (hf-posenc patch ... --out "
+                f"model.gguf)")
     return args
 
 
@@ -275,15 +286,17 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
         factor = float(params["factor"])
         defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
         differ = {k: params[k] for k, v in defaults.items() if k in params and params[k] != v}
-        attention = yarn_attention_factor(model, layer_type)
-        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
-            differ["attention_factor"] = attention
         if differ:
+            flags = "" if differ.get("truncate", True) is False else \
+                f"; run the original file with: {' '.join(llama_cpp_args(model))}"
             raise MethodNotApplicableError(
                 f"a GGUF file cannot make llama.cpp use this YaRN patch's {differ} (its llama loader takes "
-                f"llama.cpp's defaults: beta_fast 32, beta_slow 1, attention factor 0.1 ln s + 1); run the "
-                f"original file with: {' '.join(llama_cpp_args(model))}")
+                f"llama.cpp's defaults: beta_fast 32, beta_slow 1, the range rounded){flags}")
         out[f"{arch}.rope.scaling.original_context_length"] = int(params["original_max_position_embeddings"])
+        attention = yarn_attention_factor(model, layer_type)
+        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+            # llama.cpp serves its own 0.1 ln s + 1 times this key (src/llama-context.cpp, 0c1e57098)
+            out[f"{arch}.rope.scaling.attn_factor"] = attention / (1 + 0.1 * math.log(factor))
     return out
 
 
@@ -336,7 +349,7 @@ def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: 
     if not new:
         raise ExportError("the model carries no hf_posenc patch: there is nothing to write")
     held = [n for n in gguf_header.read(source).tensor_names if n in FACTOR_TENSORS]
-    if held and (gguf_rope_tensors(model, arch) or f"{arch}.rope.scaling.type" in new):
+    if held:   # whatever the new patch: llama.cpp divides every pair's frequency by the tensor it finds
         raise ExportError(f"{source} already holds {', '.join(held)}: per-pair factors of an earlier scaling, which "
                           f"llama.cpp would read beside the new ones; export from the unpatched model's file")
     return arch, new
@@ -427,8 +440,15 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
     `write_gguf` writes it, with the original context beside it)."""
     rope = read_gguf_rope(path)
     kind = rope.get("rope.scaling.type")
+    # llama.cpp divides every pair's frequency by rope_freqs.weight wherever its loader finds it (llama3 as its
+    # converter writes it, with or without the original context): one static set
     freqs = kind != "longrope" and "rope_freqs.weight" in gguf_header.read(path).tensor_names
-    if kind not in ("linear", "yarn", "longrope") and not (freqs and "rope.scaling.original_context_length" in rope):
+    attn = rope.get("rope.scaling.attn_factor")
+    if kind not in ("linear", "yarn", "longrope") and not freqs:
+        if attn is not None and attn != 1:   # llama.cpp scales cos and sin by it whatever the scaling type
+            raise InvalidInputError(f"{path}: the GGUF key rope.scaling.attn_factor is {attn!r} with no rope scaling "
+                                    f"type (rope.scaling.type {kind!r}); llama.cpp scales plain RoPE by it, which "
+                                    f"hf_posenc does not load: remove the key or name a scaling type")
         return None
     kind = "longrope" if freqs else kind
 
@@ -456,6 +476,12 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
     for key in ("beta_fast", "beta_slow"):
         if f"rope.scaling.yarn_{key}" in rope and kind == "yarn":
             params[key] = number(f"rope.scaling.yarn_{key}")
+    scale = number("rope.scaling.attn_factor", needed=False)
+    if scale is not None and scale != 1:
+        if kind != "yarn":   # linear: llama.cpp scales cos and sin by it, which transformers' linear cannot say
+            raise InvalidInputError(f"{path}: the GGUF key rope.scaling.attn_factor is {scale!r} beside {kind} rope "
+                                    f"scaling, a scale transformers' {kind} cannot say; hf_posenc does not load it")
+        params["attention_factor"] = scale * (1 + 0.1 * math.log(factor))   # llama.cpp's YaRN scale times the key
     return kind, params
 
 

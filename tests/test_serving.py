@@ -103,16 +103,17 @@ def test_the_command_lines_llama_cpp_list_follows_what_each_method_saves(method)
 
 
 def test_llama_cpp_flags_spell_yarn_in_llama_cpps_terms():
-    model = hp.patch(tiny_model(), "yarn", factor=4, attention_factor=1.3, beta_fast=16)
+    model = hp.patch(tiny_model(), "yarn", factor=4, beta_fast=16)
     args = serving.llama_cpp_args(model)
     flags = dict(zip(args[::2], args[1::2]))
     assert flags["--rope-scaling"] == "yarn" and float(flags["--rope-scale"]) == 4
     assert flags["--yarn-orig-ctx"] == "64" and flags["--ctx-size"] == "256"
     assert float(flags["--yarn-beta-fast"]) == 16 and float(flags["--yarn-beta-slow"]) == 1
-    # llama.cpp multiplies the flag by its own 0.1 ln s + 1 (ggml's rope_yarn): the product is the patch's
-    assert float(flags["--yarn-attn-factor"]) * (1 + 0.1 * math.log(4)) == pytest.approx(1.3, rel=1e-6)
-    default = dict(zip(*[iter(serving.llama_cpp_args(hp.patch(tiny_model(), "yarn", factor=4)))] * 2))
-    assert float(default["--yarn-attn-factor"]) == pytest.approx(1.0, rel=1e-6)
+    # llama.cpp overwrites --yarn-attn-factor with its own 0.1 ln s + 1 (tests/test_engine_formulas.py): no flag,
+    # and a patch with another scale is sent to the GGUF key that carries it
+    assert "--yarn-attn-factor" not in flags
+    with pytest.raises(hp.MethodNotApplicableError, match="rope.scaling.attn_factor"):
+        serving.llama_cpp_args(hp.patch(tiny_model(), "yarn", factor=4, attention_factor=1.3))
     ntk = serving.llama_cpp_args(hp.patch(tiny_model(), "ntk", factor=4))
     assert float(ntk[1]) == pytest.approx(10000 * 4 ** (16 / 14), rel=1e-6) and "--rope-scaling" not in ntk
 
@@ -212,6 +213,57 @@ def test_gguf_carries_per_pair_factors_as_llama_cpp_reads_them_and_loads_back_th
     for n in (48, 200):
         ids = torch.arange(n)[None] % 128
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_a_yarn_scale_travels_in_the_gguf_key_llama_cpp_multiplies_and_loads_back(tmp_path):
+    source = write_tiny_gguf(tmp_path / "in.gguf")
+    model = hp.patch(tiny_model(), "yarn", factor=4, attention_factor=1.3)
+    serving.write_gguf(model, source, tmp_path / "out.gguf")
+    rope = serving.read_gguf_rope(tmp_path / "out.gguf")
+    assert rope["rope.scaling.attn_factor"] * (1 + 0.1 * math.log(4)) == pytest.approx(1.3, rel=1e-6)
+    kind, params = serving.gguf_patch(tmp_path / "out.gguf")
+    assert kind == "yarn" and params["attention_factor"] == pytest.approx(1.3, rel=1e-6)
+
+
+def write_rope_freqs_gguf(path, *, original: int | None, values=None):
+    """A llama GGUF with `rope_freqs.weight` (as llama.cpp's converter writes Llama 3.x), the original context
+    written or not."""
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_context_length(256)
+    writer.add_rope_freq_base(10000.0)
+    if original is not None:
+        writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_tensor("rope_freqs.weight", np.asarray(values or [1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0],
+                                                      dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_rope_freqs_without_the_original_context_loads_as_llama_cpp_runs_it(tmp_path):
+    """llama.cpp divides every pair by rope_freqs.weight at every length, with or without the original context:
+    one static set (before: loaded unscaled, `inspect` said default)."""
+    kind, params = serving.gguf_patch(write_rope_freqs_gguf(tmp_path / "a.gguf", original=None))
+    assert kind == "longrope" and params["long_factor"] == params["short_factor"] == [1, 1, 2, 3, 4, 4, 4, 4]
+    assert params["original_max_position_embeddings"] == params["max_position_embeddings"] == 256
+
+
+def test_an_attn_factor_with_no_scaling_type_is_refused_naming_the_key(tmp_path):
+    path = write_tiny_gguf(tmp_path / "a.gguf", keys=lambda w: w.add_rope_scaling_attn_factors(1.2))
+    with pytest.raises(hp.InvalidInputError, match="rope.scaling.attn_factor is 1.2"):
+        serving.gguf_patch(path)
+
+
+def test_any_patch_onto_a_file_with_factor_tensors_is_refused(tmp_path):
+    """llama.cpp would apply the old tensor beside a new base (ntk) as beside new factors."""
+    freqs = write_rope_freqs_gguf(tmp_path / "freqs.gguf", original=64)
+    for method in ("ntk", "base"):
+        params = {"factor": 2} if method == "ntk" else {"theta": 5e4}
+        with pytest.raises(serving.ExportError, match="already holds rope_freqs.weight"):
+            serving.write_gguf(hp.patch(tiny_model(), method, **params), freqs, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
 
 
 def test_gguf_factor_exports_refuse_what_llama_cpp_would_not_read(tmp_path):

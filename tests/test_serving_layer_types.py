@@ -42,8 +42,8 @@ def test_llama_cpp_flags_equal_the_single_rope_models(method, params):
     assert args == serving.llama_cpp_args(hp.patch(single(), method, **params))
     flags = dict(zip(args[::2], args[1::2]))
     assert float(flags["--rope-freq-base"]) != SLIDING["rope_theta"]  # the full-attention layers' base
-    if method == "yarn":  # llama.cpp scales every layer's cos / sin by this: 1, so the sliding layers keep theirs
-        assert float(flags["--yarn-attn-factor"]) == pytest.approx(1.0, rel=1e-6)
+    if method == "yarn":  # llama.cpp sets the scale itself (no flag): 1 on the sliding layers, its YaRN one on the rest
+        assert "--yarn-attn-factor" not in flags
 
 
 @pytest.mark.parametrize("method,params", CASES, ids=[m for m, _ in CASES])
@@ -112,9 +112,10 @@ def test_an_architecture_whose_loader_takes_one_rope_is_refused(tmp_path):
         serving.write_gguf(hp.patch(gemma3(), "yarn", factor=4), tmp_path / "llama.gguf", tmp_path / "out.gguf")
 
 
-def test_the_yarn_flag_is_llama_cpps_factor_of_the_full_attention_layers():
-    """The attention factor the flag encodes is the one transformers computes for the full-attention layers."""
+def test_llama_cpps_own_yarn_scale_is_the_full_attention_layers():
+    """llama.cpp's own YaRN scale 0.1 ln s + 1 (it takes no flag for it) is the one transformers computes for the
+    full-attention layers."""
     model = hp.patch(gemma3(), "yarn", factor=8)
     flags = dict(zip(*[iter(serving.llama_cpp_args(model))] * 2))
     full = serving.yarn_attention_factor(model, "full_attention")
-    assert float(flags["--yarn-attn-factor"]) * (1 + 0.1 * math.log(8)) == pytest.approx(full, rel=1e-6)
+    assert float(flags["--rope-scale"]) == 8 and 1 + 0.1 * math.log(8) == pytest.approx(full, rel=1e-6)

@@ -79,10 +79,15 @@ class LongRopeConfig(RopeMethodConfig):
                 )
 
     def rope_parameters(self, base: dict, original: int, dim: int) -> dict:
-        return base | {
+        out = base | {
             "rope_type": "longrope", "factor": self.factor, "original_max_position_embeddings": original,
             "long_factor": list(self.long_factor), "short_factor": list(self.short_factor or [1.0] * (dim // 2)),
         } | optional_fields(self, "attention_factor")
+        if self.attention_factor is not None:
+            # vLLM reads LongRoPE's scale from these two keys only, never attention_factor (without them it applies
+            # sqrt(1 + ln s / ln L), transformers' default): written so a saved folder serves the scale it was run with
+            out |= {"short_mscale": self.attention_factor, "long_mscale": self.attention_factor}
+        return out
 
     @classmethod
     def variant_defaults(cls, params: dict, target: int, info: dict) -> dict:

@@ -24,6 +24,7 @@ SCALING_KEYS = frozenset({
     "rope_type", "type", "factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
     "beta_slow", "mscale", "mscale_all_dim", "truncate", "long_factor", "short_factor", "low_freq_factor",
     "high_freq_factor",
+    "short_mscale", "long_mscale", "attn_factor",   # the engines' spellings of the scale (vLLM's LongRoPE, YaRN)
 })
 # rope_type written into a saved config for methods transformers lacks: stock loading stops with
 # KeyError on this name instead of silently building a different model.

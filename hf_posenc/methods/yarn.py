@@ -5,6 +5,7 @@ attention temperature sqrt(1/t) = 0.1 ln s + 1 on cos and sin."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,13 +41,34 @@ def check_truncate_layer_types(method, config, layer_types: list[str | None]) ->
             f"({layer_types}): transformers ignores it there; leave truncate=True")
 
 
+def default_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's temperature sqrt(1/t) = 0.1 mscale ln s + 1 (1 at s <= 1), as the paper, transformers, vLLM and
+    llama.cpp compute it."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(method, factor: float) -> float:
+    """The scale transformers puts on cos and sin for YaRN's fields at `factor`: attention_factor where given, else
+    the ratio of the two mscales where both are given (DeepSeek's form), else the default."""
+    if getattr(method, "attention_factor", None) is not None:   # dynamic YaRN has none
+        return float(method.attention_factor)
+    if method.mscale and method.mscale_all_dim:
+        return default_attention_factor(factor, method.mscale) / default_attention_factor(factor, method.mscale_all_dim)
+    return default_attention_factor(factor)
+
+
 def yarn_parameters(method, base: dict, original: int, factor: float, optional: tuple[str, ...]) -> dict:
     """transformers' "yarn" rope_parameters at `factor`, from the fields of `method` (YaRN or dynamic YaRN);
-    `optional`: the fields written only when set."""
-    return base | {
+    `optional`: the fields written only when set. A scale other than the default is also written as `attn_factor`,
+    the multiplier on 0.1 ln s + 1 that vLLM reads (it reads neither attention_factor nor the mscales)."""
+    out = base | {
         "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
         "beta_fast": method.beta_fast, "beta_slow": method.beta_slow, "truncate": method.truncate,
     } | optional_fields(method, *optional)
+    scale = yarn_attention_factor(method, factor)
+    if not math.isclose(scale, default_attention_factor(factor), rel_tol=1e-9):
+        out["attn_factor"] = scale / default_attention_factor(factor)
+    return out
 
 
 @register_method
