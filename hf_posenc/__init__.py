@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "patch", "unpatch", "patched", "describe", "from_pretrained", "list_methods", "load_model", "load_tokenizer", "configs",
-    "serving_overrides", "llama_cpp_args", "write_gguf",
+    "serving_overrides", "llama_cpp_args", "write_gguf", "write_gguf_model",
     "check_length", "CheckpointMismatchError", "CheckpointRecordError", "InvalidInputError", "ModelNotFoundError",
     "PosEncError", "UnknownMethodError", "UnsupportedModelError", "MethodNotApplicableError",
     "InvalidParameterError", "ParameterTypeError", "AlreadyPatchedError", "NotPatchedError", "SequenceTooLongError",
@@ -43,7 +43,7 @@ _LAZY = {
     "patch": ".api", "unpatch": ".api", "patched": ".api", "describe": ".api", "from_pretrained": ".api",
     "list_methods": ".registry", "load_model": ".loading", "load_tokenizer": ".loading", "configs": None,
     "serving_overrides": ".serving", "llama_cpp_args": ".serving", "write_gguf": ".serving",
-    "check_length": ".families.learned_tables",
+    "write_gguf_model": ".gguf_writer", "check_length": ".families.learned_tables",
 }
 
 

@@ -1,0 +1,144 @@
+"""llama.cpp in the loop: every patch hf_posenc writes into a GGUF file, run by llama.cpp itself (llama-cpp-python),
+gives the per-token log-probs of hf_posenc's patched model, past the original context. The engine tier: it runs
+where `scripts/build_engines.sh` installed the binding and says it is skipped elsewhere. The refusals of the
+writer need no engine and always run.
+
+The model: the tiny Llama of the other tests with SmolLM2's vocabulary (the embedded GGUF file lends its tokenizer)
+and weights drawn wide (std 0.3), so that positions move the log-probs by nats (a rope error shows), in F32 with an
+F32 KV cache (llama.cpp's default F16 cache alone moves them ~1e-3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hf_posenc as hp
+from hf_posenc import serving
+from hf_posenc.gguf_writer import reorder_rows, write_gguf_model
+from hf_posenc.registry import METHODS
+from tiny import tiny_model
+
+gguf = pytest.importorskip("gguf")
+
+VOCAB = 49152   # SmolLM2's
+TOKENS, CONTEXT = 500, 512   # past the tiny model's 64 positions: 8x
+
+
+def wide_model(method: str | None = None, **params):
+    model = tiny_model(vocab_size=VOCAB, initializer_range=0.3)
+    return hp.patch(model, method, **params) if method else model
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    from hf_posenc import assets
+
+    try:
+        return assets.smollm2_gguf()
+    except Exception as err:   # the asset package missing: what scripts/setup.sh installs
+        pytest.skip(f"the embedded SmolLM2 GGUF (its tokenizer) is not installed: {err}")
+
+
+def ids() -> list[int]:
+    return (torch.arange(TOKENS) * 7919 % 49000 + 10).tolist()
+
+
+def hf_log_probs(model) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids()])).logits[0].double(), -1)
+
+
+def llama_cpp_log_probs(path) -> torch.Tensor:
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: scripts/build_engines.sh")
+    llm = llama_cpp.Llama(str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_ubatch=CONTEXT, logits_all=True,
+                          verbose=False, type_k=0, type_v=0, n_threads=2)   # type 0: GGML_TYPE_F32
+    llm.eval(ids())
+    scores = torch.tensor(np.array(llm.scores[:TOKENS]), dtype=torch.float64)
+    llm.close()
+    return torch.log_softmax(scores, -1)
+
+
+# Every method hf_posenc writes into a GGUF file, each contract example at 8x (from the registry: a new one is
+# here with nothing to edit), and what a file carries beyond the defaults: YaRN's own scale, a static and a
+# searched-like LongRoPE set with an attention factor.
+CASES = [
+    (method, METHODS[method].variant_defaults(dict(example), 8 * 64, {"max_position_embeddings": 64, "rotary_dim": 16}))
+    for method in serving.GGUF_METHODS for example in METHODS[method].contract.examples
+] + [
+    ("yarn", {"factor": 8, "attention_factor": 1.3}),
+    ("longrope", {"factor": 8, "long_factor": [1, 1, 2, 3, 4, 6, 8, 8], "short_factor": [1, 1, 2, 3, 4, 6, 8, 8],
+                  "attention_factor": 1.1}),
+    ("longrope", {"factor": 8, "long_factor": [1.0, 1.0, 1.0, 1.4, 2.2, 3.9, 7.5, 9.0], "attention_factor": 1.01}),
+]
+CASES = [(m, p) for m, p in CASES if not (m == "yarn" and p.get("truncate") is False or p.get("beta_fast"))]
+
+
+@pytest.fixture(scope="module")
+def floor(vocab, tmp_path_factory):
+    """llama.cpp against transformers on the unpatched model: the noise of the format (F32 matmuls in another
+    order), against which a patch is judged."""
+    path = tmp_path_factory.mktemp("floor") / "none.gguf"
+    model = wide_model()
+    write_gguf_model(model, path, vocab_from=vocab)
+    return float((llama_cpp_log_probs(path) - hf_log_probs(model)).abs().max())
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("method,params", CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_llama_cpp_runs_the_written_patch_as_hf_posenc_does(method, params, vocab, floor, tmp_path):
+    model = wide_model(method, **params)
+    write_gguf_model(model, tmp_path / "model.gguf", vocab_from=vocab)
+    ours, theirs = hf_log_probs(model), llama_cpp_log_probs(tmp_path / "model.gguf")
+    delta = (theirs - ours).abs()
+    assert float(delta.max()) <= max(5 * floor, 1e-3), (float(delta.mean()), float(delta.max()), floor)
+    # the check can fail: the unpatched model is nats away from the patched one at these lengths
+    assert float((hf_log_probs(wide_model()) - ours).abs().mean()) > 100 * float(delta.mean())
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("dtype,tolerance", [("f16", 0.05), ("bf16", 0.3), ("q8_0", 0.3)])
+def test_llama_cpp_runs_the_other_formats_within_their_noise(dtype, tolerance, vocab, tmp_path):
+    model = wide_model("yarn", factor=8)
+    write_gguf_model(model, tmp_path / "model.gguf", vocab_from=vocab, dtype=dtype)
+    delta = (llama_cpp_log_probs(tmp_path / "model.gguf") - hf_log_probs(model)).abs()
+    assert float(delta.mean()) < tolerance, float(delta.mean())
+
+
+def test_the_rows_of_q_and_k_are_reordered_into_llama_cpps_pairs():
+    """Head h's rows (a_0 .. a_{d/2-1}, b_0 .. b_{d/2-1}) become (a_0, b_0, a_1, b_1, ...): transformers rotates
+    x_i with x_{i + d/2}, llama.cpp x_{2i} with x_{2i+1}."""
+    rows = np.arange(2 * 8)[:, None].astype(np.float32)   # 2 heads of 8 rows
+    assert reorder_rows(rows, 2)[:, 0].tolist() == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+
+
+def test_what_it_cannot_write_is_refused_before_anything_is_written(vocab, tmp_path):
+    target = tmp_path / "out.gguf"
+    cases = [
+        (tiny_model(), {}, "holds 49152 tokens, the model 128"),              # another vocabulary
+        (wide_model(), {"dtype": "q4_k"}, "dtype must be one of"),
+        (tiny_model("qwen2", vocab_size=VOCAB), {}, "not a qwen2 model"),
+        (wide_model("dynamic", factor=2), {}, "cannot be exported to GGUF"),
+        ("not a model", {}, "needs a transformers model"),
+    ]
+    for model, kwargs, message in cases:
+        with pytest.raises(hp.PosEncError, match=message):
+            write_gguf_model(model, target, vocab_from=vocab, **kwargs)
+    with pytest.raises(hp.PosEncError, match="is the vocab_from file"):
+        write_gguf_model(wide_model(), vocab, vocab_from=vocab, overwrite=True)
+    target.write_text("kept")
+    with pytest.raises(hp.PosEncError, match="exists"):
+        write_gguf_model(wide_model(), target, vocab_from=vocab)
+    assert target.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["out.gguf"]
+
+
+def test_a_written_file_loads_back_as_the_same_patched_model(vocab, tmp_path):
+    """hp.load_model reads the written file (weights, context, rope keys, factor tensors) as the model it was."""
+    model = wide_model("longrope", factor=8, long_factor=[1, 1, 2, 3, 4, 6, 8, 8], attention_factor=1.1)
+    write_gguf_model(model, tmp_path / "model.gguf", vocab_from=vocab)
+    back = hp.load_model(tmp_path / "model.gguf", cache=False)
+    info = hp.describe(back)
+    assert (info["method"], info["max_position_embeddings"]) == ("longrope", 512)
+    x = torch.tensor([ids()[:200]])
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=1e-4, rtol=1e-4)
