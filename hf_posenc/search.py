@@ -33,6 +33,7 @@ library whose ask/tell loop replays a search exactly from its seed, which is how
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -221,6 +222,12 @@ class SearchSettings:
         check_number("guard_share", self.guard_share, minimum=0, maximum=1, optional=False)
         check_number("sigma", self.sigma, above=0, maximum=1, optional=False)
         check_number("population", self.population, minimum=0, maximum=1000, integer=True, optional=False)
+        check_number("seed", self.seed, minimum=0, maximum=2**32 - 1, integer=True, optional=False)   # numpy's range
+        for name in ("top_range", "attention_range"):
+            value = getattr(self, name)
+            if not (isinstance(value, (list, tuple)) or (value is None and name == "attention_range")):
+                raise InvalidParameterError(f"{name} must be [low, high]"
+                                            f"{' or None' if name == 'attention_range' else ''}, got {value!r}")
         if 0 < self.population < 4:   # CMA-ES recombines the best half: 2 at least
             raise InvalidParameterError(f"population must be 0 (CMA-ES's default) or >= 4, got {self.population}")
         self.space()   # the bounds, checked by the space itself
@@ -269,21 +276,49 @@ def check_resume(saved: dict, settings: dict, path: Path) -> None:
                           f"another output folder")
 
 
+CANDIDATE_KEYS = ("index", "kind", "long_factor", "mode", "rejected", "value", "guard_rise")   # never None
+
+
 def read_candidates(path: Path) -> list[dict]:
     """The candidates a search has finished, in order (a line cut short by a kill is dropped)."""
     if not path.exists():
         return []
+    if not path.is_file():
+        raise InvalidInputError(f"{path} is not a file: a search's candidates.jsonl is")
     out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            continue   # the last line of a killed write: that candidate runs again
+            if number == len(lines):
+                continue   # the last line of a killed write: that candidate runs again
+            raise InvalidInputError(f"{path} line {number} is not JSON (only the last line may be cut short by a "
+                                    f"kill): the file was edited; move it away to start again") from None
+        missing = [k for k in CANDIDATE_KEYS if not isinstance(row, dict) or row.get(k) is None]
+        if missing:
+            raise InvalidInputError(f"{path} line {number} is not a candidate (no {', '.join(missing)}): the file "
+                                    f"was edited; move it away to start again")
         if row.get("index") != len(out):
             raise InvalidInputError(f"{path} line {number}: candidate {row.get('index')} where {len(out)} was due: "
                                     f"the file was edited; move it away to start again")
         out.append(row)
     return out
+
+
+def text_identity(ids: Sequence[int]) -> str:
+    """sha256 of the token ids a search scores on: a resume on another text (an edited file of the same length
+    included) is refused, never mixed into one record."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def weights_identity(model: torch.nn.Module) -> str:
+    """sha256 of the model's stored weights as loaded (names and bytes; the rope is not among them)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def keep_finished(path: Path, rows: list[dict]) -> None:
@@ -320,6 +355,8 @@ class FactorSearch:
         guard = list(prefix) + [int(t) for t in text_ids[:s.guard_length - len(prefix)]]
         self.guard_ids = torch.tensor([guard])
         self.record = {"settings": asdict(s), "pairs": self.pairs,
+                       "identity": {"text": text_identity(list(prefix) + [int(t) for t in text_ids]),
+                                    "weights": weights_identity(model)},
                        "passages": [{"sequence": r.index, "text_starts": r.passages} for r in self.sets],
                        "firsts": list(layout.firsts), "repeats": list(layout.repeats)}
         self._guards: dict[str, float] = {}
@@ -400,6 +437,13 @@ class FactorSearch:
         if settings_path.exists():
             saved = json.loads(settings_path.read_text())
             check_resume(saved["settings"], self.record["settings"], settings_path)
+            for what, why in (("text", "the tuning text's token ids (the corpus or the tokenizer changed)"),
+                              ("weights", "the model's weights (another checkpoint, or the same one changed)")):
+                there = (saved.get("identity") or {}).get(what)
+                if there is not None and there != self.record["identity"][what]:
+                    raise ConfigError(f"{settings_path} holds a search of other {what}: {why} differ from the "
+                                      f"ones it scored (sha256 {there[:12]} there, {self.record['identity'][what][:12]}"
+                                      f" now); resume with them, or name another output folder")
             if saved.get("passages") != self.record["passages"]:
                 raise ConfigError(f"{settings_path} used other passages of the text (a changed corpus or "
                                   f"tokenizer); name another output folder")
@@ -424,8 +468,8 @@ class FactorSearch:
                     x is None or np.allclose(old["x"], x, atol=1e-9))
                 if not same:
                     raise ConfigError(f"{path}: candidate {index} was {old['kind']}, this run asks {kind} with other "
-                                      f"factors: the search does not replay (another cmaes version?); name another "
-                                      f"output folder")
+                                      f"factors: the file was edited, or the search does not replay (another cmaes "
+                                      f"version); name another output folder")
                 return old
             row = self.evaluate(index, kind, factors, attention, x, reference)
             append_candidate(path, row)

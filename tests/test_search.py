@@ -14,7 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posenc as hp
 from hf_posenc import search
-from hf_posenc.errors import ConfigError, InvalidParameterError
+from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError
 from hf_posenc.recipes import search as recipe
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
 
@@ -128,6 +128,45 @@ def test_a_rerun_with_other_settings_is_refused_naming_each_field(tmp_path):
     with pytest.raises(ConfigError, match=r"mode: \"switched\" there, \"static\" now; seed: 0 there, 1 now"):
         search.FactorSearch(model, tok, text_ids(), settings(budget=0, mode="static", seed=1), tmp_path,
                             progress=False).run()
+
+
+def test_a_resume_on_another_text_or_other_weights_is_refused_naming_it(tmp_path):
+    """The same settings, the corpus edited in place (same length) or other weights: refused, not mixed."""
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    edited = list(text_ids())
+    edited[-1] = (edited[-1] + 1) % TINY_TEXT_VOCAB   # one token past every passage: only the identity sees it
+    with pytest.raises(ConfigError, match="other text: the tuning text's token ids"):
+        search.FactorSearch(model, tok, edited, settings(budget=1), tmp_path, progress=False).run()
+    other = tiny_model(vocab_size=TINY_TEXT_VOCAB, seed=1)
+    with pytest.raises(ConfigError, match="other weights"):
+        search.FactorSearch(other, tok, text_ids(), settings(budget=1), tmp_path, progress=False).run()
+    assert len(search.read_candidates(tmp_path / "candidates.jsonl")) == len(search.SEEDS)   # nothing added
+
+
+@pytest.mark.parametrize("junk,message", [
+    ("null", "line 2 is not a candidate"), ("5", "line 2 is not a candidate"), ("[]", "line 2 is not a candidate"),
+    ('{"index": 1}', "no kind, long_factor"), ("\x00\xff binary", "line 2 is not JSON"),
+])
+def test_a_hand_edited_candidates_file_is_refused_naming_the_line(tmp_path, junk, message):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    path = tmp_path / "candidates.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], junk, *lines[2:]]) + "\n")
+    before = path.read_bytes()
+    with pytest.raises(InvalidInputError, match=message):
+        search.FactorSearch(model, tok, text_ids(), settings(budget=1), tmp_path, progress=False).run()
+    assert path.read_bytes() == before
+    with pytest.raises(InvalidInputError, match="is not a file"):
+        search.read_candidates(tmp_path)
+
+
+@pytest.mark.parametrize("field,value,message", [("seed", -1, "seed"), ("seed", 2**40, "seed"),
+                                                 ("top_range", None, "top_range must be")])
+def test_settings_out_of_range_are_refused_before_any_pass(field, value, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        settings(**{field: value})
 
 
 def test_the_guard_rejects_before_the_long_pass_and_ranks_rejections_last(tmp_path):
