@@ -21,7 +21,7 @@ import hf_posenc as hp
 from hf_posenc import assets
 from hf_posenc.gguf_writer import write_gguf_model
 
-from common import ArgumentParser, machine, refuse, run
+import common
 
 CASES = [("none", {}), ("base", {"theta": 80000.0}), ("ntk", {"factor": 8}), ("linear", {"factor": 8}),
          ("yarn", {"factor": 8}), ("yarn", {"factor": 8, "attention_factor": 1.3}), ("llama3", {"factor": 8}),
@@ -39,19 +39,19 @@ def model(method: str, params: dict):
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=500, choices=range(2, 4097), metavar="N")
     parser.add_argument("--formats", nargs="+", default=["f32", "f16"], choices=["f32", "f16", "bf16", "q8_0"])
     args = parser.parse_args()
     try:
         import llama_cpp
     except ImportError:
-        refuse("llama-cpp-python is not installed: bash scripts/build_engines.sh")
+        common.refuse("llama-cpp-python is not installed: bash scripts/build_engines.sh")
 
     context = ((args.tokens + 255) // 256) * 256
     ids = (torch.arange(args.tokens) * 7919 % 49000 + 10).tolist()
     vocab = assets.smollm2_gguf()
-    print(machine())
+    print(common.machine())
     print(f"llama-cpp-python {llama_cpp.__version__}; {args.tokens} tokens, n_ctx {context}, F32 KV cache")
     unpatched = None
     with tempfile.TemporaryDirectory() as folder:
@@ -77,4 +77,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)
