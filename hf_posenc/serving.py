@@ -7,8 +7,8 @@ a GGUF file whose rope-scaling metadata says what the patch does.
 
 Engines read the attention factor (the scale on cos/sin, so on q and k) from different keys, each engine's
 formula transcribed in tests/test_engine_formulas.py: transformers takes YaRN's and LongRoPE's `attention_factor`
-whole; vLLM reads YaRN's as `attn_factor`, a multiplier on its own 0.1 ln s + 1 (Peng et al. 2023), and LongRoPE's
-as `short_mscale` / `long_mscale` (else sqrt(1 + ln s / ln L)); llama.cpp multiplies its own scale (0.1 ln s + 1
+whole; vLLM 0.33 reads YaRN's `attention_factor` too, 0.11 only `attn_factor`, a multiplier on its own 0.1 ln s + 1
+(Peng et al. 2023), and both read LongRoPE's as `short_mscale` / `long_mscale` (else sqrt(1 + ln s / ln L)); llama.cpp multiplies its own scale (0.1 ln s + 1
 for YaRN, 1 otherwise) by the GGUF key `rope.scaling.attn_factor`, and overwrites `--yarn-attn-factor` for YaRN.
 A patch writes the vLLM keys into the saved config beside transformers' own (so a saved folder serves as it ran),
 and the GGUF key here; llama.cpp's flags cannot carry a non-default YaRN scale.
