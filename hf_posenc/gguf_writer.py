@@ -23,7 +23,7 @@ import torch
 from . import _compat, gguf_header
 from .errors import MethodNotApplicableError
 from .record import read_record
-from .serving import ExportError, gguf_rope_metadata, gguf_rope_tensors
+from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors
 
 # transformers model_type -> llama.cpp architecture, for the families whose weights map one to one
 ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
@@ -37,8 +37,8 @@ def reorder_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _check(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> tuple[str, dict]:
-    """Everything checked before a byte is written; returns (llama.cpp architecture, the vocab file's header)."""
+def _check(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> str:
+    """Everything checked before a byte is written; returns llama.cpp's architecture."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
     if dtype not in DTYPES:
@@ -55,15 +55,7 @@ def _check(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, o
         raise MethodNotApplicableError(
             f"the model's rope_parameters have rope_type {rope_type!r} and no hf_posenc patch record: load it with "
             f"hp.load_model or hp.from_pretrained, so that its patch is known and written as llama.cpp reads it")
-    if not vocab_from.is_file():
-        raise ExportError(f"vocab_from: GGUF file not found: {vocab_from}")
-    if target.exists() and (target.is_dir() or target.resolve() == vocab_from.resolve()):
-        raise ExportError(f"the output {target} is {'a folder' if target.is_dir() else 'the vocab_from file'}; "
-                          f"name a new .gguf file")
-    if target.exists() and not overwrite:
-        raise ExportError(f"{target} exists; pass overwrite=True to replace it")
-    if not target.parent.is_dir():
-        raise ExportError(f"the output's folder {target.parent} does not exist")
+    check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
     try:
         header = gguf_header.read(vocab_from)
     except (ValueError, OSError) as err:
@@ -76,7 +68,7 @@ def _check(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, o
     if getattr(text, "partial_rotary_factor", 1.0) != 1.0:
         raise MethodNotApplicableError("partial rotary dims are not written: llama.cpp's llama graph rotates the "
                                        "whole head")
-    return arch, header
+    return arch
 
 
 def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
@@ -115,7 +107,7 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
     import gguf
 
     target, vocab_from = Path(target), Path(vocab_from)
-    arch, _ = _check(model, target, vocab_from, dtype, overwrite)
+    arch = _check(model, target, vocab_from, dtype, overwrite)
     rope = gguf_rope_metadata(model, arch)
     factors = gguf_rope_tensors(model, arch)
     tensors = _tensors(model, arch)
@@ -143,16 +135,9 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
         writer.add_rope_freq_base(float(_compat.get_rope_parameters(text, None)["rope_theta"]))
         writer.add_vocab_size(text.vocab_size)
         writer.add_file_type(file_type)
-        for key, field in reader.fields.items():   # the tokenizer, as the vocab file holds it
-            if key.startswith("tokenizer."):
-                sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-        for key, value in rope.items():
-            if key.endswith((".context_length", ".rope.freq_base")):
-                continue   # written above, from the patched config: the same values
-            kind = (gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
-                    if isinstance(value, float) else gguf.GGUFValueType.UINT32)
-            writer.add_key_value(key, value, kind)
+        # the tokenizer as the vocab file holds it; the patch's keys but the two written above from the same config
+        add_gguf_fields(writer, [(k, f) for k, f in reader.fields.items() if k.startswith("tokenizer.")],
+                        {k: v for k, v in rope.items() if not k.endswith((".context_length", ".rope.freq_base"))})
         for name, array in tensors:
             if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(name, array)

@@ -36,6 +36,7 @@ import torch
 from . import _compat, gguf_header
 from .config import LearnedMethodConfig, MethodConfig, RopeMethodConfig, check_bool
 from .errors import InvalidInputError, MethodNotApplicableError, PosEncError
+from .methods.yarn import default_attention_factor
 from .record import PatchRecord, read_record
 from .registry import METHODS, as_model
 
@@ -116,6 +117,11 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
 def yarn_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
     """The scale a YaRN patch puts on cos and sin, computed by transformers' own YaRN function."""
     return rope_attention_factor(model, layer_type)
+
+
+def yarn_scale_over_default(model: torch.nn.Module, layer_type: str | None, factor: float) -> float:
+    """A YaRN patch's scale over YaRN's default 0.1 ln s + 1 (1: the default), which llama.cpp computes itself."""
+    return yarn_attention_factor(model, layer_type) / default_attention_factor(factor)
 
 
 def rope_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
@@ -200,13 +206,13 @@ def llama_cpp_args(model: torch.nn.Module) -> list[str]:
                  "--yarn-orig-ctx", str(params["original_max_position_embeddings"]),
                  "--yarn-beta-fast", _num(params.get("beta_fast", 32.0)),
                  "--yarn-beta-slow", _num(params.get("beta_slow", 1.0))]
-        attention = yarn_attention_factor(model, layer_type)
-        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+        if not math.isclose(yarn_scale_over_default(model, layer_type, factor), 1.0, rel_tol=1e-6):
             # llama.cpp's src/llama-context.cpp (0c1e57098, llama_context's constructor) sets the YaRN scale to its
             # own 0.1 ln s + 1 whenever ext_factor != 0, whatever --yarn-attn-factor says (since its PR 17945)
             raise MethodNotApplicableError(
                 f"llama.cpp overwrites --yarn-attn-factor with its own YaRN scale 0.1 ln s + 1 = "
-                f"{1 + 0.1 * math.log(factor):.6g}; this patch's attention factor {attention:.6g} goes in the GGUF "
+                f"{default_attention_factor(factor):.6g}; this patch's attention factor "
+                f"{yarn_attention_factor(model, layer_type):.6g} goes in the GGUF "
                 f"key rope.scaling.attn_factor: write a GGUF file with hp.write_gguf (hf-posenc patch ... --out "
                 f"model.gguf)")
     return args
@@ -240,12 +246,12 @@ def _llama_cpp_rope_parameters(model: torch.nn.Module, record: PatchRecord, engi
     params = _compat.get_rope_parameters(text, full[0])
     if params.get("rope_type") == "yarn":
         factor = float(params["factor"])
-        attention = yarn_attention_factor(model, full[0])
-        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+        if not math.isclose(yarn_scale_over_default(model, full[0], factor), 1.0, rel_tol=1e-6):
             raise MethodNotApplicableError(
                 f"llama.cpp's {arch} graph multiplies every layer's cos and sin by --yarn-attn-factor, the sliding "
-                f"layers' too; this YaRN patch's attention factor {attention:.6g} differs from YaRN's default "
-                f"0.1 ln s + 1 = {1 + 0.1 * math.log(factor):.6g}, so the sliding layers would be scaled as well. "
+                f"layers' too; this YaRN patch's attention factor {yarn_attention_factor(model, full[0]):.6g} "
+                f"differs from YaRN's default 0.1 ln s + 1 = {default_attention_factor(factor):.6g}, so the sliding "
+                f"layers would be scaled as well. "
                 f"Leave attention_factor at its default to export it")
     return params, full[0]
 
@@ -293,10 +299,10 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
                 f"a GGUF file cannot make llama.cpp use this YaRN patch's {differ} (its llama loader takes "
                 f"llama.cpp's defaults: beta_fast 32, beta_slow 1, the range rounded){flags}")
         out[f"{arch}.rope.scaling.original_context_length"] = int(params["original_max_position_embeddings"])
-        attention = yarn_attention_factor(model, layer_type)
-        if not math.isclose(attention, 1 + 0.1 * math.log(factor), rel_tol=1e-6):
+        over = yarn_scale_over_default(model, layer_type, factor)
+        if not math.isclose(over, 1.0, rel_tol=1e-6):
             # llama.cpp serves its own 0.1 ln s + 1 times this key (src/llama-context.cpp, 0c1e57098)
-            out[f"{arch}.rope.scaling.attn_factor"] = attention / (1 + 0.1 * math.log(factor))
+            out[f"{arch}.rope.scaling.attn_factor"] = over
     return out
 
 
@@ -320,16 +326,13 @@ def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "np.ndarra
     return {}
 
 
-def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
-                     overwrite: bool = False) -> tuple[str, dict[str, object]]:
-    """Everything `write_gguf` checks before it reads the tensors, from the source's header alone (a fraction
-    of a second on any file): the paths, the file is the model's, the patch is one GGUF metadata can say.
-    Returns (the file's architecture, the keys to write). `model` may be a meta skeleton (no weights)."""
-    source, target = Path(source), Path(target)
+def check_gguf_output(source: Path, target: Path, overwrite: bool, source_is: str) -> None:
+    """The GGUF file read (`source`, what the message calls it: `source_is`) exists, and `target` is a new file in
+    an existing folder, neither that file nor a folder, or one `overwrite` allows to replace."""
     if not source.is_file():
         raise ExportError(f"GGUF file not found: {source}")
     if target.exists() and (target.resolve() == source.resolve() or target.is_dir()):
-        raise ExportError(f"the output {target} is {'the input file' if target.is_file() else 'a folder'}; "
+        raise ExportError(f"the output {target} is {source_is if target.is_file() else 'a folder'}; "
                           f"name a new .gguf file")
     folder = target.parent
     if not folder.is_dir():
@@ -337,6 +340,28 @@ def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: 
                           f"create the folder first, or name a .gguf file in an existing one")
     if target.exists() and not overwrite:
         raise ExportError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+
+
+def add_gguf_fields(writer, fields, new: dict[str, object]) -> None:
+    """Copy `fields` (a gguf.GGUFReader's, already filtered) into `writer`, then the keys `new` (str, float or int)."""
+    import gguf
+
+    for key, field in fields:
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, value in new.items():
+        kind = (gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
+                if isinstance(value, float) else gguf.GGUFValueType.UINT32)
+        writer.add_key_value(key, value, kind)
+
+
+def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
+                     overwrite: bool = False) -> tuple[str, dict[str, object]]:
+    """Everything `write_gguf` checks before it reads the tensors, from the source's header alone (a fraction
+    of a second on any file): the paths, the file is the model's, the patch is one GGUF metadata can say.
+    Returns (the file's architecture, the keys to write). `model` may be a meta skeleton (no weights)."""
+    source, target = Path(source), Path(target)
+    check_gguf_output(source, target, overwrite, "the input file")
     try:  # the header only: gguf's reader maps every tensor and array (seconds), and fails unclearly on corruption
         values = gguf_header.read(source).values
     except (ValueError, OSError, IndexError, KeyError) as err:
@@ -373,15 +398,9 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
-        for key, field in reader.fields.items():
-            if key.startswith("GGUF.") or key == "general.architecture" or key in new:
-                continue  # the writer adds the header fields and the architecture itself
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-        for key, value in new.items():
-            kind = (gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
-                    if isinstance(value, float) else gguf.GGUFValueType.UINT32)
-            writer.add_key_value(key, value, kind)
+        # the writer adds the header fields and the architecture itself
+        add_gguf_fields(writer, [(k, f) for k, f in reader.fields.items() if not k.startswith("GGUF.")
+                                 and k != "general.architecture" and k not in new], new)
         for tensor in reader.tensors:
             writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
                                    raw_dtype=tensor.tensor_type)
@@ -481,7 +500,7 @@ def gguf_patch(path: str | os.PathLike) -> tuple[str, dict] | None:
         if kind != "yarn":   # linear: llama.cpp scales cos and sin by it, which transformers' linear cannot say
             raise InvalidInputError(f"{path}: the GGUF key rope.scaling.attn_factor is {scale!r} beside {kind} rope "
                                     f"scaling, a scale transformers' {kind} cannot say; hf_posenc does not load it")
-        params["attention_factor"] = scale * (1 + 0.1 * math.log(factor))   # llama.cpp's YaRN scale times the key
+        params["attention_factor"] = scale * default_attention_factor(factor)   # llama.cpp's YaRN scale times the key
     return kind, params
 
 
