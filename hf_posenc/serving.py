@@ -248,7 +248,7 @@ def _llama_cpp_rope_parameters(model: torch.nn.Module, record: PatchRecord, engi
         factor = float(params["factor"])
         if not math.isclose(yarn_scale_over_default(model, full[0], factor), 1.0, rel_tol=1e-6):
             raise MethodNotApplicableError(
-                f"llama.cpp's {arch} graph multiplies every layer's cos and sin by --yarn-attn-factor, the sliding "
+                f"llama.cpp's {arch} graph multiplies every layer's cos and sin by one attention scale, the sliding "
                 f"layers' too; this YaRN patch's attention factor {yarn_attention_factor(model, full[0]):.6g} "
                 f"differs from YaRN's default 0.1 ln s + 1 = {default_attention_factor(factor):.6g}, so the sliding "
                 f"layers would be scaled as well. "

@@ -87,7 +87,7 @@ def test_an_unpatched_model_needs_no_flags():
 
 @pytest.mark.parametrize("params, pattern", [
     ({"factor": 4, "layer_types": ["sliding_attention", "full_attention"]}, r"rescales the sliding layers"),
-    ({"factor": 4, "attention_factor": 1.3}, r"multiplies every layer's cos and sin by --yarn-attn-factor"),
+    ({"factor": 4, "attention_factor": 1.3}, r"multiplies every layer's cos and sin by one attention scale"),
 ])
 def test_what_llama_cpp_would_apply_to_the_sliding_layers_is_refused(params, pattern, tmp_path):
     model = hp.patch(gemma3(), "yarn", **params)
