@@ -58,14 +58,21 @@ def transfer(folder: str, out: str, target: int) -> None:
 
     from hf_posenc import search, user_input
 
-    record = json.loads((Path(folder) / "search.json").read_text())
-    rows = [r for r in search.read_candidates(Path(folder) / "candidates.jsonl") if not r["rejected"] and r["x"]]
+    path = Path(folder) / "search.json"
+    if not path.is_file():
+        common.refuse(f"--transfer {folder}: no search.json there (the folder of a factor search: hf-posenc search)")
+    try:
+        record = json.loads(path.read_text())
+        settings = dict(record["settings"])
+    except (ValueError, KeyError, TypeError):
+        common.refuse(f"--transfer {path} is not a search's record (not JSON, or no settings)")
+    rows = [r for r in search.read_candidates(Path(folder) / "candidates.jsonl") if not r["rejected"] and r.get("x")]
     if not rows:
         common.refuse(f"--transfer {folder}: no accepted CMA-ES candidate to carry (a seed is its own method)")
     best = min(rows, key=lambda r: r["value"])
-    s = search.SearchSettings(**{**record["settings"], "target": target})
+    s = search.SearchSettings(**{**settings, "target": target})   # a target <= the original refused here
     factors, attention = s.space(record["pairs"]).point(best["x"])
-    model = hp.load_model("smollm2")
+    model = hp.load_model(settings["model"])   # the model the search scored, not a default
     hp.patch(model, "longrope", **search.longrope_params(factors, attention, s.mode, target))
     with user_input.replacing(user_input.output_folder(out, "--transfer OUT")) as fresh:
         model.save_pretrained(fresh)
@@ -123,8 +130,8 @@ def passkey_cell(model, tokenizer, length: int, trials: int) -> dict:
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["none", "yarn", "longrope"])
-    parser.add_argument("--target", type=common.count(ORIGINAL + 1), default=16384,
-                        help="the context the methods are patched to")
+    parser.add_argument("--target", type=common.count(2), default=16384,
+                        help="the context the methods are patched to (> 8192; --transfer: > the searched model's)")
     parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[2048, 8192, 16384])
     parser.add_argument("--texts", nargs="+", default=TEXTS, help="held-out texts (load_corpus specs)")
     parser.add_argument("--passkey-trials", type=common.count(0, 100), default=0,
@@ -135,10 +142,12 @@ def main() -> None:
     parser.add_argument("--transfer", nargs=2, metavar=("SEARCH_DIR", "OUT"),
                         help="save a finished search's best point taken to --target as a checkpoint, and stop")
     args = parser.parse_args()
-    if any(n > args.target for n in args.lengths):
-        common.refuse(f"--lengths must stay within --target {args.target}, got {args.lengths}")
     if args.transfer:
         return transfer(*args.transfer, args.target)
+    if any(n > args.target for n in args.lengths):
+        common.refuse(f"--lengths must stay within --target {args.target}, got {args.lengths}")
+    if args.target <= ORIGINAL:
+        common.refuse(f"--target must be > SmolLM2's context {ORIGINAL}, got {args.target}")
     args.dtype = common.dtype_name(args.dtype)
     results, save = common.results_file(args.out, {"target": args.target, "dtype": args.dtype},
                                         ["ppl", "passkey"])

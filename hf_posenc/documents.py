@@ -34,6 +34,8 @@ def document_position_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InvalidInputError(f"input_ids and attention_mask must both be [batch, tokens], got "
                                 f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    if input_ids.shape[1] == 0:
+        return torch.zeros_like(input_ids)   # no token: no position
     real = attention_mask.bool()
     starts = torch.zeros_like(real)
     starts[:, 0] = True

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import _compat, api
-from .config import RopeMethodConfig
+from .config import RopeMethodConfig, check_number
 from .errors import MethodNotApplicableError
 from .registry import get_method
 
@@ -70,6 +70,9 @@ def drawn_short(*, seed: int, index: int, share: float) -> bool:
     """Whether micro-batch `index` of a run seeded `seed` trains inside the original context: a draw of its own
     (not the position schemes' stream), so a resumed run draws the same, and every process alike for the same
     micro-batch."""
+    check_number("share", share, minimum=0, maximum=1, optional=False)
+    check_number("seed", seed, minimum=0, integer=True, optional=False)
+    check_number("index", index, minimum=0, integer=True, optional=False)
     if share <= 0:
         return False
     return bool(np.random.default_rng([seed, 0x6D697865, index]).random() < share)

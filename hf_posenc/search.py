@@ -51,6 +51,7 @@ from .config import MAX_POSITIONS, check_number
 from .errors import ConfigError, InvalidInputError, InvalidParameterError
 from .eval import recall, stats
 from .eval.perplexity import token_nll
+from .record import read_record
 
 SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
 SEED_NAMES = {"linear": "PI", "ntk": "NTK", "yarn": "YaRN", "llama3": "llama3", "longrope": "ramp"}
@@ -121,7 +122,14 @@ class FactorSpace:
 
     def point(self, x: Sequence[float]) -> tuple[list[float], float | None]:
         """(the factors of every pair, the attention factor or None) at the point x."""
-        x = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"a point of the form is {self.dims} numbers in [0, 1], got {x!r:.80}") from None
+        if x.shape != (self.dims,) or not np.isfinite(x).all():
+            raise InvalidInputError(f"a point of the form is {self.dims} finite numbers in [0, 1] (start, width, top, "
+                                    f"shape{', attention' if self.dims == 5 else ''}), got {x.tolist()!r:.80}")
+        x = np.clip(x, 0.0, 1.0)
         factors = self._factors(x[None, :])[0]
         attention = None
         if self.attention_range is not None:
@@ -306,6 +314,18 @@ def read_candidates(path: Path) -> list[dict]:
     return out
 
 
+def _check_token_ids(ids) -> None:
+    """A sequence of integer token ids (a list, a tensor, an array), not a string or floats."""
+    if torch.is_tensor(ids) or isinstance(ids, np.ndarray):
+        ok = ids.ndim == 1 and not (ids.dtype.is_floating_point if torch.is_tensor(ids) else ids.dtype.kind == "f")
+    else:
+        ok = isinstance(ids, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                    for t in ids)
+    if not ok:
+        raise InvalidInputError(f"text_ids must be the tuning text's token ids, one list of ints (tokenize it "
+                                f"first: tokenizer(text)['input_ids']), got {type(ids).__name__} {ids!r:.40}")
+
+
 def text_identity(ids: Sequence[int]) -> str:
     """sha256 of the token ids a search scores on: a resume on another text (an edited file of the same length
     included) is refused, never mixed into one record."""
@@ -345,8 +365,21 @@ class FactorSearch:
     def __init__(self, model: torch.nn.Module, tokenizer, text_ids: Sequence[int], settings: SearchSettings,
                  out: str | os.PathLike, *, prefix: Sequence[int] = (), progress: bool = True,
                  sets: list[recall.RecallSet] | None = None):
-        self.model, self.settings, self.out, self.progress = model, settings, Path(out), progress
+        if not isinstance(settings, SearchSettings):
+            raise InvalidInputError(f"settings must be a SearchSettings (hf_posenc.search), got "
+                                    f"{type(settings).__name__}")
+        _check_token_ids(text_ids)
+        if Path(out).exists() and not Path(out).is_dir():
+            raise InvalidInputError(f"out {out} is a file: a search writes a folder (search.json, candidates.jsonl)")
         rotary = rotary_module(model)
+        if read_record(model.config) is not None:
+            raise InvalidInputError(f"the model is already patched ({read_record(model.config).method}): search from "
+                                    f"the unpatched model")
+        known = model.config.get_text_config().max_position_embeddings
+        if settings.original != known:
+            raise InvalidInputError(f"settings.original {settings.original} is not the model's original context "
+                                    f"{known}: the factors would be searched for another model")
+        self.model, self.settings, self.out, self.progress = model, settings, Path(out), progress
         self.pairs = int(rotary.inv_freq.numel())
         self.space = settings.space(self.pairs)
         s = settings
@@ -537,6 +570,10 @@ def best_method(best: dict, target: int, original: int) -> tuple[str, dict]:
     """(method, hp.patch parameters) that saves `best` as a stock checkpoint: its own method where the best is the
     YaRN or llama3 seed of a static search with that method's attention factor (the same model, in the form more
     engines run: llama.cpp's flags take YaRN), else `longrope` with the searched factors, in the search's mode."""
+    missing = [k for k in ("kind", "mode", "long_factor", "attention_factor") if not isinstance(best, dict) or k not in best]
+    if missing:
+        raise InvalidInputError(f"best must be a search's candidate (FactorSearch.run's answer, a line of "
+                                f"candidates.jsonl); this one has no {', '.join(missing)}: {best!r:.80}")
     own = OWN_METHODS.get(best["kind"])
     attention = best["attention_factor"]
     if own and best["mode"] == "static" and attention is not None and \

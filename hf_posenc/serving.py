@@ -360,6 +360,9 @@ def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: 
     """Everything `write_gguf` checks before it reads the tensors, from the source's header alone (a fraction
     of a second on any file): the paths, the file is the model's, the patch is one GGUF metadata can say.
     Returns (the file's architecture, the keys to write). `model` may be a meta skeleton (no weights)."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
+        raise InvalidInputError(f"write_gguf takes the transformers model patched from the file (hp.load_model of "
+                                f"it, then hp.patch), got {type(model).__name__}")
     source, target = Path(source), Path(target)
     check_gguf_output(source, target, overwrite, "the input file")
     try:  # the header only: gguf's reader maps every tensor and array (seconds), and fails unclearly on corruption
@@ -421,7 +424,16 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
 
 
 def _check_same_model(model, values: dict, arch: str, source: Path) -> None:
-    """The file must hold the model before the patch: same architecture family, same rope base."""
+    """The file must hold the model before the patch: same rotary width, same rope base."""
+    text = model.config.get_text_config()
+    heads, width = values.get(f"{arch}.attention.head_count"), values.get(f"{arch}.embedding_length")
+    dims = values.get(f"{arch}.rope.dimension_count") or (width // heads if isinstance(width, int) and
+                                                           isinstance(heads, int) and heads > 0 else None)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rotary = int(head_dim * getattr(text, "partial_rotary_factor", 1.0))
+    if isinstance(dims, int) and dims != rotary:   # a factor tensor of the model's pairs would not fit the file's
+        raise ExportError(f"{source} rotates {dims} dimensions of each head, this model {rotary}: it is not the "
+                          f"file this model was loaded from")
     record = read_record(model.config)
     base = values.get(f"{arch}.rope.freq_base")
     if record is None or base is None:

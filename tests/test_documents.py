@@ -31,6 +31,8 @@ def test_position_ids_restart_after_each_eos_and_at_the_padding():
     assert got[0].tolist() == expected.tolist()
     assert got[1, :-5].tolist() == expected[:-5].tolist() and got[1, -5:].tolist() == list(range(5))
     assert documents.document_index(got)[0].tolist() == sum(([i] * len(d) for i, d in enumerate(docs)), [])
+    empty = torch.zeros(1, 0, dtype=torch.long)   # a batch of no token: no position (an IndexError before)
+    assert documents.document_position_ids(empty, empty, eos_token_id=EOS).shape == (1, 0)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

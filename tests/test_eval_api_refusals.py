@@ -17,7 +17,7 @@ from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import eval as hpe
-from hf_posenc import losses
+from hf_posenc import losses, mixed_windows
 from hf_posenc.eval import probes, recall, ruler, stats
 from hf_posenc.metrics import longppl as lp
 
@@ -345,6 +345,23 @@ CASES = [
          hp.InvalidParameterError, "chunk must be >= 0, got -1"),
     Case("is_length_dependent-none", lambda: hpe.is_length_dependent(None), hp.InvalidInputError,
          "model must be a transformers model, got None"),
+    # issue 47's sweep: answers and tracebacks where a refusal was due
+    Case("effective_length-threshold-2", lambda: stats.effective_length({1: 0.5}, 2), hp.InvalidParameterError,
+         "threshold must be a share in (0, 1)"),
+    Case("effective_length-threshold-0", lambda: stats.effective_length({1: 0.5}, 0), hp.InvalidParameterError,
+         "threshold must be > 0"),
+    Case("make_samples-a-list-of-families", lambda: ruler.make_samples(["passkey"], tok(), lengths=[600]),
+         hp.InvalidParameterError, "unknown retrieval family ['passkey'] (one family a call"),
+    Case("key_tokens-lengths-differ", lambda: lp.key_tokens(torch.zeros(5), torch.zeros(4)), hp.InvalidInputError,
+         "tensors of one shape, got (5,) and (4,)"),
+    Case("drawn_short-share-a-str", lambda: mixed_windows.drawn_short(seed=0, index=0, share="0.5"),
+         hp.ParameterTypeError, "share must be a number"),
+    Case("drawn_short-seed-none", lambda: mixed_windows.drawn_short(seed=None, index=0, share=0.5),
+         hp.InvalidParameterError, "seed is required"),
+    Case("drawn_short-index-negative", lambda: mixed_windows.drawn_short(seed=0, index=-1, share=0.5),
+         hp.InvalidParameterError, "index must be >= 0"),
+    Case("drawn_short-index-a-float", lambda: mixed_windows.drawn_short(seed=0, index=2.5, share=0.5),
+         hp.ParameterTypeError, "index must be an int"),
 ]
 
 

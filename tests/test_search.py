@@ -169,6 +169,30 @@ def test_settings_out_of_range_are_refused_before_any_pass(field, value, message
         settings(**{field: value})
 
 
+def test_public_calls_of_the_wrong_kind_are_refused_naming_what_they_need(tmp_path):
+    model, tok = tiny_model(), tiny_tokenizer()
+    (tmp_path / "file").write_text("x")
+    calls = [
+        (lambda: search.FactorSearch(model, tok, "a str", settings(), tmp_path / "a"), "token ids"),
+        (lambda: search.FactorSearch(model, tok, [0.5] * 4000, settings(), tmp_path / "a"), "token ids"),
+        (lambda: search.FactorSearch(model, tok, text_ids(), {"target": TARGET}, tmp_path / "a"), "SearchSettings"),
+        (lambda: search.FactorSearch(model, tok, text_ids(), settings(), tmp_path / "file"), "is a file"),
+        (lambda: search.FactorSearch(model, tok, text_ids(), settings(original=32, guard_length=16), tmp_path / "a"),
+         "not the model's original context 64"),
+        (lambda: search.best_method({}, TARGET, ORIGINAL), "no kind, mode, long_factor"),
+        (lambda: search.FactorSpace(pairs=8, factor=4.0, original=ORIGINAL).point([0.5, 0.5]), "5 finite numbers"),
+    ]
+    for call, words in calls:
+        with pytest.raises(InvalidInputError, match=words):
+            call()
+    assert not (tmp_path / "a").exists()   # nothing written on a refusal
+    with hp.patched(model, "yarn", factor=2.0):
+        with pytest.raises(InvalidInputError, match="already patched"):
+            search.FactorSearch(model, tok, text_ids(), settings(), tmp_path / "a")
+    torch_ids = torch.tensor(text_ids())   # a tensor of ids is token ids too
+    assert search.FactorSearch(model, tok, torch_ids, settings(), tmp_path / "a", progress=False).pairs == 8
+
+
 def test_the_guard_rejects_before_the_long_pass_and_ranks_rejections_last(tmp_path):
     model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
     s = settings(budget=3, guard_share=0.0, attention_range=[1.0, 1.3], mode="switched")
@@ -354,3 +378,22 @@ def test_a_search_in_bfloat16_saves_the_stored_weights_not_its_rounded_copy(chec
     saved, stored = hp.load_model(str(tmp_path / "best")), hp.load_model(str(checkpoint))
     for (name, a), (_, b) in zip(saved.named_parameters(), stored.named_parameters()):
         assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b), name
+
+
+def test_bench_search_transfer_carries_the_recorded_model_and_refuses_a_missing_folder(checkpoint, corpus, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_search.py"
+    recipe.main(recipe_args(checkpoint, corpus, tmp_path / "s", "--save", "false", "--plots", "false"))
+    proc = subprocess.run([sys.executable, str(bench), "--transfer", str(tmp_path / "s"), str(tmp_path / "t"),
+                           "--target", str(2 * TARGET)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert config["hidden_size"] == tiny_model().config.hidden_size   # the tiny model searched, not SmolLM2
+    assert config["rope_parameters"]["factor"] == 2 * TARGET / ORIGINAL
+    proc = subprocess.run([sys.executable, str(bench), "--transfer", str(tmp_path / "nowhere"), str(tmp_path / "u"),
+                           "--target", str(2 * TARGET)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --transfer") and "search.json" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "u").exists()

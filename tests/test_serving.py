@@ -310,8 +310,14 @@ def test_gguf_export_refusals_write_nothing(tmp_path):
     (tmp_path / "g.gguf").write_bytes(corrupt)
     with pytest.raises(serving.ExportError, match="not a readable GGUF.*do not fit"):
         serving.write_gguf(hp.patch(tiny_model(), "yarn", factor=4), tmp_path / "g.gguf", tmp_path / "f.gguf")
+    wide = write_tiny_gguf(tmp_path / "wide.gguf", keys=lambda writer: writer.add_rope_dimension_count(64))
+    with pytest.raises(serving.ExportError, match="rotates 64 dimensions of each head, this model 16"):
+        serving.write_gguf(hp.patch(tiny_model(), "longrope", long_factor=[2.0] * 8, factor=4), wide, tmp_path / "h")
+    for junk in (None, torch.nn.Linear(2, 2)):
+        with pytest.raises(hp.PosEncError, match="takes the transformers model patched from the file"):
+            serving.write_gguf(junk, source, tmp_path / "i.gguf")
     assert source.read_bytes() == original
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "g.gguf", "in.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "g.gguf", "in.gguf", "wide.gguf"]
 
 
 @pytest.mark.real

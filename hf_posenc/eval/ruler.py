@@ -241,8 +241,9 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
                  haystack: str | None = None, seed: int = 0, bos: bool | str = "auto") -> list[Sample]:
     """`samples` samples of `family` at each length (the same seed gives the same samples). `haystack`: the real
     text of the families that hide needles in it (every family but passkey and vt)."""
-    if family not in FAMILIES:
-        raise InvalidParameterError(f"unknown retrieval family {family!r}; known: {', '.join(FAMILIES)}")
+    if not isinstance(family, str) or family not in FAMILIES:
+        hint = " (one family a call: make_samples(name, ...) for each)" if not isinstance(family, str) else ""
+        raise InvalidParameterError(f"unknown retrieval family {family!r}{hint}; known: {', '.join(FAMILIES)}")
     lengths, depths = check_lengths(lengths), check_depths(depths)
     check_number("samples", samples, minimum=1, integer=True, optional=False)
     check_number("needles", needles, minimum=2, maximum=len(KEYS), integer=True, optional=False)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..config import check_number
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, InvalidParameterError
 
 Z95 = 1.959963984540054   # the standard normal's 97.5 % quantile
 BOOTSTRAP_SAMPLES = 4000
@@ -88,7 +88,9 @@ def effective_length(scores: Mapping[int, float], threshold: float) -> int | Non
     """The longest length L such that the score at L and at every shorter length measured is above `threshold`
     (RULER's effective context length; RULER's threshold is Llama-2-7B's score at 4k, 85.6 %). None when the
     shortest length is already below it."""
-    check_number("threshold", threshold, optional=False)
+    check_number("threshold", threshold, above=0, optional=False)
+    if threshold >= 1:   # a score is a share (found / n): a threshold of 1 or more no row can pass
+        raise InvalidParameterError(f"threshold must be a share in (0, 1) (RULER's: 0.856), got {threshold!r}")
     if not isinstance(scores, Mapping) or any(isinstance(v, bool) or not isinstance(v, (int, float))
                                               for v in scores.values()):
         raise InvalidInputError(f"scores must map each length to its score (a number), got {scores!r:.60}")

@@ -56,6 +56,9 @@ def key_tokens(long: torch.Tensor, short: torch.Tensor, alpha: float = 2.0, beta
     short window (NaN) is not one."""
     _check("alpha", alpha)
     _check("beta", beta)
+    if not (torch.is_tensor(long) and torch.is_tensor(short)) or long.shape != short.shape:
+        raise InvalidInputError(f"longppl key_tokens needs each token's long and short loss as tensors of one shape, "
+                                f"got {tuple(getattr(long, 'shape', ()))} and {tuple(getattr(short, 'shape', ()))}")
     return ~torch.isnan(short) & (short - long > alpha) & (-long > beta)
 
 
