@@ -37,8 +37,15 @@ def _choose(names: list[str], available, corpus: str, what: str) -> list[str]:
     unknown = [n for n in excluded or names if n not in available]
     if unknown:
         raise InvalidInputError(f"no {what} {unknown} in the {corpus} corpus; available: {', '.join(available)}")
+    twice = sorted({n for n in excluded or names if (excluded or names).count(n) > 1})
+    if twice:   # kept twice would train on the same documents twice
+        raise InvalidInputError(f"the {corpus} corpus names {', '.join(twice)} more than once; name each part once")
     if excluded:
-        return [n for n in available if n not in excluded]
+        kept = [n for n in available if n not in excluded]
+        if not kept:
+            raise InvalidInputError(f"the {corpus} corpus leaves out all {len(excluded)} of its {what}: nothing is "
+                                    f"left; keep one")
+        return kept
     return names or list(available)
 
 

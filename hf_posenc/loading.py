@@ -196,8 +196,15 @@ def load_config(ref: str | os.PathLike, *, gguf_file: str | None = None):
             try:
                 with gguf_header.config_only():  # seconds -> a fraction of one: no tokenizer strings parsed
                     return transformers.AutoConfig.from_pretrained(name, **extra)
-            except (PosEncError, OSError):
+            except PosEncError:
                 raise
+            except OSError as err:
+                if not isinstance(err.__context__, UnicodeDecodeError):
+                    raise
+                # transformers reports a string of the header that is not UTF-8 as "not a valid JSON file"
+                raise InvalidInputError(f"{_gguf_path(name, extra['gguf_file'])}: a string of its GGUF header is not "
+                                        f"UTF-8 ({err.__context__.reason} at byte {err.__context__.start} of it): a "
+                                        f"corrupt file") from None
             except Exception as err:
                 # transformers' own metadata reader fails on a corrupt file with a bare struct.error: name the fault
                 path = _gguf_path(name, extra["gguf_file"])

@@ -69,3 +69,7 @@ def test_the_stdlib_corpus_is_one_document_per_package_or_module():
     assert "json" not in everything_but["title"] and len(everything_but) == len(parts) - 1
     with pytest.raises(InvalidInputError, match="no package"):
         data.load_corpus("stdlib:no_such_module")
+    with pytest.raises(InvalidInputError, match="names json more than once"):   # trained twice, before
+        data.load_corpus("stdlib:json,json")
+    with pytest.raises(InvalidInputError, match="leaves out all .* nothing is left"):   # "File name too long", before
+        data.load_corpus("stdlib:" + ",".join(f"-{name}" for name in parts))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, MambaConfig, MambaForCausalLM
 
 from hf_posenc import PosEncError
 from hf_posenc import data as hdata
@@ -44,12 +44,15 @@ def run_recipe(*argv):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A tiny RoPE Llama and a tiny learned-table GPT-2, both with a 128-token context and a byte tokenizer."""
+    """A tiny RoPE Llama and a tiny learned-table GPT-2, both with a 128-token context, and a tiny Mamba, each with
+    a byte tokenizer."""
     root = tmp_path_factory.mktemp("models")
     tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=128).save_pretrained(root / "llama")
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=TINY_TEXT_VOCAB,
                                bos_token_id=256, eos_token_id=256)).save_pretrained(root / "gpt2")
-    for name in ("llama", "gpt2"):
+    MambaForCausalLM(MambaConfig(vocab_size=TINY_TEXT_VOCAB, hidden_size=32, num_hidden_layers=2, state_size=4)
+                     ).save_pretrained(root / "mamba")   # no positions at all
+    for name in ("llama", "gpt2", "mamba"):
         tiny_tokenizer().save_pretrained(root / name)
     return root
 
@@ -129,6 +132,10 @@ CASES = [
     ("trainable-nosuch", {"train": {"trainable": ["nosuch"]}}, [], r"train\.trainable entry 'nosuch' matches no"),
     ("scheduler-bogus", {"train": {"scheduler": "bogus"}}, [], r"train\.scheduler='bogus' is not one of"),
     ("attn-bogus", {"model": {"attn_implementation": "bogus"}}, [], r"model\.attn_implementation='bogus'"),
+    ("no-positions", {"model": {"name": "{mamba}"}, "posenc": None}, [],   # an AttributeError, before
+     r"is a mamba model with no max_position_embeddings"),
+    ("flex-on-cpu", {"model": {"attn_implementation": "flex_attention"}}, [],   # step 1's traceback, before
+     r"flex_attention cannot train on this machine \(CPUs only\)"),
     ("hub-corpus-offline", {"data": {"corpus": "someone/no-such-corpus"}}, [],
      r"data\.corpus='someone/no-such-corpus': the hub dataset .* cannot be reached"),
     ("eval-past-learned-table", {"model": {"name": "{gpt2}"}, "posenc": None, "eval": {"lengths": [64, 512]}}, [],
@@ -225,7 +232,8 @@ CASES = [
 
 def _fill(value, work: Path, models: Path):
     if isinstance(value, str):
-        return value.replace("{w}", str(work)).replace("{gpt2}", str(models / "gpt2"))
+        return (value.replace("{w}", str(work)).replace("{gpt2}", str(models / "gpt2"))
+                .replace("{mamba}", str(models / "mamba")))
     if isinstance(value, dict):
         return {k: _fill(v, work, models) for k, v in value.items()}
     if isinstance(value, list):

@@ -98,9 +98,11 @@ def test_the_config_is_the_one_transformers_reads_without_the_full_reader(tmp_pa
     assert gguf.GGUFReader is full_reader  # restored
 
 
-def write_scaled(path):
-    """A llama GGUF with YaRN rope scaling (factor 4 from 64 to 256) in its metadata."""
+def write_scaled(path, name: str | None = None):
+    """A llama GGUF with YaRN rope scaling (factor 4 from 64 to 256) in its metadata (and general.name)."""
     writer = gguf.GGUFWriter(path, arch="llama")
+    if name is not None:
+        writer.add_name(name)
     writer.add_context_length(256)
     writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     writer.add_rope_scaling_factor(4.0)
@@ -114,6 +116,16 @@ def write_scaled(path):
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def test_a_header_string_that_is_not_utf8_is_named_not_called_json(tmp_path):
+    """A corrupt byte in a header string: transformers said "the config file ... is not a valid JSON file"."""
+    good = write_scaled(tmp_path / "s.gguf", name="tiny-model").read_bytes()
+    bad = good.replace(b"tiny-model", b"tiny\xc3(odel", 1)   # a UTF-8 lead byte, no continuation: same length
+    assert bad != good
+    (tmp_path / "bad.gguf").write_bytes(bad)
+    with pytest.raises(hp.InvalidInputError, match=r"bad\.gguf: a string of its GGUF header is not UTF-8"):
+        loading.load_config(tmp_path / "bad.gguf")
 
 
 def test_a_scaled_file_gives_a_patched_skeleton(tmp_path):

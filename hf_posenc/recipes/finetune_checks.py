@@ -89,7 +89,10 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
     if cfg.train.objective == "lm" and not causal:
         raise ConfigError(f"train.objective=lm needs a causal LM, but {ref!r} is a {archs[0]}; "
                           f"use train.objective=distill for encoders")
-    original = int(model_config.get_text_config().max_position_embeddings)
+    original = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if not isinstance(original, int):   # a state-space model (Mamba): no positions, no context to extend
+        raise ConfigError(f"{ref!r} is a {model_config.model_type} model with no max_position_embeddings: it has no "
+                          f"positions for this recipe to patch or extend (a state-space model reads any length)")
     check_attention(cfg.model, model)
     target, model, exact = check_posenc(cfg, ref, model, original) if cfg.posenc else (original, model, True)
     seq_len = cfg.data.seq_len or target
@@ -420,12 +423,19 @@ ENGINES = {"ACCELERATE_USE_FSDP": ("FSDP", "fsdp.yaml"),
            "ACCELERATE_USE_DEEPSPEED": ("DeepSpeed", "deepspeed_zero3.yaml")}
 
 
-def check_engine(cpu: bool) -> None:
+def check_engine(cpu: bool, attn_implementation: str = "sdpa") -> None:
     """Refuse a sharding engine the launcher asked for that this machine's processes would not run: FSDP or
-    DeepSpeed on a machine without an accelerator would be DDP, each process holding the whole model."""
+    DeepSpeed on a machine without an accelerator would be DDP, each process holding the whole model; and an
+    attention kernel that cannot train here (FlexAttention has no backward on CPU: it failed at step 1)."""
     import os
 
     import accelerate
+    import torch
+
+    if cpu and attn_implementation == "flex_attention":
+        raise ConfigError(f"model.attn_implementation=flex_attention cannot train on this machine (CPUs only): torch "
+                          f"{torch.__version__} has no FlexAttention backward on CPU; use sdpa (data.packing "
+                          f"documents works with it too)")
 
     for variable, (engine, template) in ENGINES.items():
         if cpu and os.environ.get(variable, "false").lower() == "true":

@@ -98,7 +98,9 @@ class FinetuneRecipe:
         what the run is about to do."""
         self._expect("setup_accelerator()", "new")
         cfg, preflight = self.cfg, self.preflight
-        check_engine(cpu=torch.accelerator.current_accelerator() is None)   # fsdp.yaml on CPUs: refused, not DDP
+        # fsdp.yaml or flex_attention on CPUs: refused before anything is written
+        check_engine(cpu=torch.accelerator.current_accelerator() is None,
+                     attn_implementation=cfg.model.attn_implementation)
         self.accelerator = Accelerator(
             cpu=torch.accelerator.current_accelerator() is None,   # CPU-only machine: gloo DDP under torchrun
             mixed_precision=mixed_precision(cfg.model.dtype),
