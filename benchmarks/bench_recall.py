@@ -181,12 +181,21 @@ def main() -> None:
     results.setdefault("machine", here)
     print(here, flush=True)
     dtype = getattr(torch, args.dtype)
-    tokenizer = hp.load_tokenizer(args.model)
-    if args.text_ids:
+    ids = None
+    if args.text_ids:   # read (and refused) before anything loads
         import numpy
 
-        ids = numpy.load(args.text_ids).tolist()
-    else:
+        try:
+            array = numpy.load(args.text_ids, allow_pickle=False)
+        except (ValueError, OSError, EOFError):
+            common.refuse(f"--text-ids {args.text_ids} is not a .npy array of token ids (numpy.save of one row of "
+                          f"ints): numpy cannot read it as one")
+        if not isinstance(array, numpy.ndarray) or array.ndim != 1 or array.dtype.kind not in "iu":
+            common.refuse(f"--text-ids {args.text_ids} holds {getattr(array, 'dtype', type(array).__name__)} of "
+                          f"shape {getattr(array, 'shape', '?')}, not one row of integer token ids")
+        ids = array.tolist()
+    tokenizer = hp.load_tokenizer(args.model)
+    if ids is None:
         ids = common.corpus_ids(tokenizer, args.corpus)
     todo = [length for length in args.lengths
             if any(f"{row.partition('=')[0]} {length}" not in results["recall"] for row in args.rows)]

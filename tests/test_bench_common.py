@@ -302,6 +302,21 @@ def test_bench_recall_refuses_a_bad_flag_in_one_line_before_anything_loads(tmp_p
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.parametrize("content, says", [(b"\x00\x01garbage", "is not a .npy array of token ids"),
+                                           (None, "holds float64 of shape (2, 3), not one row of integer token ids")])
+def test_bench_recall_refuses_text_ids_that_are_not_token_ids(tmp_path, capsys, monkeypatch, content, says):
+    """A corrupt --text-ids file ended in numpy's traceback after the tokenizer loaded."""
+    import bench_recall
+    import numpy
+
+    path = tmp_path / "ids.npy"
+    path.write_bytes(content) if content is not None else numpy.save(path, numpy.zeros((2, 3)))
+    said = script_refusal(capsys, monkeypatch, bench_recall, ["--rows", "none", "--out", str(tmp_path / "r.json"),
+                                                              "--text-ids", str(path)])
+    assert says in said, said
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_bench_recall_refuses_passages_the_text_cannot_hold_before_a_model_loads(tmp_path, capsys, monkeypatch):
     import bench_recall
     import numpy

@@ -195,3 +195,23 @@ def test_register_task_refuses_a_taken_name_naming_both_classes():
 def test_an_unknown_family_is_refused_naming_the_registered_ones():
     with pytest.raises(InvalidParameterError, match="unknown retrieval family 'nope'; known: passkey, single, "):
         samples("nope")
+
+
+@pytest.mark.parametrize("content, says", [
+    ((["One of the special magic numbers for x is: 5.\n"], [("What is x?", "")]), "gave no probe to ask"),
+    ((["One of the special magic numbers for x is: 5.\n"], []), "gave no probe to ask"),
+    (([], [("What is x?", " 5")]), "gave no needle to hide"),
+    (None, "must return (needle lines, [(question, answer), ...])"),
+])
+def test_a_registered_family_whose_content_cannot_make_a_sample_is_refused_naming_it(monkeypatch, content, says):
+    """An empty answer ended in a StopIteration, no needles or None in an IndexError / TypeError."""
+    class Broken(ruler.TaskFamily):
+        name = "broken"
+        reads = ("depths",)
+
+        def content(self, rng, needles, hops):
+            return content
+
+    monkeypatch.setitem(ruler.FAMILIES, "broken", Broken)
+    with pytest.raises(InvalidInputError, match=rf"task family 'broken' \(.*Broken\)\.content {re.escape(says)}"):
+        ruler.make_samples("broken", tiny_tokenizer(), lengths=[600], samples=1, haystack=FILLER * 200)

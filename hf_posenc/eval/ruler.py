@@ -183,6 +183,25 @@ class VariableTracking(_Written):
     summary = "a chain VAR A = 12345, VAR B = VAR A, ... (`hops` links) in noise; asks every variable holding the value"
 
 
+def _checked_content(cls: type[TaskFamily], rng: random.Random, needles: int, hops: int):
+    """A registered family's content, refused naming the family when it is not what `TaskFamily.content` says
+    (a sample needs a needle to hide and a probe whose answer is a token at least)."""
+    content = cls().content(rng, needles, hops)
+    where = f"task family {cls.name!r} ({cls.__module__}.{cls.__qualname__}).content"
+    if not (isinstance(content, (tuple, list)) and len(content) == 2):
+        raise InvalidInputError(f"{where} must return (needle lines, [(question, answer), ...]), got {content!r:.60}")
+    texts, asks = content
+    if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise InvalidInputError(f"{where} gave no needle to hide (needle lines must be non-empty strings), got "
+                                f"{texts!r:.60}")
+    if not isinstance(asks, (list, tuple)) or not asks or not all(
+            isinstance(a, (tuple, list)) and len(a) == 2 and all(isinstance(x, str) for x in a) and a[1].strip()
+            for a in asks):
+        raise InvalidInputError(f"{where} gave no probe to ask (a list of (question, answer) strings, each answer "
+                                f"non-empty), got {asks!r:.60}")
+    return list(texts), [tuple(a) for a in asks]
+
+
 def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, index: int, seed: int,
                  depths: Sequence[float] = (0.5,), needles: int = 4, hops: int = 4, bos: bool | str = "auto",
                  start: int = 0) -> Sample:
@@ -190,7 +209,7 @@ def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, ind
     haystack lines as fit. The needles sit at line boundaries: a single needle at depths[index % len(depths)],
     several at random depths (a chain in order)."""
     rng = random.Random(f"{seed}/{family}/{length}/{index}")
-    texts, asks = FAMILIES[family]().content(rng, needles, hops)
+    texts, asks = _checked_content(FAMILIES[family], rng, needles, hops)
     if len(texts) == 1:
         shares = [depths[index % len(depths)]]
     else:
