@@ -52,7 +52,10 @@ def models(tmp_path_factory):
                                bos_token_id=256, eos_token_id=256)).save_pretrained(root / "gpt2")
     MambaForCausalLM(MambaConfig(vocab_size=TINY_TEXT_VOCAB, hidden_size=32, num_hidden_layers=2, state_size=4)
                      ).save_pretrained(root / "mamba")   # no positions at all
-    for name in ("llama", "gpt2", "mamba"):
+    tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=256, rope_parameters={
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0,
+    }).save_pretrained(root / "yarn")   # a checkpoint that ships its own scaling
+    for name in ("llama", "gpt2", "mamba", "yarn"):
         tiny_tokenizer().save_pretrained(root / name)
     return root
 
@@ -134,6 +137,8 @@ CASES = [
     ("attn-bogus", {"model": {"attn_implementation": "bogus"}}, [], r"model\.attn_implementation='bogus'"),
     ("no-positions", {"model": {"name": "{mamba}"}, "posenc": None}, [],   # an AttributeError, before
      r"is a mamba model with no max_position_embeddings"),
+    ("native-scaling-advice", {"model": {"name": "{yarn}"}}, [],   # advised hp.patch's keyword alone, before
+     r"ships rope_type='yarn' scaling .*--posenc\.replace_native true\) to replace"),
     ("flex-on-cpu", {"model": {"attn_implementation": "flex_attention"}}, [],   # step 1's traceback, before
      r"flex_attention cannot train on this machine \(CPUs only\)"),
     ("hub-corpus-offline", {"data": {"corpus": "someone/no-such-corpus"}}, [],
@@ -233,7 +238,7 @@ CASES = [
 def _fill(value, work: Path, models: Path):
     if isinstance(value, str):
         return (value.replace("{w}", str(work)).replace("{gpt2}", str(models / "gpt2"))
-                .replace("{mamba}", str(models / "mamba")))
+                .replace("{mamba}", str(models / "mamba")).replace("{yarn}", str(models / "yarn")))
     if isinstance(value, dict):
         return {k: _fill(v, work, models) for k, v in value.items()}
     if isinstance(value, list):

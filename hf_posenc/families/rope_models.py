@@ -199,8 +199,9 @@ class RopeModels(Family):
             raise MethodNotApplicableError(
                 f"this {config.model_type} checkpoint already ships rope_type={rope_type!r} scaling "
                 f"({'layer type ' + repr(lt) + ', ' if lt else ''}max_position_embeddings="
-                f"{config.max_position_embeddings}); hf_posenc rescales plain RoPE. Pass replace_native=True to "
-                f"replace that scaling, starting from the plain rope_theta and the original pretraining context"
+                f"{config.max_position_embeddings}); hf_posenc rescales plain RoPE. Pass replace_native=True (a "
+                f"recipe's config: posenc.replace_native: true, or --posenc.replace_native true) to replace that "
+                f"scaling, starting from the plain rope_theta and the original pretraining context"
             )
         for params in natives.values():
             if "original_max_position_embeddings" in params:
