@@ -405,7 +405,8 @@ class FactorSearch:
 
     def fitness(self) -> dict:
         """The repeats' loss of the passages at least `far` back (mean, interval, n), with each passage's loss."""
-        rows = recall.score_recall(self.model, self.sets, control=False, progress=False)
+        with layer_progress(self.model, len(self.sets), self.progress):   # a 32k pass: minutes on a CPU
+            rows = recall.score_recall(self.model, self.sets, control=False, progress=False)
         far = [r for r in rows if r["distance"] >= self.settings.far]
         summary = stats.bootstrap_mean([r["loss_with"] for r in far])
         gap = stats.bootstrap_mean([r["gap"] for r in far])
@@ -490,8 +491,9 @@ class FactorSearch:
         seeds = closed_forms(self.model, self.settings.target)
         self._check_constant_guard(seeds[0][1], reference)
         total = len(seeds) + self.settings.budget
+        # no tqdm estimate: it would average the guard's rejections (seconds) with the long passes (minutes)
         bar = tqdm(total=total, initial=min(len(done), total), desc="factor search", unit="candidate",
-                   disable=not self.progress)
+                   disable=not self.progress, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
         rows = list(done)
 
         def take(index: int, kind: str, factors, attention, x) -> dict:
@@ -509,7 +511,9 @@ class FactorSearch:
             rows.append(row)
             bar.update()
             best = min((r for r in rows if not r["rejected"]), key=lambda r: r["value"], default=None)
-            bar.set_postfix_str(f"best {best['loss']:.4f} ({best['kind']})" if best else "all rejected")
+            left = time_left(rows, total)
+            bar.set_postfix_str((f"best {best['loss']:.4f} ({best['kind']})" if best else "all rejected") +
+                                (f", ~{left / 60:.0f} min left" if left is not None else ""))
             return row
 
         space = self.space
@@ -543,6 +547,37 @@ class FactorSearch:
                                     f"{self.settings.guard_length} rose by more than {self.settings.guard_share:.1%}): "
                                     f"widen guard_share or the attention range")
         return min(accepted, key=lambda r: r["value"])
+
+
+def time_left(rows: Sequence[dict], total: int) -> float | None:
+    """Seconds the candidates still to run should take: each a long pass at the median long pass's time, or a
+    guard's rejection at the median rejection's, in the shares seen so far (None before any long pass)."""
+    passes = [r["seconds"] for r in rows if not r["rejected"] and "seconds" in r]
+    if not passes or len(rows) >= total:
+        return None if not passes else 0.0
+    rejected = [r["seconds"] for r in rows if r["rejected"] and "seconds" in r]
+    share = len(passes) / (len(passes) + len(rejected))
+    cost = share * float(np.median(passes)) + (1 - share) * (float(np.median(rejected)) if rejected else 0.0)
+    return (total - len(rows)) * cost
+
+
+@contextlib.contextmanager
+def layer_progress(model: torch.nn.Module, passes: int, enabled: bool = True):
+    """A second bar for a long pass itself: a tick each time a decoder layer finishes (the model's longest
+    ModuleList), `passes` forwards of every layer."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    layers = max(lists, key=len, default=None)
+    if not enabled or not layers:
+        yield
+        return
+    bar = tqdm(total=passes * len(layers), desc="  long pass", unit="layer", leave=False, position=1)
+    hooks = [layer.register_forward_hook(lambda *_: bar.update()) for layer in layers]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        bar.close()
 
 
 @contextlib.contextmanager

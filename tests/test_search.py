@@ -397,3 +397,36 @@ def test_bench_search_transfer_carries_the_recorded_model_and_refuses_a_missing_
                            "--target", str(2 * TARGET)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --transfer") and "search.json" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "u").exists()
+
+
+def test_the_time_left_counts_long_passes_and_rejections_at_their_own_cost():
+    """The bar showed tqdm's mean over every candidate: seconds-long rejections and minutes-long passes averaged."""
+    rows = [{"rejected": False, "seconds": 100.0}, {"rejected": True, "seconds": 2.0},
+            {"rejected": False, "seconds": 120.0}, {"rejected": True, "seconds": 4.0}]
+    assert search.time_left(rows, total=8) == pytest.approx(4 * (0.5 * 110 + 0.5 * 3))
+    assert search.time_left(rows[1:2], total=8) is None       # no long pass yet: no estimate
+    assert search.time_left(rows, total=4) == 0.0
+
+
+def test_a_long_pass_shows_its_own_progress_one_tick_a_layer(monkeypatch):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    bars = []
+
+    class Bar:   # what the search's bars are asked to show
+        def __init__(self, total=None, desc="", **kwargs):
+            self.total, self.desc, self.n = total, desc, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(search, "tqdm", Bar)
+    runner = search.FactorSearch(model, tok, text_ids(), settings(), "unused", progress=True)
+    runner.fitness()
+    inner = [b for b in bars if b.desc.strip() == "long pass"]
+    assert len(inner) == 1 and inner[0].total == len(runner.sets) * model.config.num_hidden_layers
+    assert inner[0].n == inner[0].total
+    assert not any(h for layer in model.model.layers for h in layer._forward_hooks.values())   # hooks removed
