@@ -140,6 +140,33 @@ def cmd_patch(args) -> None:
     print(f"saved to {args.out}")
 
 
+def cmd_export(args) -> None:
+    """A saved model (a fine-tune's, a search's or `hf-posenc patch`'s folder) written whole as a GGUF file, its
+    patch in the rope metadata and factor tensors (gguf_writer.write_gguf_model). Checked on the skeleton first."""
+    from . import gguf_writer, loading, serving
+
+    ref = model_ref(args.model, None)
+    out = Path(args.out).expanduser()
+    if out.suffix != ".gguf":
+        raise UsageError(f"--out {args.out} must name a .gguf file")
+    if out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder; name the .gguf file to write")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
+    output_folder(str(out.parent), "--out's folder", _input_paths(ref, None))
+    vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf()
+    if Path(ref).suffix == ".gguf":
+        raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch --out X.gguf")
+    skeleton = loading.meta_model(ref)   # what the file can say, before the weights load
+    gguf_writer.check_model(skeleton, out, vocab, args.dtype, args.overwrite)
+    serving.gguf_rope_metadata(skeleton, gguf_writer.ARCHITECTURES[skeleton.config.get_text_config().model_type])
+    with reading(ref):
+        model = loading.load_model(ref, dtype="float32")
+    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite)
+    print(json.dumps(written, indent=2))
+    print(f"wrote {args.out} ({args.dtype}, the tokenizer of {vocab.name})")
+
+
 def _patch_to_gguf(args, ref: str, params: dict) -> None:
     """`--out X.gguf`: the input GGUF file again, the patch in its rope metadata (serving.write_gguf)."""
     from . import api, loading, serving
@@ -280,6 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "file with the patch in its rope metadata")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("export", help="write a saved model (a fine-tune's or a search's folder) as a whole GGUF file "
+                                      "llama.cpp runs, its patch included")
+    p.add_argument("model", help="a saved folder (safetensors: hf-posenc finetune, search or patch), or 'smollm2'")
+    p.add_argument("--out", required=True, help="the .gguf file to write")
+    p.add_argument("--dtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="the weights' format (default f16; vectors and norms stay f32)")
+    p.add_argument("--vocab-from", help="a GGUF file with the model's vocabulary, whose tokenizer is copied "
+                                        "(default: the embedded SmolLM2 file)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("demo", help="patch the embedded SmolLM2-135M with every RoPE method and compare")
     p.add_argument("--model", default="smollm2", help="a RoPE causal LM (default: the embedded SmolLM2-135M)")

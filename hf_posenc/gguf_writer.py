@@ -37,8 +37,10 @@ def reorder_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _check(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> str:
-    """Everything checked before a byte is written; returns llama.cpp's architecture."""
+def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> str:
+    """Everything checked before a byte is written, on the model or its meta skeleton (the config is what is
+    read); returns llama.cpp's architecture."""
+    target, vocab_from = Path(target), Path(vocab_from)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
     if dtype not in DTYPES:
@@ -107,7 +109,7 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
     import gguf
 
     target, vocab_from = Path(target), Path(vocab_from)
-    arch = _check(model, target, vocab_from, dtype, overwrite)
+    arch = check_model(model, target, vocab_from, dtype, overwrite)
     rope = gguf_rope_metadata(model, arch)
     factors = gguf_rope_tensors(model, arch)
     tensors = _tensors(model, arch)

@@ -142,3 +142,40 @@ def test_a_written_file_loads_back_as_the_same_patched_model(vocab, tmp_path):
     x = torch.tensor([ids()[:200]])
     with torch.no_grad():
         torch.testing.assert_close(back(x).logits, model(x).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab, tmp_path, capsys):
+    """`hf-posenc export FOLDER --out X.gguf`: a searched or fine-tuned folder (here a saved static longrope patch)
+    as a GGUF file that loads back as the same model; bad input refused in one line with nothing written."""
+    from hf_posenc.cli import main
+
+    model = wide_model("longrope", factor=8, long_factor=[1, 1, 2, 3, 4, 6, 8, 8],
+                       short_factor=[1, 1, 2, 3, 4, 6, 8, 8], attention_factor=1.1)
+    model.save_pretrained(tmp_path / "searched")
+    main(["export", str(tmp_path / "searched"), "--out", str(tmp_path / "out.gguf"), "--dtype", "f32"])
+    assert "wrote" in capsys.readouterr().out
+    back = hp.load_model(tmp_path / "out.gguf", cache=False)
+    x = torch.tensor([ids()[:200]])
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=1e-4, rtol=1e-4)
+    capsys.readouterr()
+
+    def refusal(argv) -> str:
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+        return err[0]
+
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    folder = str(tmp_path / "searched")
+    assert "must name a .gguf file" in refusal(["export", folder, "--out", str(tmp_path / "x.bin")])
+    assert "exists" in refusal(["export", folder, "--out", str(tmp_path / "out.gguf")])
+    assert "inside" in refusal(["export", folder, "--out", str(tmp_path / "searched" / "x.gguf")])
+    tiny_model().save_pretrained(tmp_path / "small_vocab")
+    before.append("small_vocab"), before.extend(p.name for p in (tmp_path / "small_vocab").iterdir())
+    capsys.readouterr()
+    assert "holds 49152 tokens, the model 128" in refusal(["export", str(tmp_path / "small_vocab"), "--out",
+                                                           str(tmp_path / "y.gguf")])
+    assert "invalid choice: 'q4_k'" in refusal(["export", folder, "--out", str(tmp_path / "y.gguf"), "--dtype", "q4_k"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(before)
