@@ -13,15 +13,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from . import _compat, api, assets, data, loading
+from . import api, assets, data, loading
 from . import eval as hpe
+from .eval.perplexity import pass_progress
 
 DEMO_METHODS = ("base", "ntk", "linear", "dynamic", "yarn", "dynamic_yarn", "llama3", "longrope", "dca", "self_extend")
 # the baseline, the usual method, the training-free one that goes furthest; each costs a pass at the longest
@@ -199,36 +199,6 @@ def _row(method, params, logprobs, reference, ids, seconds) -> dict:
     return {"method": method, "params": shown, "max_abs_logprob_drift": (logprobs - reference).abs().max().item(),
             "kl": (reference.exp() * (reference - logprobs)).sum(-1).mean().item(),
             "ppl": float(torch.tensor(nll).exp()), "seconds": seconds}
-
-
-@contextlib.contextmanager
-def pass_progress(model: torch.nn.Module, desc: str, min_tokens: int):
-    """Inside the block, each forward of at least `min_tokens` tokens shows a progress bar over the model's
-    attention layers: a long pass takes minutes on a CPU, and the bar's rate says how long is left in it.
-    The layers are watched, not the model's own call: evaluation runs the decoder without its output layer."""
-    layers = [module for _, module in _compat.attention_modules(model)]
-    bar = None
-
-    def step(module, args, kwargs, output):
-        nonlocal bar
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        if hidden is None or hidden.shape[-2] < min_tokens:
-            return
-        if bar is None:
-            bar = tqdm(total=len(layers), desc=f"{desc}, {hidden.shape[-2]}-token pass", unit="layer", leave=False)
-        bar.update()
-        if bar.n >= bar.total:
-            bar.close()
-            bar = None
-
-    handles = [layer.register_forward_hook(step, with_kwargs=True) for layer in layers]
-    try:
-        yield
-    finally:
-        if bar is not None:
-            bar.close()
-        for handle in handles:
-            handle.remove()
 
 
 def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials) -> dict:

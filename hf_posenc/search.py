@@ -50,7 +50,7 @@ from . import _compat, api
 from .config import MAX_POSITIONS, check_number
 from .errors import ConfigError, InvalidInputError, InvalidParameterError
 from .eval import recall, stats
-from .eval.perplexity import token_nll
+from .eval.perplexity import pass_progress, token_nll
 from .record import read_record
 
 SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
@@ -405,7 +405,9 @@ class FactorSearch:
 
     def fitness(self) -> dict:
         """The repeats' loss of the passages at least `far` back (mean, interval, n), with each passage's loss."""
-        with layer_progress(self.model, len(self.sets), self.progress):   # a 32k pass: minutes on a CPU
+        bar = pass_progress(self.model, "candidate", self.settings.original) if self.progress else \
+            contextlib.nullcontext()
+        with bar:   # a 32k pass: minutes on a CPU, a bar of its own
             rows = recall.score_recall(self.model, self.sets, control=False, progress=False)
         far = [r for r in rows if r["distance"] >= self.settings.far]
         summary = stats.bootstrap_mean([r["loss_with"] for r in far])
@@ -559,25 +561,6 @@ def time_left(rows: Sequence[dict], total: int) -> float | None:
     share = len(passes) / (len(passes) + len(rejected))
     cost = share * float(np.median(passes)) + (1 - share) * (float(np.median(rejected)) if rejected else 0.0)
     return (total - len(rows)) * cost
-
-
-@contextlib.contextmanager
-def layer_progress(model: torch.nn.Module, passes: int, enabled: bool = True):
-    """A second bar for a long pass itself: a tick each time a decoder layer finishes (the model's longest
-    ModuleList), `passes` forwards of every layer."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    layers = max(lists, key=len, default=None)
-    if not enabled or not layers:
-        yield
-        return
-    bar = tqdm(total=passes * len(layers), desc="  long pass", unit="layer", leave=False, position=1)
-    hooks = [layer.register_forward_hook(lambda *_: bar.update()) for layer in layers]
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
-        bar.close()
 
 
 @contextlib.contextmanager

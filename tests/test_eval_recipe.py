@@ -300,11 +300,11 @@ def test_demo_asks_the_cpu_for_its_dtype_not_a_gpu_beside_it(checkpoint, corpus_
 
 
 def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
-    """demo.pass_progress: one bar per forward of at least min_tokens tokens (of the model or of its decoder
+    """pass_progress (hf_posenc/eval/perplexity.py, the demo's and the search's): one bar per forward of at least min_tokens tokens (of the model or of its decoder
     alone), as many steps as attention layers; shorter forwards get none, and the hooks are gone after."""
     import torch
 
-    from hf_posenc import demo
+    from hf_posenc.eval import perplexity
     from tiny import tiny_model
 
     model = tiny_model(max_position_embeddings=128)
@@ -321,8 +321,8 @@ def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr(demo, "tqdm", Bar)
-    with torch.no_grad(), demo.pass_progress(model, "yarn", min_tokens=64):
+    monkeypatch.setattr(perplexity, "tqdm", Bar)
+    with torch.no_grad(), perplexity.pass_progress(model, "yarn", min_tokens=64):
         model(torch.randint(0, 100, (1, 80)))
         model(torch.randint(0, 100, (1, 10)))
         model.model(input_ids=torch.randint(0, 100, (1, 70)))  # the decoder alone, as the evaluation runs it

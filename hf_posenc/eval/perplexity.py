@@ -6,6 +6,7 @@ output layer runs in chunks, so 16k tokens x a 49k vocabulary never sit in memor
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Sequence
@@ -318,3 +319,33 @@ def curve_perplexity(curve: dict, start: int, end: int | None = None) -> float:
     rows = [(n, w) for p, n, w in zip(curve["positions"], curve["nll"], curve.get("tokens") or [1] * len(curve["nll"]))
             if p >= start and (end is None or p < end)]
     return math.exp(sum(n * w for n, w in rows) / sum(w for _, w in rows)) if rows else float("nan")
+
+
+@contextlib.contextmanager
+def pass_progress(model: torch.nn.Module, desc: str, min_tokens: int):
+    """Inside the block, each forward of at least `min_tokens` tokens shows a progress bar over the model's
+    attention layers: a long pass takes minutes on a CPU, and the bar's rate says how long is left in it.
+    The layers are watched, not the model's own call: evaluation runs the decoder without its output layer."""
+    layers = [module for _, module in _compat.attention_modules(model)]
+    bar = None
+
+    def step(module, args, kwargs, output):
+        nonlocal bar
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if hidden is None or hidden.shape[-2] < min_tokens:
+            return
+        if bar is None:
+            bar = tqdm(total=len(layers), desc=f"{desc}, {hidden.shape[-2]}-token pass", unit="layer", leave=False)
+        bar.update()
+        if bar.n >= bar.total:
+            bar.close()
+            bar = None
+
+    handles = [layer.register_forward_hook(step, with_kwargs=True) for layer in layers]
+    try:
+        yield
+    finally:
+        if bar is not None:
+            bar.close()
+        for handle in handles:
+            handle.remove()
