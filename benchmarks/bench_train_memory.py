@@ -3,8 +3,9 @@ the recipe's loss with the full logits (`--loss-chunk 0`) and a block of positio
 
     python benchmarks/bench_train_memory.py                       # CPU: 512 .. 8192, full and chunked loss
     python benchmarks/bench_train_memory.py --lengths 8192 16384 32768   # on a GPU (yarn patch past 8k)
-    python benchmarks/bench_train_memory.py --lengths 2048 8192 --loss-chunk 1024 --packing joined documents
-                                          # documents kept apart (data.packing=documents) against joined ones
+    python benchmarks/bench_train_memory.py --lengths 2048 8192 --loss-chunk 1024 --packing joined documents \
+        documents_masked     # documents kept apart (data.packing=documents: SDPA a call per document, as the
+                             # recipe runs it; documents_masked: SDPA with the block-diagonal mask) against joined
 
 Each length runs in its own process: load, one warm-up step at 64 tokens (allocates the AdamW
 states), then one timed training step (forward, backward, optimizer step) at the length. Peak
@@ -44,7 +45,11 @@ def one(length: int, dtype: str, chunk: int, packing: str = "joined") -> dict:
     device = "cuda" if cuda else "cpu"
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0)
-    documents = packing == "documents"
+    documents = packing.startswith("documents")
+    if packing == "documents":   # as the recipe trains data.packing=documents: no mask
+        from hf_posenc.documents import use_per_document
+
+        assert use_per_document(model)
     objective = TrainingLoss(model, objective="lm", causal=True, chunk=chunk, documents=documents)
     eos = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
 
@@ -75,8 +80,9 @@ def main():
                         help="positions of logits at a time (0: the full logits); one table each")
     parser.add_argument("--dtype", default="float32", choices=common.DTYPES,
                         help="weights dtype (float32 on CPU, bfloat16 on GPU)")
-    parser.add_argument("--packing", nargs="+", default=["joined"], choices=["joined", "documents"],
-                        help="documents: an EOS every 500 tokens, each document kept apart (one table each)")
+    parser.add_argument("--packing", nargs="+", default=["joined"], choices=["joined", "documents", "documents_masked"],
+                        help="documents: an EOS every 500 tokens, each document kept apart by a call per document "
+                             "(the recipe's way); documents_masked: by SDPA's block-diagonal mask (one table each)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

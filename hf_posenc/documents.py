@@ -8,6 +8,11 @@ and eager attention, sliding windows kept, FlashAttention's variable-length kern
 `kept_apart(model)` drops the 2D mask on the way into the decoder; the loss still reads it: padding, and the first
 token of each document (`unscored_starts`: the previous document's EOS cannot predict it), are not scored.
 
+With SDPA that mask is n x n booleans (1 GiB at 32k) and costs memory in the square of the window. `attend_per_document`
+(attention implementation PER_DOCUMENT) needs none: each document's causal block is its own SDPA call (the kernels
+that need no mask), its bounds read from the position ids every layer gets, so a recomputed layer (activation
+checkpointing) finds them again. `use_per_document(model)` switches a plain-SDPA model without sliding windows to it.
+
     ids = document_position_ids(batch["input_ids"], batch["attention_mask"], eos_token_id=tokenizer.eos_token_id)
     with kept_apart(model):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=ids).logits
@@ -43,6 +48,85 @@ def document_position_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     index = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     last_start = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
     return index - last_start
+
+
+PER_DOCUMENT = "hf_posenc_documents"   # the attention implementation of `attend_per_document`
+
+
+def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each document of one row: where the ids do not continue the previous one by 1."""
+    starts = (position_ids[1:] != position_ids[:-1] + 1).nonzero().flatten().add(1).tolist()
+    bounds = [0, *starts, int(position_ids.shape[0])]
+    return list(zip(bounds, bounds[1:]))
+
+
+def attend_per_document(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, one causal call per document: the documents are where the layer's position ids
+    restart. A mask given (padding a KV cache or a 2D mask made), a cache's queries (fewer than the keys) or no ids:
+    SDPA as transformers runs it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    ids = kwargs.get("position_ids")
+    if attention_mask is not None or ids is None or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    kwargs.pop("is_causal", None)
+    ids = ids.expand(query.shape[0], -1)
+    rows = []
+    for b in range(query.shape[0]):
+        parts = [sdpa_attention_forward(module, query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
+                                        None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
+                 for s, e in _segments(ids[b])]
+        rows.append(torch.cat(parts, dim=1))   # [1, tokens, heads, head_dim], as SDPA's forward returns it
+    return torch.cat(rows, dim=0), None
+
+
+def _per_document_mask(*args, attention_mask=None, q_length=None, kv_length=None, kv_offset=0, **kwargs):
+    """No mask where the attention cuts the documents itself (a forward without a 2D mask or a cache: the ids say
+    where documents restart, or that there is one); SDPA's own mask elsewhere."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None and q_length == kv_length and not kv_offset:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, q_length=q_length, kv_length=kv_length,
+                     kv_offset=kv_offset, **kwargs)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(PER_DOCUMENT, attend_per_document)
+    AttentionMaskInterface.register(PER_DOCUMENT, _per_document_mask)
+
+
+def why_not_per_document(config, attn_implementation: str) -> str | None:
+    """Why a model of `config` keeps SDPA's mask (None: it can attend per document): another implementation, or
+    layers whose window or chunk a per-document causal call would not keep."""
+    if attn_implementation not in ("sdpa", PER_DOCUMENT):
+        return f"attention {attn_implementation!r}, not sdpa"
+    text = config.get_text_config()
+    local = {t for t in (getattr(text, "layer_types", None) or []) if t != "full_attention"}
+    if getattr(text, "sliding_window", None) or getattr(text, "attention_chunk_size", None) or local:
+        return "its layers attend in windows or chunks"
+    return None
+
+
+def use_per_document(model: nn.Module) -> bool:
+    """Switch `model` to PER_DOCUMENT attention where it can take it (`why_not_per_document`); True when it did."""
+    config = decoder_of(model).config
+    if why_not_per_document(config, config._attn_implementation) is not None:
+        return False
+    _register()
+    decoder_of(model).config._attn_implementation = PER_DOCUMENT   # the config every layer reads at each forward
+    return True
+
+
+def plain_sdpa(model: nn.Module) -> None:
+    """Back to transformers' SDPA after `use_per_document` (what a saved or returned model runs)."""
+    config = decoder_of(model).config
+    if config._attn_implementation == PER_DOCUMENT:
+        config._attn_implementation = "sdpa"
 
 
 def unscored_starts(attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -125,6 +209,9 @@ MASK_KINDS = {"flash_attention_2": "FlashAttention's variable-length kernel",
               "eager": "eager attention with a block-diagonal causal mask"}
 
 
-def mask_kind(attn_implementation: str) -> str:
-    """What keeps the documents apart, for the run's summary line."""
+def mask_kind(attn_implementation: str, config=None) -> str:
+    """What keeps the documents apart, for the run's summary line (`config`: the model's, which says whether
+    SDPA runs a call per document)."""
+    if config is not None and why_not_per_document(config, attn_implementation) is None:
+        return "SDPA, one causal call per document: no mask"
     return MASK_KINDS[attn_implementation]

@@ -53,6 +53,59 @@ def test_masked_window_equals_the_documents_forwards(family):
     assert (joined[len(docs[0]):] - apart[len(docs[0]):]).abs().max() > 1e-3
 
 
+PER_DOCUMENT_FAMILIES = sorted(f for f in FAMILIES if documents.why_not_per_document(build(f).config, "sdpa") is None)
+
+
+def test_the_families_that_attend_per_document_are_most_of_them():
+    """The guard against a test over nothing: the windowed and chunked families keep SDPA's mask."""
+    assert len(PER_DOCUMENT_FAMILIES) >= len(FAMILIES) // 2 and "llama" in PER_DOCUMENT_FAMILIES
+    assert documents.why_not_per_document(build("mistral").config, "sdpa") == "its layers attend in windows or chunks"
+    assert documents.why_not_per_document(build("llama").config, "eager") == "attention 'eager', not sdpa"
+
+
+@pytest.mark.parametrize("family", PER_DOCUMENT_FAMILIES)
+def test_attention_per_document_equals_the_documents_forwards_without_a_mask(family, monkeypatch):
+    """Each document its own SDPA call: the documents' own logits (1e-5), and no mask is ever built (the n x n
+    booleans that cost +11 % memory at 8k)."""
+    from transformers import masking_utils
+
+    model = build(family)
+    docs = packed_window(model.config.vocab_size)
+    ids = torch.cat(docs)[None].repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, -4:] = 0   # the second row padded: the padding is a document of its own, which nothing reads
+    position_ids = documents.document_position_ids(ids, mask, eos_token_id=EOS)
+    with torch.no_grad():
+        apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
+        assert documents.use_per_document(model) and model.config._attn_implementation == documents.PER_DOCUMENT
+        monkeypatch.setattr(masking_utils, "sdpa_mask", lambda *a, **k: pytest.fail("a mask was built"))
+        with documents.kept_apart(model):
+            packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    torch.testing.assert_close(packed[0], apart, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[1, :-4], apart[:-4], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_per_document_trains_as_the_mask_does_with_layers_recomputed():
+    """The gradients of a packed window with activation checkpointing: the recomputed layers find the documents
+    again from their position ids (the decoder's hook has long returned by the backward pass)."""
+    grads = []
+    for per_document in (False, True):
+        model = build("llama")
+        model.train()
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if per_document:
+            assert documents.use_per_document(model)
+        ids = torch.cat(packed_window())[None]
+        position_ids = documents.document_position_ids(ids, torch.ones_like(ids), eos_token_id=EOS)
+        with documents.kept_apart(model):
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids).logits
+        torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4)
+
+
 def test_a_forward_without_position_ids_is_left_alone():
     model = build("llama")
     ids = torch.cat(packed_window())[None]

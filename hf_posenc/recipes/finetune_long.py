@@ -226,7 +226,7 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
         documents.check_model(model.config.get_text_config().model_type, backend, cfg.train.batch_size)
     except PosEncError as err:
         raise ConfigError(f"{where} with model.attn_implementation={cfg.model.attn_implementation!r}: {err}") from None
-    return documents.mask_kind(backend)
+    return documents.mask_kind(backend, model.config)
 
 
 def enable_s2(model, long: Optional[LongTraining]) -> None:

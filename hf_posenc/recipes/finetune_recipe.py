@@ -40,6 +40,7 @@ from transformers import get_scheduler  # noqa: E402
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import checkpoints as ckpt  # noqa: E402
 from hf_posenc import data as hdata  # noqa: E402
+from hf_posenc import documents  # noqa: E402
 from hf_posenc import mixed_windows  # noqa: E402
 from hf_posenc import train_data  # noqa: E402
 from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
@@ -157,6 +158,8 @@ class FinetuneRecipe:
             hp.patch(model, "longrope", **long.switched)
         elif cfg.posenc:
             hp.patch(model, cfg.posenc["method"], **{k: v for k, v in cfg.posenc.items() if k != "method"})
+        if long.document_mask:   # SDPA without sliding windows: a call per document, no n x n mask
+            documents.use_per_document(model)
         if cfg.model.gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         select_trainable(model, cfg.train.trainable)
@@ -340,6 +343,8 @@ class FinetuneRecipe:
         accelerator.wait_for_everyone()
         unwrapped = accelerator.unwrap_model(self.objective).model
         disable_s2(unwrapped)   # the saved model and its evaluation: full attention
+        if self.preflight.long_training.document_mask:
+            documents.plain_sdpa(unwrapped)   # and transformers' own SDPA for what comes after training
         if cfg.train.lora:
             final, state_dict = unwrapped.merge_and_unload(), None
         else:   # the wrapper's state dict, its "model." prefix off
