@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from pathlib import Path
 
@@ -152,14 +154,17 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         if defaulted and long_variants == LONG_VARIANTS_FLOAT32_CPU:
             print_fn(f"\npart 2 runs {', '.join(long_variants)}: in float32 on a CPU each {long_tokens}-token pass "
                      f"takes minutes (--long-variants {','.join(LONG_VARIANTS)} adds YaRN)")
-        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials)
+        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials, context)
         print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}"
                  + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
         print_fn(format_past(past, context))
+        if any(r.get("past_only") is not None for r in past.values()):
+            print_fn(f"\nThe first n tokens' perplexity averages in the {context} tokens inside the context; the tokens "
+                     f"past it, on their own, are where a model that cannot extend breaks.")
         if out is not None:
             _figure(past, Path(out) / "perplexity_by_length.png", context,
                     f"{info['model_type']}, {corpus}; every method patched to {target}", print_fn)
-    print_fn(f"total {time.perf_counter() - started:.0f} s. More: hf-posenc demo --long-variants "
+    print_fn(f"total {time.perf_counter() - started:.0f} s{busy_note()}. More: hf-posenc demo --long-variants "
              f"none,linear,ntk,dynamic,yarn,dynamic_yarn,dca,self_extend (every method past the context)"
              + ("" if passkey else ", --passkey (retrieval at the longest length, a second pass per variant)")
              + "; hf-posenc evaluate --config eval_smollm2 (perplexity curves, passkey, needle)")
@@ -201,14 +206,37 @@ def _row(method, params, logprobs, reference, ids, seconds) -> dict:
             "ppl": float(torch.tensor(nll).exp()), "seconds": seconds}
 
 
-def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials) -> dict:
+def busy_note() -> str:
+    """Said beside the times when other work shared the CPU (a load average above half its cores): the demo's
+    goals (3 minutes with native bfloat16, 5 in float32) are for idle cores."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:
+        return ""
+    return (f" (the CPU was busy: load average {load:.1f} on {cores} cores; on idle cores it runs faster)"
+            if load > cores / 2 else "")
+
+
+def past_only(by_length: dict, context: int) -> float | None:
+    """The perplexity of the tokens past `context` alone, read with everything before them (from one pass: the
+    longest length's loss less the context's), which the first n tokens' perplexity dilutes with the context's
+    own tokens. None for a variant scored a pass per length, or without a length past the context."""
+    lengths, ppl = by_length["lengths"], by_length["perplexity"]
+    if not by_length["one_pass"] or context not in lengths or lengths[-1] <= context:
+        return None
+    total = {n: math.log(p) * (n - 1) for n, p in zip(lengths, ppl)}   # the summed loss of tokens 1 .. n - 1
+    return math.exp((total[lengths[-1]] - total[context]) / (lengths[-1] - context))
+
+
+def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials, context: int) -> dict:
     rows = {}
     for spec in tqdm(variants, desc="up to the target", unit="variant"):
         start = time.perf_counter()
         with hpe.variant(model, spec, target), pass_progress(model, spec, min_tokens=lengths[-1] // 2):
             by_length = hpe.perplexity_by_length(model, [ids], lengths, progress=False)
             passkey = hpe.summarize(trials, hpe.score_trials(model, trials, progress=False)) if trials else None
-        rows[spec] = {"lengths": by_length, "passkey": passkey, "seconds": time.perf_counter() - start}
+        rows[spec] = {"lengths": by_length, "past_only": past_only(by_length, context), "passkey": passkey,
+                      "seconds": time.perf_counter() - start}
     return rows
 
 
@@ -234,12 +262,15 @@ def format_inside(rows: list[dict]) -> str:
 def format_past(rows: dict, context: int) -> str:
     first = next(iter(rows.values()))
     lengths, passkey = first["lengths"]["lengths"], first["passkey"]
+    tail = lengths[-1] > context and context in lengths   # the tokens past the context, on their own
     lines = ["| variant | " + " | ".join(f"ppl {n}{' (context)' if n == context else ''}" for n in lengths)
+             + (f" | ppl of tokens {context}-{lengths[-1]} only" if tail else "")
              + (f" | passkey {passkey['lengths'][0]} (answer log-prob)" if passkey else "") + " | how | time (s) |",
-             "|---|" + "---|" * (len(lengths) + 2 + bool(passkey))]
+             "|---|" + "---|" * (len(lengths) + 2 + bool(passkey) + tail)]
     for k, r in rows.items():
         key = r["passkey"]
         found = f" | {'found' if key['by_length'][0] == 1 else 'missed'} ({key['mean_logprob']:.2f})" if key else ""
-        lines.append(f"| {k} | " + " | ".join(f"{p:.2f}" for p in r["lengths"]["perplexity"]) + found + " | "
+        only = (" | " + (f"{r['past_only']:.2f}" if r.get("past_only") is not None else "-")) if tail else ""
+        lines.append(f"| {k} | " + " | ".join(f"{p:.2f}" for p in r["lengths"]["perplexity"]) + only + found + " | "
                      + ("one pass" if r["lengths"]["one_pass"] else "a pass per length") + f" | {r['seconds']:.0f} |")
     return "\n".join(lines)

@@ -3,6 +3,7 @@ saved with a byte-level tokenizer and a corpus of local text files."""
 
 import importlib.util
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -247,7 +248,8 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys, mon
           "--tokens", "60", "--long-tokens", "512", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "1. Inside the original context" in printed and "| longrope | long_factor=ramp 1..2 |" in printed
-    assert "| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | how | time (s) |" in printed  # no --passkey
+    assert ("| variant | ppl 16 | ppl 32 | ppl 64 (context) | ppl 512 | ppl of tokens 64-512 only | how | time (s) |"
+            in printed)  # no --passkey
     assert "--passkey (retrieval at the longest length" in printed
     # float32 on a CPU: YaRN is left out of part 2 by default (a long pass takes minutes there), and it says so
     assert "part 2 runs none, dca: in float32 on a CPU" in printed
@@ -278,7 +280,12 @@ def test_demo_on_a_tiny_checkpoint(checkpoint, corpus_dir, tmp_path, capsys, mon
     assert past["dynamic_yarn"]["lengths"]["perplexity"][:3] == pytest.approx(past["none"]["lengths"]["perplexity"][:3], rel=1e-5)
     assert past["dynamic_yarn"]["lengths"]["perplexity"][3] == pytest.approx(past["yarn"]["lengths"]["perplexity"][3], rel=1e-5)
     assert past["yarn"]["passkey"]["lengths"] == [512] and past["yarn"]["passkey"]["trials"] == 1
-    assert any("| ppl 512 | passkey 512 (answer log-prob) | how |" in line for line in printed_lines)
+    # the tokens past the context on their own (the first 512's perplexity dilutes them with the first 64)
+    nll = hpe.token_nll(model, torch.tensor([ids[:512]]))[0].double()
+    assert past["none"]["past_only"] == pytest.approx(math.exp(nll[63:].mean().item()), rel=1e-4)
+    assert past["dynamic_yarn"]["past_only"] is None   # a pass per length: no one pass to read them from
+    assert any("| ppl 512 | ppl of tokens 64-512 only | passkey 512 (answer log-prob) | how |" in line
+               for line in printed_lines)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main(["demo", "--model", str(checkpoint), "--methods", "yarn,yarnn"])
@@ -368,3 +375,14 @@ def test_bfloat16_is_not_native_where_torch_runs_below_avx512(monkeypatch):
     assert not ok and "capability AVX2" in why
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert _compat.native_bfloat16("cpu")[0]
+
+
+def test_the_demo_says_when_the_cpu_was_busy(monkeypatch):
+    """Its 3 / 5 minute goals are for idle cores: a busy run says so beside its total time."""
+    from hf_posenc import demo
+
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(demo.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    assert "the CPU was busy: load average 8.0 on 2 cores" in demo.busy_note()
+    monkeypatch.setattr(demo.os, "getloadavg", lambda: (0.3, 0.3, 0.3))
+    assert demo.busy_note() == ""
