@@ -569,3 +569,21 @@ def test_sigterm_stops_a_single_process_run_like_ctrl_c_and_resume_goes_on(tmp_p
     assert step >= 2 and ckpt.latest_checkpoint(out)[1] == step
     run_recipe(cfg, "--resume", "--train.steps", str(step + 2))
     assert [r["step"] for r in ckpt.read_log(out)] == list(range(1, step + 3))
+
+
+def test_a_fine_tune_from_a_searched_folder_keeps_its_factors_and_the_engines_keys(tmp_path, tiny_dir, text_file):
+    """Search, then fine-tune (issue 45): a static longrope folder (a search's best) as model.name with no posenc
+    patch trains at its factors and saves them back stock, with the scale vLLM reads (short_mscale / long_mscale)."""
+    factors = [1.0, 1.0, 1.0, 1.0, 1.4, 2.0, 2.8, 3.9]
+    searched = hp.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "longrope", long_factor=factors,
+                        short_factor=factors, attention_factor=1.03, max_position_embeddings=512)
+    searched.save_pretrained(tmp_path / "best")
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "best")
+    model = run_recipe(write_config(tmp_path / "c.yaml", tmp_path / "best", posenc=None,
+                                    data={"corpus": str(text_file)}))
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
+    assert saved["long_factor"] == saved["short_factor"] == factors
+    assert saved["attention_factor"] == saved["short_mscale"] == saved["long_mscale"] == 1.03
+    trained, start = model.model.rotary_emb, searched.model.rotary_emb
+    assert torch.equal(trained.inv_freq, start.inv_freq) and trained.attention_scaling == start.attention_scaling
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), searched.state_dict().values()))
