@@ -159,8 +159,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
                  + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
         print_fn(format_past(past, context))
         if any(r.get("past_only") is not None for r in past.values()):
-            print_fn(f"\nThe first n tokens' perplexity averages in the {context} tokens inside the context; the tokens "
-                     f"past it, on their own, are where a model that cannot extend breaks.")
+            print_fn(f"\nThe first n tokens' perplexity averages in the {context} tokens inside the context; the "
+                     f"tokens past it, on their own, are where a model that cannot extend breaks.")
         if out is not None:
             _figure(past, Path(out) / "perplexity_by_length.png", context,
                     f"{info['model_type']}, {corpus}; every method patched to {target}", print_fn)

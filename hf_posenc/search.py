@@ -588,7 +588,8 @@ def best_method(best: dict, target: int, original: int) -> tuple[str, dict]:
     """(method, hp.patch parameters) that saves `best` as a stock checkpoint: its own method where the best is the
     YaRN or llama3 seed of a static search with that method's attention factor (the same model, in the form more
     engines run: llama.cpp's flags take YaRN), else `longrope` with the searched factors, in the search's mode."""
-    missing = [k for k in ("kind", "mode", "long_factor", "attention_factor") if not isinstance(best, dict) or k not in best]
+    missing = [k for k in ("kind", "mode", "long_factor", "attention_factor")
+               if not isinstance(best, dict) or k not in best]
     if missing:
         raise InvalidInputError(f"best must be a search's candidate (FactorSearch.run's answer, a line of "
                                 f"candidates.jsonl); this one has no {', '.join(missing)}: {best!r:.80}")

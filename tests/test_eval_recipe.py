@@ -307,8 +307,9 @@ def test_demo_asks_the_cpu_for_its_dtype_not_a_gpu_beside_it(checkpoint, corpus_
 
 
 def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
-    """pass_progress (hf_posenc/eval/perplexity.py, the demo's and the search's): one bar per forward of at least min_tokens tokens (of the model or of its decoder
-    alone), as many steps as attention layers; shorter forwards get none, and the hooks are gone after."""
+    """pass_progress (hf_posenc/eval/perplexity.py, the demo's and the search's): one bar per forward of at least
+    min_tokens tokens (of the model or of its decoder alone), as many steps as attention layers; shorter forwards
+    get none, and the hooks are gone after."""
     import torch
 
     from hf_posenc.eval import perplexity
