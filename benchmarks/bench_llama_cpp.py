@@ -5,6 +5,12 @@ show), in each weight format. Needs llama-cpp-python (scripts/build_engines.sh) 
 
     python benchmarks/bench_llama_cpp.py                  # the tiny wide Llama of tests/test_llama_cpp.py, 8x
     python benchmarks/bench_llama_cpp.py --tokens 500 --formats f32 f16 bf16 q8_0
+    python benchmarks/bench_llama_cpp.py --model smollm2 --tokens 12288 --formats f32   # SmolLM2 on the KJV, x4
+
+With `--model smollm2`: SmolLM2-135M (float32 weights of the embedded file) patched to 32768 with YaRN, NTK and the
+static searched longrope set (recipes/configs/smollm2_search_32k_cpu_finetune.yaml's), on the first --tokens tokens
+of the King James Bible; the differences inside the original 8192 tokens and past them are given apart (a rope
+error grows with the position).
 """
 
 from __future__ import annotations
@@ -38,11 +44,48 @@ def model(method: str, params: dict):
     return hp.patch(m, method, **params) if method != "none" else m
 
 
+def smollm2_cases() -> list[tuple[str, dict]]:
+    import yaml
+
+    from hf_posenc.recipes import config_path
+
+    searched = yaml.safe_load(config_path("smollm2_search_32k_cpu_finetune").read_text())["posenc"]
+    return [("none", {}), ("yarn", {"max_position_embeddings": 32768}), ("ntk", {"max_position_embeddings": 32768}),
+            ("longrope", {k: v for k, v in searched.items() if k != "method"})]
+
+
+def smollm2(method: str, params: dict):
+    m = hp.load_model("smollm2", dtype=torch.float32).eval()
+    return hp.patch(m, method, **params) if method != "none" else m
+
+
+def log_prob_deltas(ours_logits: torch.Tensor, theirs_scores, original: int | None, rows: int = 1024):
+    """(mean, max inside the original context, max past it) of |log-prob differences|, `rows` tokens at a time
+    (12k tokens x 49152 in float64 would be 5 GB)."""
+    total, count, inside, past = 0.0, 0, 0.0, 0.0
+    for start in range(0, ours_logits.shape[0], rows):
+        ours = torch.log_softmax(ours_logits[start:start + rows].double(), -1)
+        theirs = torch.log_softmax(torch.tensor(np.asarray(theirs_scores[start:start + rows]), dtype=torch.float64), -1)
+        delta = (theirs - ours).abs().max(-1).values
+        total += float((theirs - ours).abs().sum())
+        count += ours.numel()
+        positions = torch.arange(start, start + ours.shape[0])
+        cut = positions < (original or 10**9)
+        inside = max(inside, float(delta[cut].max()) if cut.any() else 0.0)
+        past = max(past, float(delta[~cut].max()) if (~cut).any() else 0.0)
+    return total / count, inside, past
+
+
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=500, choices=range(2, 4097), metavar="N")
+    parser.add_argument("--tokens", type=int, default=500, choices=range(2, 16385), metavar="N")
     parser.add_argument("--formats", nargs="+", default=["f32", "f16"], choices=["f32", "f16", "bf16", "q8_0"])
+    parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
     args = parser.parse_args()
+    if args.model == "tiny" and args.tokens > 4096:
+        common.refuse(f"--tokens {args.tokens}: the tiny model's runs take at most 4096 (--model smollm2 for more)")
+    if args.model == "smollm2":
+        return main_smollm2(args)
     try:
         import llama_cpp
     except ImportError:
@@ -74,6 +117,37 @@ def main() -> None:
                 moved = float((ours - unpatched).abs().mean())
                 print(f"| {fmt} | {method} {params} | {float(delta.mean()):.2e} | {float(delta.max()):.2e} | "
                       f"{moved:.2f} | {time.perf_counter() - start:.1f} s |", flush=True)
+
+
+def main_smollm2(args) -> None:
+    import llama_cpp
+
+    context = ((args.tokens + 255) // 256) * 256
+    tokenizer = hp.load_tokenizer("smollm2")
+    ids = common.corpus_ids(tokenizer, "kjv")[:args.tokens]
+    vocab = assets.smollm2_gguf()
+    print(common.machine())
+    print(f"llama-cpp-python {llama_cpp.__version__}; SmolLM2-135M, {args.tokens} KJV tokens, n_ctx {context}, "
+          f"F32 KV cache; | format | method | mean abs diff | max inside 8192 | max past 8192 | seconds |")
+    with tempfile.TemporaryDirectory() as folder:
+        for fmt in args.formats:
+            for method, params in smollm2_cases():
+                start = time.perf_counter()
+                m = smollm2(method, params)
+                path = Path(folder) / "m.gguf"
+                write_gguf_model(m, path, vocab_from=vocab, dtype=fmt, overwrite=True)
+                llm = llama_cpp.Llama(str(path), n_ctx=context, n_batch=512, n_ubatch=512, logits_all=True,
+                                      verbose=False, type_k=0, type_v=0, n_threads=2)
+                llm.eval(ids)
+                theirs = llm.scores[:args.tokens]
+                with torch.no_grad():
+                    ours = m(torch.tensor([ids])).logits[0]
+                mean, inside, past = log_prob_deltas(ours, theirs, 8192)
+                llm.close()
+                shown = {k: (f"[{len(v)} values]" if isinstance(v, list) else v) for k, v in params.items()}
+                print(f"| {fmt} | {method} {shown} | {mean:.2e} | {inside:.2e} | "
+                      f"{past:.2e} | {time.perf_counter() - start:.0f} |", flush=True)
+                del ours, theirs, m
 
 
 if __name__ == "__main__":
