@@ -8,7 +8,7 @@ and eager attention, sliding windows kept, FlashAttention's variable-length kern
 `kept_apart(model)` drops the 2D mask on the way into the decoder; the loss still reads it: padding, and the first
 token of each document (`unscored_starts`: the previous document's EOS cannot predict it), are not scored.
 
-With SDPA that mask is n x n booleans (1 GiB at 32k) and costs memory in the square of the window. `attend_per_document`
+With SDPA that mask is n x n booleans (1 GiB at 32k): memory in the square of the window. `attend_per_document`
 (attention implementation PER_DOCUMENT) needs none: each document's causal block is its own SDPA call (the kernels
 that need no mask), its bounds read from the position ids every layer gets, so a recomputed layer (activation
 checkpointing) finds them again. `use_per_document(model)` switches a plain-SDPA model without sliding windows to it.
@@ -62,8 +62,7 @@ def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 def attend_per_document(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' SDPA attention, one causal call per document: the documents are where the layer's position ids
-    restart. A mask given (padding a KV cache or a 2D mask made), a cache's queries (fewer than the keys) or no ids:
-    SDPA as transformers runs it."""
+    restart. Given a mask (padding), fewer queries than keys (a cache) or no ids: SDPA as transformers runs it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     ids = kwargs.get("position_ids")
