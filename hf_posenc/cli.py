@@ -146,14 +146,9 @@ def cmd_export(args) -> None:
     from . import gguf_writer, loading, serving
 
     ref = model_ref(args.model, None)
-    out = Path(args.out).expanduser()
-    if out.suffix != ".gguf":
+    if Path(args.out).suffix != ".gguf":
         raise UsageError(f"--out {args.out} must name a .gguf file")
-    if out.is_dir():
-        raise UsageError(f"--out {args.out} is a folder; name the .gguf file to write")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
-    output_folder(str(out.parent), "--out's folder", _input_paths(ref, None))
+    out = _gguf_out(args, Path(ref))
     vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf()
     if Path(ref).suffix == ".gguf":
         raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch --out X.gguf")
@@ -167,6 +162,22 @@ def cmd_export(args) -> None:
     print(f"wrote {args.out} ({args.dtype}, the tokenizer of {vocab.name})")
 
 
+def _gguf_out(args, source: Path) -> Path:
+    """`--out X.gguf` checked before anything loads: not the input, not a folder, not an existing file without
+    --overwrite, in a folder that exists and is not inside the input."""
+    out = Path(args.out).expanduser()
+    if out.resolve() == source.resolve():
+        raise UsageError(f"--out {args.out} is the input file; name a new .gguf file")
+    if out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder; a .gguf --out names the file to write")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
+    output_folder(str(out.parent), "--out's folder", [source] if source.is_dir() else ())
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
+    return out
+
+
 def _patch_to_gguf(args, ref: str, params: dict) -> None:
     """`--out X.gguf`: the input GGUF file again, the patch in its rope metadata (serving.write_gguf)."""
     from . import api, loading, serving
@@ -175,16 +186,7 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     if source.suffix != ".gguf" or not source.is_file():
         raise UsageError(f"--out {args.out} is a GGUF file, written from a GGUF input; {args.model} is not one "
                          f"(save a folder with --out DIR, or start from the model's .gguf file)")
-    out = Path(args.out).expanduser()
-    if out.resolve() == source.resolve():
-        raise UsageError(f"--out {args.out} is the input file; name a new .gguf file")
-    if out.is_dir():
-        raise UsageError(f"--out {args.out} is a folder; a .gguf --out names the file to write")
-    if out.exists() and not args.overwrite:
-        raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
-    output_folder(str(out.parent), "--out's folder")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {args.out}: its folder {out.parent} does not exist; create it first")
+    out = _gguf_out(args, source)
     if args.method not in serving.GGUF_METHODS:
         raise MethodNotApplicableError(f"method {args.method!r} cannot be written into a GGUF file; methods that "
                                        f"can: {', '.join(serving.GGUF_METHODS)}")

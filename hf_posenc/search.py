@@ -50,7 +50,7 @@ from . import _compat, api
 from .config import MAX_POSITIONS, check_number
 from .errors import ConfigError, InvalidInputError, InvalidParameterError
 from .eval import recall, stats
-from .eval.perplexity import pass_progress, token_nll
+from .eval.perplexity import as_token_ids, pass_progress, token_nll
 from .record import read_record
 
 SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
@@ -314,18 +314,6 @@ def read_candidates(path: Path) -> list[dict]:
     return out
 
 
-def _check_token_ids(ids) -> None:
-    """A sequence of integer token ids (a list, a tensor, an array), not a string or floats."""
-    if torch.is_tensor(ids) or isinstance(ids, np.ndarray):
-        ok = ids.ndim == 1 and not (ids.dtype.is_floating_point if torch.is_tensor(ids) else ids.dtype.kind == "f")
-    else:
-        ok = isinstance(ids, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
-                                                    for t in ids)
-    if not ok:
-        raise InvalidInputError(f"text_ids must be the tuning text's token ids, one list of ints (tokenize it "
-                                f"first: tokenizer(text)['input_ids']), got {type(ids).__name__} {ids!r:.40}")
-
-
 def text_identity(ids: Sequence[int]) -> str:
     """sha256 of the token ids a search scores on: a resume on another text (an edited file of the same length
     included) is refused, never mixed into one record."""
@@ -368,13 +356,13 @@ class FactorSearch:
         if not isinstance(settings, SearchSettings):
             raise InvalidInputError(f"settings must be a SearchSettings (hf_posenc.search), got "
                                     f"{type(settings).__name__}")
-        _check_token_ids(text_ids)
+        as_token_ids(text_ids, "text_ids")   # a string or floats refused, naming the argument
         if Path(out).exists() and not Path(out).is_dir():
             raise InvalidInputError(f"out {out} is a file: a search writes a folder (search.json, candidates.jsonl)")
         rotary = rotary_module(model)
-        if read_record(model.config) is not None:
-            raise InvalidInputError(f"the model is already patched ({read_record(model.config).method}): search from "
-                                    f"the unpatched model")
+        record = read_record(model.config)
+        if record is not None:
+            raise InvalidInputError(f"the model is already patched ({record.method}): search from the unpatched model")
         known = model.config.get_text_config().max_position_embeddings
         if settings.original != known:
             raise InvalidInputError(f"settings.original {settings.original} is not the model's original context "
@@ -555,8 +543,10 @@ def time_left(rows: Sequence[dict], total: int) -> float | None:
     """Seconds the candidates still to run should take: each a long pass at the median long pass's time, or a
     guard's rejection at the median rejection's, in the shares seen so far (None before any long pass)."""
     passes = [r["seconds"] for r in rows if not r["rejected"] and "seconds" in r]
-    if not passes or len(rows) >= total:
-        return None if not passes else 0.0
+    if not passes:
+        return None
+    if len(rows) >= total:
+        return 0.0
     rejected = [r["seconds"] for r in rows if r["rejected"] and "seconds" in r]
     share = len(passes) / (len(passes) + len(rejected))
     cost = share * float(np.median(passes)) + (1 - share) * (float(np.median(rejected)) if rejected else 0.0)

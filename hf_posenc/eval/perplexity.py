@@ -119,7 +119,7 @@ def token_list(value, name: str) -> list[int]:
     return [int(t) for t in value]
 
 
-def _document(doc, name: str) -> torch.Tensor:
+def as_token_ids(doc, name: str) -> torch.Tensor:
     """One document (a list or 1-d tensor of token ids) as a tensor; refused naming it when it is not one."""
     if isinstance(doc, (str, bytes)) or doc is None:
         raise InvalidInputError(f"{name} must be token ids (a list of ints, data.tokenize's input_ids), got "
@@ -140,7 +140,7 @@ def _documents(documents, what: str) -> list[torch.Tensor]:
             or not hasattr(documents, "__getitem__"):
         raise InvalidInputError(f"{what} takes documents as a list of token id lists (data.tokenize's input_ids), "
                                 f"got {documents!r:.60}")
-    return [_document(doc, f"documents[{i}]") for i, doc in enumerate(documents)]
+    return [as_token_ids(doc, f"documents[{i}]") for i, doc in enumerate(documents)]
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -246,7 +246,7 @@ def strided_perplexity(model: torch.nn.Module, input_ids: Sequence[int], *, wind
     if not 0 < stride <= span:
         allowed = f"1..window - 1 ({span}: the BOS takes a position)" if has_bos else f"1..window ({window})"
         raise InvalidInputError(f"stride must be in {allowed}, got {stride}")
-    ids = _document(input_ids, "input_ids")
+    ids = as_token_ids(input_ids, "input_ids")
     if len(ids) < 2:
         raise InvalidInputError(f"the text needs at least 2 tokens to be scored, got {len(ids)}")
     check_length(model, min(window, len(ids) + has_bos))
