@@ -203,3 +203,74 @@ def test_check_length_and_the_evaluate_recipe_refuse_a_group_too_small_before_me
     for method in ("dca", "self_extend"):  # 16 tokens: inside a chunk and the window, the model as it was
         assert ppl[method][0] == pytest.approx(ppl["none"][0], rel=1e-5) and ppl[method][1] != ppl["none"][1]
     assert results["variants"]["dca"]["lengths"]["one_pass"]
+
+
+def spread_positions(at: torch.Tensor, G: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's positions for tokens at the ids `at`: true ones where the ids lie within W, else grouped."""
+    i, j = torch.meshgrid(at, at, indexing="ij")
+    near = i - j < W
+    return torch.where(near, i, i // G + W - W // G), torch.where(near, j, j // G)
+
+
+def pose_ids(n: int, seed: int, top: int) -> torch.Tensor:
+    """Strictly increasing ids in [0, top): two chunks, the second moved up by a random skip (as PoSE draws)."""
+    g = torch.Generator().manual_seed(seed)
+    cut = int(torch.randint(1, n, (1,), generator=g))
+    skip = int(torch.randint(1, top - n + 1, (1,), generator=g))
+    ids = torch.arange(n)
+    return torch.cat([ids[:cut], ids[cut:] + skip])
+
+
+@pytest.mark.parametrize("G, W, seed", [(2, 16, 0), (3, 10, 1), (4, 20, 2), (5, 8, 3)])
+def test_spread_ids_are_read_as_the_positions(G, W, seed, monkeypatch):
+    """A window at PoSE's spread ids (what a fine-tune's Self-Extend teacher sees): neighbours by their ids, the
+    rest grouped at id // G, against the reference's one softmax over position matrices built from the ids."""
+    monkeypatch.setattr(remapped, "QUERY_BLOCK", 8)
+    model = build()
+    hp.patch(model, "self_extend", group_size=G, window=W)
+    attention = next(m for m in model.modules() if isinstance(m, SelfExtendAttention))
+    n, top = 40, longest_input(G, W, CTX)
+    at = torch.stack([pose_ids(n, seed, top), pose_ids(n, seed + 10, top)])
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, n, 16), torch.randn(2, 2, n, 16), torch.randn(2, 2, n, 16)
+    out, _ = attention(torch.nn.Module(), q, k, v, None, scaling=0.25, position_ids=at)
+    cos, sin = attention.table(top, q)
+    for row in range(2):
+        pq, pk = spread_positions(at[row], G, W)
+        expected = reference_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], cos.double(), sin.double(),
+                                       pq, pk, 0.25)
+        torch.testing.assert_close(out[row:row + 1].transpose(1, 2).double(), expected, atol=1e-5, rtol=1e-5)
+    # the ids change the output: dropping them (token order) gives another answer
+    plain, _ = attention(torch.nn.Module(), q, k, v, None, scaling=0.25)
+    assert (plain - out).abs().max() > 1e-3
+
+
+def test_a_model_at_spread_ids_and_at_its_token_order():
+    """Through a whole model: ids 0..n-1 given are the model without ids; spread ids move the logits of the tokens
+    after the skip and leave those before it as they were."""
+    model = build()
+    hp.patch(model, "self_extend", group_size=4, window=16)
+    batch, n = ids(30), 30
+    with torch.no_grad():
+        plain = model(batch).logits
+        torch.testing.assert_close(model(batch, position_ids=torch.arange(n)[None]).logits, plain)
+        spread = torch.cat([torch.arange(10), torch.arange(10, n) + 100])[None]
+        moved = model(batch, position_ids=spread).logits
+    assert (moved[:, 10:] - plain[:, 10:]).abs().max() > 1e-4
+    torch.testing.assert_close(moved[:, :10], plain[:, :10], atol=1e-5, rtol=1e-5)   # before the skip: as before
+
+
+def test_ids_it_cannot_read_are_refused():
+    model = build()
+    hp.patch(model, "self_extend", group_size=4, window=16)
+    batch = ids(20)
+    with torch.no_grad(), pytest.raises(hp.PosEncError, match="strictly increase"):
+        model(batch, position_ids=torch.cat([torch.arange(10), torch.arange(10)])[None])
+    with torch.no_grad(), pytest.raises(hp.PosEncError, match="longer than Self-Extend supports"):
+        model(batch, position_ids=(torch.arange(20) + 10**4)[None])
+    dca = build()
+    hp.patch(dca, "dca", chunk_size=32)
+    with torch.no_grad(), pytest.raises(hp.PosEncError, match="cannot read other position ids"):
+        dca(batch, position_ids=(torch.arange(20) * 2)[None])
+    with torch.no_grad():   # its token order, given: the same as none
+        torch.testing.assert_close(dca(batch, position_ids=torch.arange(20)[None]).logits, dca(batch).logits)

@@ -17,7 +17,9 @@ warning names the reason once per model.
 The model's rotary module is replaced by `NoRotation`, so q and k reach the attention call, and the KV
 cache, un-rotated; the method rotates them with cos / sin read from the model's original rotary module
 (a table of the positions it needs, shared by every layer). Positions count the tokens a row attends to:
-a left-padded row is attended exactly as the same row alone.
+a left-padded row is attended exactly as the same row alone. Position ids other than that count (a PoSE window's
+spread ids, no cache, no padding) are read by a method that can place its parts by them (`reads_position_ids`:
+Self-Extend) and refused by the others, never dropped.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from torch import nn
 from .. import _compat
 from ..attention import AttentionSite, PositionalAttention
 from ..config import AttentionMethodConfig
-from ..errors import InvalidParameterError, MethodNotApplicableError, ParameterTypeError
+from ..errors import InvalidInputError, InvalidParameterError, MethodNotApplicableError, ParameterTypeError
 from .rope import apply_rotary
 
 QUERY_BLOCK = 512  # queries per kernel call: a masked part costs at most this many rows x its keys
@@ -60,7 +62,10 @@ def split(start: int, end: int, *cuts: int) -> list[tuple[int, int]]:
 
 class RemappedAttention(nn.Module):
     """One module shared by every attention layer of a model. Subclasses give `key_positions`, `blocks`,
-    `parts` and `check_length`; positions in them are the token positions 0 .. L - 1 of one row."""
+    `parts` and `check_length`; positions in them are the token positions 0 .. L - 1 of one row. One that sets
+    `reads_position_ids` also gives `spread_key_positions` and `spread_parts`, the same from a row's own ids."""
+
+    reads_position_ids: ClassVar[bool] = False
 
     def __init__(self, rotary: nn.Module, original: int):
         super().__init__()
@@ -86,6 +91,14 @@ class RemappedAttention(nn.Module):
     def check_length(self, length: int) -> None:
         """Refuse an input this method cannot attend over."""
 
+    def spread_key_positions(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`key_positions` of keys at the ids `positions` (strictly increasing)."""
+        raise NotImplementedError
+
+    def spread_parts(self, start: int, end: int, positions: torch.Tensor) -> list[Part]:
+        """`parts` of the queries start .. end - 1 (indices into the row) when the row's ids are `positions`."""
+        raise NotImplementedError
+
     # -- the attention call ----------------------------------------------------------------------------
 
     def forward(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -100,7 +113,11 @@ class RemappedAttention(nn.Module):
         if end < k_len:  # a static cache: its slots past the queries are not filled yet
             key, value, k_len = key[..., :end, :], value[..., :end, :], end
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        if valid is None:
+        ids = None if valid is not None else self.given_ids(kwargs.get("position_ids"), query.shape[0], q_len, k_len)
+        if ids is not None:   # each row at its own ids (a batch of PoSE windows draws them per row)
+            out = torch.cat([self.attend(query[row:row + 1], key[row:row + 1], value[row:row + 1], scale, ids[row])
+                             for row in range(query.shape[0])])
+        elif valid is None:
             out = self.attend(query, key, value, scale)
         else:  # padding: each row alone, its positions counted over the tokens it attends to
             out = query.new_zeros(*query.shape[:-1], value.shape[-1], dtype=kernel_dtype(query, key, value))
@@ -113,23 +130,57 @@ class RemappedAttention(nn.Module):
                                                        scale)
         return out.transpose(1, 2).contiguous(), None
 
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-        """Rows without padding: keys at positions 0 .. K - 1, queries the last Q of them. [b, heads, Q, d]
-        (key / value keep their kv heads: the kernel groups them), in `kernel_dtype`."""
+    def given_ids(self, position_ids, batch: int, q_len: int, k_len: int) -> torch.Tensor | None:
+        """The ids [batch, K] of rows whose position ids are not their token order 0 .. K - 1 (None when every
+        row's are): read by a method that `reads_position_ids`, refused otherwise, and with a KV cache (the
+        cached keys' ids are not known here) or ids that do not increase."""
+        if position_ids is None:
+            return None
+        ids = position_ids.expand(batch, -1) if position_ids.shape[0] == 1 else position_ids
+        if tuple(ids.shape) != (batch, q_len):
+            raise InvalidInputError(f"position_ids of shape {tuple(position_ids.shape)} for {batch} row(s) of "
+                                    f"{q_len} queries")
+        if torch.equal(ids, torch.arange(k_len - q_len, k_len, device=ids.device)
+                                                   .expand_as(ids)):
+            return None
+        name = type(self).__name__
+        if q_len != k_len:
+            raise MethodNotApplicableError(
+                f"{name} was given position ids other than the token order with a KV cache of {k_len - q_len} "
+                f"tokens: their ids are not known here. Run the whole input in one forward")
+        if not self.reads_position_ids:
+            raise MethodNotApplicableError(
+                f"{name} places each key by its token order and cannot read other position ids (these start "
+                f"{ids[0, :4].tolist()}); pass none, or use self_extend, which reads them")
+        if bool((ids[:, 0] < 0).any()) or bool((ids.diff(dim=-1) <= 0).any()):
+            raise InvalidInputError(f"{name} reads position ids that start at 0 or above and strictly increase "
+                                    f"along each row (a PoSE window's); got a row starting {ids[0, :6].tolist()}")
+        return ids
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows without padding: keys at positions 0 .. K - 1 (or at the ids `positions`, one row), queries the
+        last Q of them. [b, heads, Q, d] (key / value keep their kv heads: the kernel groups them), in
+        `kernel_dtype`."""
         q_len, k_len = query.shape[-2], key.shape[-2]
-        self.check_length(k_len)
+        length = k_len if positions is None else int(positions[-1]) + 1
+        self.check_length(length)
         first = k_len - q_len
         dtype = kernel_dtype(query, key, value)  # q and k rotated in their own dtype, then cast: as SDPA does
-        cos, sin = self.table(max(k_len, self.original), query)
-        if self._gathers_for != (q_len, k_len, self._table[0]):  # another input: other positions
-            self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0])
-        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p)).to(dtype)
-                for name, p in self.key_positions(k_len, query.device).items()}
+        cos, sin = self.table(max(length, self.original), query)
+        drawn = None if positions is None else tuple(positions.tolist())
+        if self._gathers_for != (q_len, k_len, self._table[0], drawn):  # another input: other positions
+            self._gathers, self._gathers_for = {}, (q_len, k_len, self._table[0], drawn)
+        named = (self.key_positions(k_len, query.device) if positions is None
+                 else self.spread_key_positions(positions))
+        keys = {name: _rotate(key, *self.gathered(("keys", name), cos, sin, p)).to(dtype) for name, p in named.items()}
         value = value.to(dtype)
         outputs = []
         for start, end in self.blocks(first, k_len):
             queries, results = {}, []
-            for part in self.parts(start, end, query.device):
+            parts = self.parts(start, end, query.device) if positions is None else self.spread_parts(start, end,
+                                                                                                   positions)
+            for part in parts:
                 if part.end <= part.start:
                     continue
                 mask, causal, empty = _pattern(part, dtype)

@@ -10,6 +10,10 @@ neighbours: the model as it was. The shift W - floor(W / G) is that of the autho
 transformers 4.40); their other Llama file and flash prefill use W - W / G, which differs only when G does not
 divide W (Hamlet, 4096 tokens, G = 3, W = 512: perplexity 33.70923 here against 33.70700 with W / G).
 
+Position ids other than the token order (a PoSE window's spread ids, strictly increasing) are read as the
+positions: neighbours are the keys whose ids lie within W of the query's, the others grouped at their ids // G;
+a fine-tune's Self-Extend teacher sees a training window at the student's ids (hf_posenc/losses.py).
+
 The largest grouped query position is floor((L - 1) / G) + W - floor(W / G), which must stay < c: the
 longest input is L = G * (c - W + floor(W / G)) (the paper's (c - W) * G + W when G divides W).
 
@@ -127,6 +131,8 @@ class SelfExtendConfig(RemappedConfig):
 
 
 class SelfExtendAttention(RemappedAttention):
+    reads_position_ids = True
+
     def __init__(self, rotary: torch.nn.Module, original: int, group_size: int, window: int):
         super().__init__(rotary, original)
         self.group_size, self.window = group_size, window
@@ -163,6 +169,22 @@ class SelfExtendAttention(RemappedAttention):
         grouped = positions // G + W - W // G
         parts += [Part("grouped", grouped, "grouped", a, e, zero, positions - W)
                   for a, e in split(0, max(0, end - W), start - W)]
+        return parts
+
+    def spread_key_positions(self, positions):
+        return {"true": positions, "grouped": positions // self.group_size}
+
+    def spread_parts(self, start, end, positions):
+        """The same two parts from the ids: query i's neighbours are the keys from the first whose id lies within
+        W of its own (a band of varying width), the keys before them grouped."""
+        G, W = self.group_size, self.window
+        at = positions[start:end]
+        rows = torch.arange(start, end, device=positions.device)
+        near = torch.searchsorted(positions, at - W + 1)   # the first key within W of each query
+        parts = [Part("true", at, "true", int(near.min()), end, near, rows)]
+        if int(near.max()) > 0:
+            parts.append(Part("grouped", at // G + W - W // G, "grouped", 0, int(near.max()), torch.zeros_like(near),
+                              near - 1))
         return parts
 
     def extra_repr(self) -> str:
