@@ -104,7 +104,7 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 - **Mechanism after patch**: `{json.dumps(describe, default=str)}`
 - **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
 - **Position ids**: {positions_line(preflight, cfg, steps)}
-- **Objective**: `{cfg.train.objective}`; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
+- **Objective**: `{cfg.train.objective}`{objective_teacher(cfg)}; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
 - **Attention and loss in training**: {preflight.long_training.describe()}
 - **Steps**: {steps} optimizer step{'' if steps == 1 else 's'}, {tokens} training tokens; lr {cfg.train.lr}, betas {cfg.train.betas}, weight decay {cfg.train.weight_decay}, warmup {cfg.train.warmup_steps}, {cfg.train.scheduler}, seed {cfg.train.seed}
 
@@ -114,3 +114,12 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.from_pretrained(folder)`.
 """
     (Path(output_dir) / "README.md").write_text(card)
+
+
+def objective_teacher(cfg) -> str:
+    """What distill matched: the unpatched model, or the teacher train.teacher names (at the window's ids)."""
+    if cfg.train.objective != "distill":
+        return ""
+    if cfg.train.teacher == "unpatched":
+        return " (matching the unpatched model)"
+    return f" (matching the loaded weights patched `{cfg.train.teacher}` to the patched context, at the window's ids)"

@@ -48,12 +48,15 @@ def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Ten
 
 
 def distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                 causal: bool, temperature: float = 1.0) -> torch.Tensor:
-    """Match the unpatched model on the same tokens: KL(teacher || student) on the logits of a causal
-    LM; for an encoder, MSE on the output of every layer, averaged (a denser signal than the last
-    layer alone: MiniLM heals to 0.957 instead of 0.942 in the same steps); padding excluded."""
+                 causal: bool, temperature: float = 1.0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Match the teacher (the unpatched model, or one that reads long contexts) on the same tokens:
+    KL(teacher || student) on the logits of a causal LM; for an encoder, MSE on the output of every layer,
+    averaged (a denser signal than the last layer alone: MiniLM heals to 0.957 instead of 0.942 in the same
+    steps); padding excluded. `position_ids` (causal LMs): both models read the tokens at these ids."""
     _check_teacher(teacher)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     mask = attention_mask.bool()
     extra = {"use_cache": False} if causal else {"output_hidden_states": True}
     with torch.no_grad():
@@ -203,13 +206,14 @@ def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
 
 
 def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor,
-                         attention_mask: torch.Tensor, chunk: int, temperature: float = 1.0) -> torch.Tensor:
+                         attention_mask: torch.Tensor, chunk: int, temperature: float = 1.0,
+                         position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`distill_loss` of a causal LM, `chunk` positions of both models' logits at a time."""
     _check_teacher(teacher)
     check_number("chunk", chunk, minimum=1, integer=True, optional=False)
     with torch.no_grad():
-        target = hidden_states(teacher, input_ids, attention_mask)
-    hidden = hidden_states(model, input_ids, attention_mask)
+        target = hidden_states(teacher, input_ids, attention_mask, position_ids)
+    hidden = hidden_states(model, input_ids, attention_mask, position_ids)
     mask = attention_mask.bool()
 
     def block_sum(h: torch.Tensor, t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -576,11 +580,12 @@ class TrainingLoss(nn.Module):
     registered training loss (`LOSSES`: `train.loss`); `longce`, the same as loss=LongCE(...): the tokens
     weighted by how much the long context helps them. `documents` (objective lm): the position ids given restart
     at each packed document, and attention stays inside each (hf_posenc/documents.py). The teacher of `distill`
-    is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap."""
+    is an argument, not a submodule: frozen, it stays outside what DDP / FSDP wrap. `teacher_reads_ids`
+    (distill, causal LMs): the teacher reads a window's spread ids (Self-Extend), so both models get them."""
 
     def __init__(self, model: nn.Module, *, objective: str, causal: bool, chunk: int = 0,
                  temperature: float = 1.0, longce: LongCE | None = None, loss: TrainLoss | None = None,
-                 documents: bool = False):
+                 documents: bool = False, teacher_reads_ids: bool = False):
         super().__init__()
         if objective not in ("lm", "distill"):
             raise InvalidParameterError(f"objective must be 'lm' or 'distill', got {objective!r}")
@@ -601,6 +606,9 @@ class TrainingLoss(nn.Module):
         self.chunk, self.temperature, self.loss = chunk if causal else 0, temperature, (
             loss if loss is not None else longce)
         self.documents = documents
+        if teacher_reads_ids and not (objective == "distill" and causal):
+            raise InvalidParameterError("teacher_reads_ids=True: a causal LM's distill objective only")
+        self.teacher_reads_ids = teacher_reads_ids
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, teacher: nn.Module | None = None,
                 position_ids: torch.Tensor | None = None):
@@ -619,13 +627,14 @@ class TrainingLoss(nn.Module):
             if self.chunk:
                 return chunked_lm_loss(self.model, input_ids, attention_mask, self.chunk, position_ids)
             return lm_loss(self.model, input_ids, attention_mask, position_ids)
-        if position_ids is not None:
-            raise ValueError("position ids are for objective lm; distill matches the teacher at the true positions")
+        if position_ids is not None and not self.teacher_reads_ids:
+            raise ValueError("position ids are for objective lm, or distill from a teacher that reads them "
+                             "(teacher_reads_ids); the unpatched teacher is matched at the true positions")
         if self.chunk:
             return chunked_distill_loss(self.model, teacher, input_ids, attention_mask, self.chunk,
-                                        self.temperature)
+                                        self.temperature, position_ids)
         return distill_loss(self.model, teacher, input_ids, attention_mask, causal=self.causal,
-                            temperature=self.temperature)
+                            temperature=self.temperature, position_ids=position_ids)
 
     def extra_repr(self) -> str:
         return f"objective={self.objective!r}, chunk={self.chunk}" + (f", {self.loss}" if self.loss else "")

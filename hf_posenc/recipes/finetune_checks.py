@@ -23,6 +23,7 @@ from ..train_data import load_documents
 from .recipe_config import differences, old_names, one_line, plain, shown_setting
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
+from . import finetune_teacher
 from .finetune_long import LongTraining, check_documents, check_long_training, check_mixed_windows
 
 
@@ -100,9 +101,13 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the patched context ({target} positions"
                           f"{'' if cfg.posenc else ', no posenc patch'}); raise posenc.max_position_embeddings "
                           f"or lower data.seq_len")
-    if cfg.train.objective == "distill" and seq_len > original:
-        raise ConfigError(f"train.objective=distill matches the unpatched model at its original context, so "
-                          f"data.seq_len={seq_len} must be <= {original}")
+    if cfg.train.objective == "distill" and not finetune_teacher.reads_position_ids(cfg.train.teacher):
+        if seq_len > original:
+            raise ConfigError(f"train.objective=distill matches the unpatched model at its original context, so "
+                              f"data.seq_len={seq_len} must be <= {original} (or train.teacher self_extend, which "
+                              f"reads longer contexts)")
+    elif cfg.train.objective == "distill":
+        finetune_teacher.check(cfg.train.teacher, loading.meta_model(ref, gguf_file=cfg.model.gguf_file), target, ref)
     short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
     if short_len is not None and not 2 <= short_len < seq_len:
         default = "" if cfg.data.short_len else f" (its default: the original context)"
@@ -137,9 +142,10 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
     if not chosen.spreads:
         return chosen.resolve(context)
     where = f"train.positions={cfg.train.positions!r}"
-    if cfg.train.objective != "lm":
-        raise ConfigError(f"{where} needs train.objective=lm: distill matches the unpatched model on the same "
-                          f"tokens at their own positions, inside the original context")
+    if cfg.train.objective != "lm" and not finetune_teacher.reads_position_ids(cfg.train.teacher):
+        raise ConfigError(f"{where} needs train.objective=lm, or distill from a teacher that reads spread ids "
+                          f"(train.teacher: self_extend): the unpatched teacher matches the same tokens at their own "
+                          f"positions, inside the original context")
     if cfg.posenc:
         from ..registry import get_method
 

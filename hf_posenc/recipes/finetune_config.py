@@ -134,6 +134,10 @@ class TrainArgs:
     lora: Optional[dict] = field(default=None, metadata={**FIXED,
         "help": "LoRA adapters {r, alpha, dropout, target_modules} (needs peft); null: none"})
     temperature: float = field(default=1.0, metadata={**FIXED, "help": "distill, causal LMs: KL at this temperature"})
+    teacher: str = field(default="unpatched", metadata={**FIXED,
+        "help": "distill: the model matched, unpatched (inside the original context) or self_extend [group_size=G "
+                "window=W] (the same weights with Self-Extend to the patched context, at the window's ids: a "
+                "PoSE window's spread ids too) (hf_posenc/recipes/finetune_teacher.py)"})
     seed: int = field(default=42, metadata={**FIXED, "help": "seed of the data order, the initialisation and dropout"})
     save_every: int = field(default=100, metadata={**ADJUSTABLE,
         "help": "accelerator.save_state every N steps (and at the end)"})
@@ -196,6 +200,11 @@ class TrainArgs:
         _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
               f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
         _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        from . import finetune_teacher
+
+        _need(self.objective == "distill" or finetune_teacher.parse(self.teacher)[0] == "unpatched",
+              f"train.teacher={self.teacher!r} is the model train.objective=distill matches; this run's objective is "
+              f"{self.objective!r}")
         _need(_is_number(self.mixed_windows) and 0 <= self.mixed_windows < 1,
               f"train.mixed_windows must be a share in [0, 1) (0: off; the rest are long windows), "
               f"got {self.mixed_windows!r}")

@@ -19,7 +19,6 @@ it: the config (finetune_config.py), the checks (finetune_checks.py), the model 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
@@ -47,6 +46,7 @@ from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
 from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
 from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
+from hf_posenc.recipes import finetune_teacher  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
 from hf_posenc.recipes.finetune_long import disable_s2, enable_s2, unused_settings  # noqa: E402
@@ -150,8 +150,9 @@ class FinetuneRecipe:
         self._expect("setup_model()", "data")
         cfg, preflight, accelerator = self.cfg, self.preflight, self.accelerator
         model = load_model(cfg)
-        if cfg.train.objective == "distill":
-            self.teacher = copy.deepcopy(model).eval().requires_grad_(False).to(accelerator.device)
+        if cfg.train.objective == "distill":   # before the student's patch: the loaded weights
+            self.teacher = finetune_teacher.build(model, cfg.train.teacher, preflight.target_context,
+                                                  accelerator.device)
             disable_dropout(model)
         long = preflight.long_training
         if long.switched:   # mixed windows: the patch as the rope that switches with the window's length
@@ -174,7 +175,8 @@ class FinetuneRecipe:
         self.model = model
         self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
                                       temperature=cfg.train.temperature, loss=long.loss,
-                                      documents=bool(long.document_mask))
+                                      documents=bool(long.document_mask),
+                                      teacher_reads_ids=finetune_teacher.reads_position_ids(cfg.train.teacher))
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
@@ -414,7 +416,9 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     positions = f", position ids {cfg.train.positions}" if preflight.positions.spreads else ""
     long = preflight.long_training
     positions += f"; {long.describe()}" if long.said else ""   # the default unsaid
-    lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}, {trains}{positions}",
+    teacher = f" from the {cfg.train.teacher} teacher" if cfg.train.objective == "distill" else ""
+    lines = [f"fine-tune {cfg.model.name}: {patch} ({context}), objective {cfg.train.objective}{teacher}, {trains}"
+             f"{positions}",
              f"  {cfg.train.steps} steps x {sequences} sequences of {preflight.seq_len} tokens{shares} (batch_size "
              f"{cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} x {processes} process"
              f"{'es' if processes > 1 else ''}) = up to {per_step:,} tokens a step, {per_step * cfg.train.steps:,} in all",
