@@ -8,7 +8,8 @@ show), in each weight format. Needs llama-cpp-python (scripts/build_engines.sh) 
     python benchmarks/bench_llama_cpp.py --model smollm2 --tokens 12288 --formats f32   # SmolLM2 on the KJV, x4
 
 With `--model smollm2`: SmolLM2-135M (float32 weights of the embedded file) patched to 32768 with YaRN, NTK and the
-static searched longrope set (recipes/configs/smollm2_search_32k_cpu_finetune.yaml's), on the first --tokens tokens
+static searched longrope set (recipes/configs/smollm2_search_32k_cpu_finetune.yaml's), linear, llama3 and base
+(theta x4; `--methods` picks among them), on the first --tokens tokens
 of the King James Bible; the differences inside the original 8192 tokens and past them are given apart (a rope
 error grows with the position).
 """
@@ -50,8 +51,9 @@ def smollm2_cases() -> list[tuple[str, dict]]:
     from hf_posenc.recipes import config_path
 
     searched = yaml.safe_load(config_path("smollm2_search_32k_cpu_finetune").read_text())["posenc"]
-    return [("none", {}), ("yarn", {"max_position_embeddings": 32768}), ("ntk", {"max_position_embeddings": 32768}),
-            ("longrope", {k: v for k, v in searched.items() if k != "method"})]
+    target = {"max_position_embeddings": 32768}
+    return [("none", {}), ("yarn", target), ("ntk", target), ("linear", target), ("llama3", target),
+            ("base", {"theta": 400000.0}), ("longrope", {k: v for k, v in searched.items() if k != "method"})]
 
 
 def smollm2(method: str, params: dict):
@@ -81,10 +83,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=500, choices=range(2, 16385), metavar="N")
     parser.add_argument("--formats", nargs="+", default=["f32", "f16"], choices=["f32", "f16", "bf16", "q8_0"])
     parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
+    parser.add_argument("--methods", nargs="+", metavar="METHOD",
+                        help="with --model smollm2: the methods to run (default all: none yarn ntk linear llama3 base "
+                             "longrope)")
     args = parser.parse_args()
     if args.model == "tiny" and args.tokens > 4096:
         common.refuse(f"--tokens {args.tokens}: the tiny model's runs take at most 4096 (--model smollm2 for more)")
+    if args.methods and args.model != "smollm2":
+        common.refuse("--methods chooses among --model smollm2's cases; the tiny model runs all of its own")
     if args.model == "smollm2":
+        known = [method for method, _ in smollm2_cases()]
+        unknown = [m for m in args.methods or [] if m not in known]
+        if unknown:
+            common.refuse(f"--methods {' '.join(unknown)}: not among {' '.join(known)}")
         return main_smollm2(args)
     try:
         import llama_cpp
@@ -132,6 +143,8 @@ def main_smollm2(args) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for fmt in args.formats:
             for method, params in smollm2_cases():
+                if args.methods and method not in args.methods:
+                    continue
                 start = time.perf_counter()
                 m = smollm2(method, params)
                 path = Path(folder) / "m.gguf"
