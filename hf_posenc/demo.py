@@ -47,7 +47,7 @@ TARGET_SECONDS = {"native bfloat16": 180.0, "float32": 300.0}
 
 def pass_cost(model, vocab: int, lengths: tuple[int, int] = (2048, 4096)):
     """Seconds a forward of n tokens takes here, n (a + b n), from one timed forward at each of two lengths (the
-    attention's share grows with n). Returns the function."""
+    attention's share grows with n). Returns the function: a first guess, which the first long pass corrects."""
     from .eval.perplexity import token_nll
 
     per_token = []
@@ -59,21 +59,26 @@ def pass_cost(model, vocab: int, lengths: tuple[int, int] = (2048, 4096)):
     (n1, n2), (t1, t2) = lengths, per_token
     b = max(0.0, (t2 - t1) / (n2 - n1))
     a = max(t1 - b * n1, 0.0)
-    # x 1.3: from 2k and 4k the attention's growth is underestimated (16k passes took 1.2x the estimate, AVX2
-    # kernels and AMX alike, 2026-11-27)
-    return lambda n: 1.3 * n * (a + b * n)
+    return lambda n: n * (a + b * n)
+
+
+# Part 2's shortest length: where SmolLM2 shows its break. At 1.25x its context the tokens past it read as well as
+# DCA's (Hamlet 8192-10240: 38.97 against 38.77, 2026-11-28); at 1.5x they do not (40.4 against YaRN's 31.4).
+SHORTEST = 1.5
 
 
 def plan_long_part(cost, budget: float, context: int) -> tuple[int, tuple[str, ...]]:
-    """(the longest length, the variants) of part 2 that fit `budget` seconds at `cost(n)` a pass: the longest of
-    2, 1.5 and 1.25 times the context that holds the unpatched model and DCA (the context edge, and a method
-    that carries past it), then YaRN if it fits too. Nothing fits: the shortest with those two."""
-    lengths = [2 * context, 3 * context // 2, 5 * context // 4]
-    for length in lengths:
-        for variants in (LONG_VARIANTS, LONG_VARIANTS_FLOAT32_CPU):
-            if len(variants) * cost(length) <= budget:
-                return length, variants
-    return lengths[-1], LONG_VARIANTS_FLOAT32_CPU
+    """(the length, the variants) part 2 starts with: twice the context if the unpatched model and DCA fit
+    `budget` seconds at `cost(n)` a pass, else 1.5 times it (`SHORTEST`, whatever the time: a shorter run would show
+    no break). YaRN is added once the first pass has been timed, if the time left holds it (`fits_another`)."""
+    longest = 2 * context
+    length = longest if len(LONG_VARIANTS_FLOAT32_CPU) * cost(longest) <= budget else int(SHORTEST * context)
+    return length, LONG_VARIANTS_FLOAT32_CPU
+
+
+def fits_another(seconds: list[float], deadline: float | None) -> bool:
+    """Whether one more pass, as long as the slowest one timed so far, ends before `deadline` (None: no deadline)."""
+    return deadline is None or time.perf_counter() + max(seconds, default=0.0) <= deadline
 
 
 @torch.inference_mode()
@@ -82,9 +87,9 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         dtype: str = "auto", corpus: str = "shakespeare:hamlet", out: str | Path | None = "runs/demo",
         print_fn=print) -> dict:
     """Prints both tables (and writes the figure to `out`); returns their rows. `long_tokens=0` skips part 2.
-    With neither `long_tokens` nor `long_variants` given, part 2 is sized to this CPU: its length (2, 1.5 or 1.25
-    times the context) and variants (none and DCA, then YaRN) so that the demo ends within TARGET_SECONDS, from
-    two timed forwards (`plan_long_part`); `long_tokens=None` alone is twice the context, `long_variants=None`
+    With neither `long_tokens` nor `long_variants` given, part 2 is sized to this CPU: its length (2 or 1.5 times
+    the context) from two timed forwards (`plan_long_part`), and none and DCA at it, then YaRN if the passes timed
+    leave room for it, so that the demo ends within TARGET_SECONDS; `long_tokens=None` alone is twice the context, `long_variants=None`
     alone `default_long_variants` for the dtype. Everything is checked (the model's config, the text, the
     retrieval prompt) before the weights load."""
     from .registry import get_method
@@ -130,18 +135,22 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     print_fn(f"model: {info['model_type']}, mechanism {info['mechanism']}, rope_theta {info['rope_theta']:g}, "
              f"rotary dim {info['rotary_dim']}, context {context}; every method patched to {target}")
 
+    deadline, optional = None, ()
     if by_cpu and long_tokens:
         goal = TARGET_SECONDS["native bfloat16" if torch_dtype == torch.bfloat16 else "float32"]
         cost = pass_cost(lm, lm.config.get_text_config().vocab_size, (min(2048, context // 4), min(4096, context // 2)))
         part1 = (len(methods) + 1) * cost(tokens)
-        budget = goal - (time.perf_counter() - started) - part1 - 10   # 10 s: the figure, the tables
+        deadline = started + goal - 10   # 10 s: the figure, the tables
+        budget = deadline - time.perf_counter() - part1
         long_tokens, long_variants = plan_long_part(cost, budget, context)
+        optional = tuple(v for v in LONG_VARIANTS if v not in long_variants) if torch_dtype == torch.bfloat16 else ()
         defaulted = False   # the line below says why part 2 runs what it runs
         if passkey:   # the passkey at the length chosen
             trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)
-        print_fn(f"part 2 sized to this CPU (a {target}-token pass ~{cost(target):.0f} s here): {', '.join(long_variants)} "
-                 f"up to {long_tokens} tokens, to end within {goal / 60:.0f} minutes (--long-tokens and "
-                 f"--long-variants choose)")
+        print_fn(f"part 2 sized to this CPU (a {long_tokens}-token pass ~{cost(long_tokens):.0f} s here, guessed from "
+                 f"two short ones): {', '.join(long_variants)} up to {long_tokens} tokens"
+                 + (f", then {', '.join(optional)} if the passes timed leave room" if optional else "")
+                 + f", to end within {goal / 60:.0f} minutes (--long-tokens and --long-variants choose)")
     inside = _inside_context(lm, ids[:tokens], methods, target)
     print_fn(f"\n1. Inside the original context: the first {tokens} tokens of {corpus}\n")
     print_fn(format_inside(inside))
@@ -154,7 +163,13 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         if defaulted and long_variants == LONG_VARIANTS_FLOAT32_CPU:
             print_fn(f"\npart 2 runs {', '.join(long_variants)}: in float32 on a CPU each {long_tokens}-token pass "
                      f"takes minutes (--long-variants {','.join(LONG_VARIANTS)} adds YaRN)")
-        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials, context)
+        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials, context,
+                             optional, deadline)
+        left_out = [v for v in optional if v not in past]
+        if left_out:
+            print_fn(f"\n{', '.join(left_out)} left out: a {long_tokens}-token pass took "
+                     f"{max(r['seconds'] for r in past.values()):.0f} s here, past the time left "
+                     f"(--long-variants {','.join(LONG_VARIANTS)} runs it)")
         print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}"
                  + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
         print_fn(format_past(past, context))
@@ -228,9 +243,14 @@ def past_only(by_length: dict, context: int) -> float | None:
     return math.exp((total[lengths[-1]] - total[context]) / (lengths[-1] - context))
 
 
-def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials, context: int) -> dict:
+def _past_context(model, ids: list[int], variants, target: int, lengths: list[int], trials, context: int,
+                  optional=(), deadline: float | None = None) -> dict:
+    """Each of `variants` at `lengths`, then each of `optional` while a pass as long as the slowest timed still ends
+    before `deadline`."""
     rows = {}
-    for spec in tqdm(variants, desc="up to the target", unit="variant"):
+    for spec in tqdm([*variants, *optional], desc="up to the target", unit="variant"):
+        if spec in optional and not fits_another([r["seconds"] for r in rows.values()], deadline):
+            continue
         start = time.perf_counter()
         with hpe.variant(model, spec, target), pass_progress(model, spec, min_tokens=lengths[-1] // 2):
             by_length = hpe.perplexity_by_length(model, [ids], lengths, progress=False)

@@ -340,27 +340,39 @@ def test_demo_shows_a_layer_progress_bar_for_each_long_pass(monkeypatch):
 
 
 def test_demo_sizes_its_long_part_to_the_cpu():
-    """Part 2 by this CPU's speed: the longest length that holds the unpatched model and DCA in the time left,
-    then YaRN if it fits; a CPU too slow for any gets the shortest, which still crosses the context edge."""
+    """Part 2 by this CPU's speed: twice the context when the unpatched model and DCA fit the time left, else 1.5
+    times it whatever the time (shorter shows no break); one more variant only while the slowest timed pass fits."""
+    import time
+
     from hf_posenc import demo
 
     context = 8192
     cost = lambda n: n * (0.002 + 1e-7 * n)   # seconds a pass of n tokens: ~59 s at 16k
-    assert demo.plan_long_part(cost, 200, context) == (16384, ("none", "yarn", "dca"))
-    assert demo.plan_long_part(cost, 120, context) == (16384, ("none", "dca"))
-    assert demo.plan_long_part(cost, 90, context) == (12288, ("none", "dca"))
-    assert demo.plan_long_part(cost, 1, context) == (10240, ("none", "dca"))
+    assert demo.plan_long_part(cost, 200, context) == (16384, ("none", "dca"))
+    assert demo.plan_long_part(cost, 110, context) == (12288, ("none", "dca"))
+    assert demo.plan_long_part(cost, 1, context) == (12288, ("none", "dca"))
+    now = time.perf_counter()
+    assert demo.fits_another([], None) and demo.fits_another([3.0, 5.0], now + 60)
+    assert not demo.fits_another([3.0, 50.0], now + 30)
 
 
 def test_demo_without_lengths_runs_what_fits(checkpoint, corpus_dir, tmp_path, monkeypatch):
+    """No time at all: the unpatched model and DCA at 1.5 times the context (the break shows there), YaRN left out
+    and said; all the time in the world: YaRN after them."""
     from hf_posenc import demo
 
     lines = []
-    monkeypatch.setattr(demo, "TARGET_SECONDS", {"native bfloat16": 0.0, "float32": 0.0})   # no time at all
+    monkeypatch.setattr(demo, "TARGET_SECONDS", {"native bfloat16": 0.0, "float32": 0.0})
+    monkeypatch.setattr(demo.loading, "resolve_dtype", lambda dtype, device: (torch.bfloat16, "test"))
     result = demo.run(str(checkpoint), tokens=40, methods=("yarn",), corpus=str(corpus_dir / "a.txt"),
-                      dtype="float32", out=None, print_fn=lines.append)
-    assert list(result["past"]) == ["none", "dca"] and result["past"]["none"]["lengths"]["lengths"][-1] == 80
+                      dtype="auto", out=None, print_fn=lines.append)
+    assert list(result["past"]) == ["none", "dca"] and result["past"]["none"]["lengths"]["lengths"][-1] == 96
     assert any(line.startswith("part 2 sized to this CPU") for line in lines)
+    assert any("yarn left out: a 96-token pass took" in line for line in lines)
+    monkeypatch.setattr(demo, "TARGET_SECONDS", {"native bfloat16": 1e6, "float32": 1e6})
+    result = demo.run(str(checkpoint), tokens=40, methods=("yarn",), corpus=str(corpus_dir / "a.txt"),
+                      dtype="auto", out=None, print_fn=lines.append)
+    assert list(result["past"]) == ["none", "dca", "yarn"] and result["past"]["none"]["lengths"]["lengths"][-1] == 128
 
 
 def test_bfloat16_is_not_native_where_torch_runs_below_avx512(monkeypatch):
