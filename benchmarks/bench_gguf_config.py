@@ -3,7 +3,7 @@
 transformers builds a llama-architecture GGUF file's config through `gguf.GGUFReader`, which maps the whole
 file and makes a numpy view of every element of every metadata array (the tokenizer's ~49k strings on
 SmolLM2); `hp.load_config` reads the same config from the file's header alone
-(`hf_posenc.gguf_header.config_only`). Both read the embedded SmolLM2 GGUF --repeats times, alternating; the
+(`hf_posenc.export.gguf_header.config_only`). Both read the embedded SmolLM2 GGUF --repeats times, alternating; the
 median wall time of each, their ratio, and whether the two configs are equal.
 
     python benchmarks/bench_gguf_config.py --repeats 3
@@ -20,7 +20,8 @@ import time
 import common
 import transformers
 
-from hf_posenc import assets, gguf_header
+from hf_posenc import assets
+from hf_posenc.export import gguf_header
 
 
 def main() -> None:

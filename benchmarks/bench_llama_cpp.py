@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc as hp
 from hf_posenc import assets
-from hf_posenc.gguf_writer import write_gguf_model
+from hf_posenc.export.gguf_writer import write_gguf_model
 
 import common
 

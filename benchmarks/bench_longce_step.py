@@ -16,7 +16,7 @@ import torch
 import common
 import hf_posenc as hp
 from hf_posenc import eval as hpe
-from hf_posenc.losses import LongCE, TrainingLoss
+from hf_posenc.train.losses import LongCE, TrainingLoss
 
 
 def main() -> None:

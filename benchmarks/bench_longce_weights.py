@@ -1,5 +1,5 @@
 """Which tokens does LongCE weight? On windows of the training text, the weights w_t = min(P(long) / P(short),
-clip) that `train.loss: longce` gives each token (hf_posenc/losses.py), and how many of the most weighted tokens
+clip) that `train.loss: longce` gives each token (hf_posenc/train/losses.py), and how many of the most weighted tokens
 are copies: a token (or the 2 / 4 tokens ending at it) last seen before its short context began, so only the
 long context holds it.
 
@@ -22,7 +22,7 @@ import torch
 
 import hf_posenc as hp
 from hf_posenc import eval as hpe
-from hf_posenc.losses import longce_weights, short_context_losses
+from hf_posenc.train.losses import longce_weights, short_context_losses
 
 GRAMS = (1, 2, 4)
 

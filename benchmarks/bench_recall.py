@@ -51,8 +51,8 @@ def load_row(row: str, length: int, dtype: torch.dtype, ref: str = "smollm2"):
     if folder:
         return hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
     model = hp.load_model(ref, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
-    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/mixed_windows.py)
-        from hf_posenc import mixed_windows
+    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/train/mixed_windows.py)
+        from hf_posenc.train import mixed_windows
 
         params = hpe.variant_params(model, "yarn", {}, max(length, 2 * ORIGINAL))
         hp.patch(model, "longrope", **mixed_windows.switched_params(model, "yarn", params))

@@ -1,6 +1,6 @@
 """One long training step (forward + backward) of SmolLM2-135M's architecture, side by side: full attention
-against S2-Attn (LongLoRA's shifted sparse attention, hf_posenc/s2_attention.py), and the plain loss against
-LongCE (hf_posenc/losses.py), each its median time and its peak memory, with the ratios.
+against S2-Attn (LongLoRA's shifted sparse attention, hf_posenc/train/s2_attention.py), and the plain loss against
+LongCE (hf_posenc/train/losses.py), each its median time and its peak memory, with the ratios.
 
     python benchmarks/bench_s2_attention.py                            # 32k, g = 8192, LongCE window 8192
     OMP_NUM_THREADS=1 nice python benchmarks/bench_s2_attention.py --lengths 4096 --group 1024 --longce-window 1024
@@ -49,7 +49,7 @@ def smollm2_config():
 
 
 def check(args) -> None:
-    from hf_posenc.s2_attention import check_group
+    from hf_posenc.train.s2_attention import check_group
 
     for length in args.lengths:
         try:
@@ -78,9 +78,9 @@ def run(args) -> dict:
     import torch
 
     import hf_posenc as hp
-    from hf_posenc import s2_attention
+    from hf_posenc.train import s2_attention
     from hf_posenc._compat import native_bfloat16
-    from hf_posenc.losses import LongCE, TrainingLoss
+    from hf_posenc.train.losses import LongCE, TrainingLoss
     from transformers import LlamaForCausalLM
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else

@@ -1,5 +1,5 @@
 """Train long on short: SmolLM2-135M (8k) taken to 32k with YaRN x4, fine-tuned on 2048-token windows with
-each position scheme (hf_posenc/positions.py), against the training-free methods, on two held-out plays.
+each position scheme (hf_posenc/train/positions.py), against the training-free methods, on two held-out plays.
 
 Rows (--rows): `none` (unpatched), `yarn` (x4, no training), `yarn_switched` (YaRN x4's frequencies past 8k and the
 unpatched ones inside it, a switched longrope with attention factor 1: the start of a `train.mixed_windows`
@@ -44,9 +44,9 @@ import torch
 
 import common
 import hf_posenc as hp
-from hf_posenc import checkpoints as ckpt
+from hf_posenc.train import checkpoints as ckpt
 from hf_posenc import eval as hpe
-from hf_posenc import positions
+from hf_posenc.train import positions
 from hf_posenc.eval import stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,8 +125,8 @@ def load_row(row: str, args, dtype: torch.dtype):
         return hp.from_pretrained(str(Path(args.runs) / name), dtype=dtype, attn_implementation="sdpa").to(
             common.DEVICE).eval()
     model = hp.load_model("smollm2", dtype=dtype, attn_implementation="sdpa").to(common.DEVICE).eval()
-    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/mixed_windows.py)
-        from hf_posenc import mixed_windows
+    if name == "yarn_switched":   # the untrained start of a mixed-windows fine-tune (hf_posenc/train/mixed_windows.py)
+        from hf_posenc.train import mixed_windows
 
         hp.patch(model, "longrope", **mixed_windows.switched_params(model, "yarn", {"max_position_embeddings": TARGET}))
     elif name != "none":

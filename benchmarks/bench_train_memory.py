@@ -34,7 +34,7 @@ def one(length: int, dtype: str, chunk: int, packing: str = "joined") -> dict:
     import torch
 
     import hf_posenc as hp
-    from hf_posenc.losses import TrainingLoss
+    from hf_posenc.train.losses import TrainingLoss
 
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
@@ -47,7 +47,7 @@ def one(length: int, dtype: str, chunk: int, packing: str = "joined") -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0)
     documents = packing.startswith("documents")
     if packing == "documents":   # as the recipe trains data.packing=documents: no mask
-        from hf_posenc.documents import use_per_document
+        from hf_posenc.train.documents import use_per_document
 
         assert use_per_document(model)
     objective = TrainingLoss(model, objective="lm", causal=True, chunk=chunk, documents=documents)
@@ -57,7 +57,7 @@ def one(length: int, dtype: str, chunk: int, packing: str = "joined") -> dict:
         ids = torch.randint(1, model.config.vocab_size, (1, n), device=device)
         mask, position_ids = torch.ones_like(ids), None
         if documents:
-            from hf_posenc.documents import document_position_ids
+            from hf_posenc.train.documents import document_position_ids
 
             ids[:, DOCUMENT - 1::DOCUMENT] = eos
             position_ids = document_position_ids(ids, mask, eos_token_id=eos)

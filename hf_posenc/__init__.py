@@ -42,8 +42,8 @@ __all__ = [
 _LAZY = {
     "patch": ".api", "unpatch": ".api", "patched": ".api", "describe": ".api", "from_pretrained": ".api",
     "list_methods": ".registry", "load_model": ".loading", "load_tokenizer": ".loading", "configs": None,
-    "serving_overrides": ".serving", "llama_cpp_args": ".serving", "write_gguf": ".serving",
-    "write_gguf_model": ".gguf_writer", "check_length": ".families.learned_tables",
+    "serving_overrides": ".export.serving", "llama_cpp_args": ".export.serving", "write_gguf": ".export.serving",
+    "write_gguf_model": ".export.gguf_writer", "check_length": ".families.learned_tables",
 }
 
 

@@ -110,7 +110,8 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_patch(args) -> None:
-    from . import api, card, loading
+    from . import api, loading
+    from .export import card
     from .registry import get_method
 
     params = _method_params(args)
@@ -143,7 +144,8 @@ def cmd_patch(args) -> None:
 def cmd_export(args) -> None:
     """A saved model (a fine-tune's, a search's or `hf-posenc patch`'s folder) written whole as a GGUF file, its
     patch in the rope metadata and factor tensors (gguf_writer.write_gguf_model). Checked on the skeleton first."""
-    from . import gguf_writer, loading, serving
+    from .export import gguf_writer, serving
+    from . import loading
 
     ref = model_ref(args.model, None)
     if Path(args.out).suffix != ".gguf":
@@ -180,7 +182,8 @@ def _gguf_out(args, source: Path) -> Path:
 
 def _patch_to_gguf(args, ref: str, params: dict) -> None:
     """`--out X.gguf`: the input GGUF file again, the patch in its rope metadata (serving.write_gguf)."""
-    from . import api, loading, serving
+    from . import api, loading
+    from .export import serving
 
     source = Path(ref) / args.gguf_file if args.gguf_file else Path(ref)
     if source.suffix != ".gguf" or not source.is_file():

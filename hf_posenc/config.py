@@ -206,12 +206,12 @@ class MethodConfig:
     # the model is a RoPE model from then on, and a RoPE scaling method may be stacked on it
     writes_rope_parameters: ClassVar[bool] = False
     # Why a fine-tune cannot give this method's model position ids spread over a longer target (train.positions,
-    # hf_posenc/positions.py), or None when it can: the ids must be what sets every distance the model sees
+    # hf_posenc/train/positions.py), or None when it can: the ids must be what sets every distance the model sees
     skipped_positions: ClassVar[str | None] = None
     # what the contract suite runs the method with (tests/test_contracts.py); every registered method declares one
     contract: ClassVar[Contract | None] = None
     # Why a serving engine cannot run the patch from a config override (vLLM's --hf-overrides, llama.cpp's flags),
-    # or None when the saved rope_parameters decide (hf_posenc/serving.py reads them)
+    # or None when the saved rope_parameters decide (hf_posenc/export/serving.py reads them)
     export_refusal: ClassVar[str | None] = None
     # False when the method's own parameters say what it does (NTK at a fixed alpha; the attention methods): without
     # max_position_embeddings= or factor=, the target context is the original one. True: one of them is required

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import transformers
 
-from . import _compat, assets, gguf_header, registry, serving
+from . import _compat, assets, registry
+from .export import gguf_header, serving
 from .errors import InvalidInputError, ModelNotFoundError, ParameterTypeError, PosEncError
 
 CACHE_DIR = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))

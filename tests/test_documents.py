@@ -1,10 +1,10 @@
-"""Documents kept apart (hf_posenc/documents.py): a packed window trained with document masking is, token for
+"""Documents kept apart (hf_posenc/train/documents.py): a packed window trained with document masking is, token for
 token, the documents' own separate forwards, on every RoPE family the suite covers."""
 
 import pytest
 import torch
 
-from hf_posenc import documents
+from hf_posenc.train import documents
 from hf_posenc.errors import InvalidInputError, UnsupportedModelError
 from test_rope_families import FAMILIES, build
 

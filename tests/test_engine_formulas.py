@@ -19,7 +19,7 @@ import math
 import pytest
 
 import hf_posenc as hp
-from hf_posenc import serving
+from hf_posenc.export import serving
 from hf_posenc.registry import METHODS
 from tiny import tiny_model
 

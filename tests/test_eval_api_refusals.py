@@ -1,5 +1,5 @@
-"""Issue 40, item 5: the Python API (hf_posenc.eval, hf_posenc.losses, hf_posenc.metrics) refuses wrong-type, empty
-and out-of-range input in one line that names the argument, the value and what is allowed, with the project's error
+"""Issue 40, item 5: the Python API (hf_posenc.eval, hf_posenc.train.losses, hf_posenc.metrics) refuses wrong-type,
+empty and out-of-range input in one line that names the argument, the value and what is allowed, with the project's error
 classes, before any work. Each case ended in a raw traceback (TypeError, KeyError, IndexError, ... from deep inside)
 or was silently accepted before issue 40; two (lengths=[10**7], hops=10**5) ran until memory ran out."""
 
@@ -17,7 +17,7 @@ from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import eval as hpe
-from hf_posenc import losses, mixed_windows
+from hf_posenc.train import losses, mixed_windows
 from hf_posenc.eval import probes, recall, ruler, stats
 from hf_posenc.metrics import longppl as lp
 
@@ -223,7 +223,7 @@ CASES = [
          "threshold must be a number, got 'a'"),
     Case("effective_length-no-scores", lambda: stats.effective_length(None, 0.5), hp.InvalidInputError,
          "scores must map each length to its score (a number), got None"),
-    # hf_posenc.losses
+    # hf_posenc.train.losses
     Case("longce_weights-clip-0", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(3), clip=0),
          hp.InvalidParameterError, "clip must be a number >= 1 (the largest weight), got 0"),
     Case("longce_weights-floor-2", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(3), clip=5, floor=2),

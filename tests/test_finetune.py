@@ -19,9 +19,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc as hp
-from hf_posenc import checkpoints as ckpt
+from hf_posenc.train import checkpoints as ckpt
 from hf_posenc import data as hdata
-from hf_posenc import train_data
+from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
@@ -388,7 +388,7 @@ def test_unreached_parameters_are_found_and_mixtures_of_experts_left_to_ddp(bert
     and the gradients as they were; a mixture of experts is not probed (DDP's find_unused_parameters)."""
     from transformers import AutoModel
 
-    from hf_posenc.losses import TrainingLoss
+    from hf_posenc.train.losses import TrainingLoss
 
     model = AutoModel.from_pretrained(bert_dir).train()
     teacher = AutoModel.from_pretrained(bert_dir).eval()

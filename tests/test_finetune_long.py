@@ -17,8 +17,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import hf_posenc as hp
 from hf_posenc import _compat
-from hf_posenc import checkpoints as ckpt
-from hf_posenc import s2_attention
+from hf_posenc.train import checkpoints as ckpt
+from hf_posenc.train import s2_attention
 from hf_posenc.errors import ConfigError
 from test_finetune import RECIPE, run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401 (fixtures)
 from tiny import TINY_TEXT_VOCAB, tiny_tokenizer
@@ -96,7 +96,7 @@ def test_longce_with_pose_resumes_bit_exact_and_says_so_on_the_card(tmp_path, ti
 
 
 def test_the_card_names_the_longce_floor():
-    from hf_posenc.losses import LongCE
+    from hf_posenc.train.losses import LongCE
     from hf_posenc.recipes.finetune_long import LongTraining
 
     assert "weighted by min(P(long) / P(short), 3), the short context 16-23" in LongTraining(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_posenc as hp
-from hf_posenc import checkpoints as ckpt
+from hf_posenc.train import checkpoints as ckpt
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes.finetune_config import parse_config
 from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
@@ -293,7 +293,7 @@ def test_settings_compare_as_saved_nan_and_tuples_included(tmp_path):
 
 
 def test_the_card_says_whether_the_evaluation_text_was_held_out(tmp_path, tiny_dir, text_file):  # noqa: F811
-    from hf_posenc.card import write_model_card
+    from hf_posenc.recipes.finetune_card import write_model_card
 
     recipe = recipe_for(tmp_path, tiny_dir, text_file)
     for corpus, said in [(None, f"## Evaluation (on `{text_file}`, the training text itself: not held out"),

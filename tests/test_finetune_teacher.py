@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import hf_posenc as hp
-from hf_posenc import checkpoints as ckpt
+from hf_posenc.train import checkpoints as ckpt
 from hf_posenc.errors import ConfigError
-from hf_posenc.losses import TrainingLoss
+from hf_posenc.train.losses import TrainingLoss
 from test_finetune import run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401 (fixtures)
 from test_finetune_long import gpt2_dir, straight_and_resumed  # noqa: F401 (fixtures)
 from tiny import tiny_model

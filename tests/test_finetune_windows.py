@@ -1,5 +1,5 @@
-"""The fine-tune's mixed context windows (train.mixed_windows, hf_posenc/mixed_windows.py) and documents kept
-apart (data.packing=documents, hf_posenc/documents.py): each against its reference (the unpatched model inside
+"""The fine-tune's mixed context windows (train.mixed_windows, hf_posenc/train/mixed_windows.py) and documents kept
+apart (data.packing=documents, hf_posenc/train/documents.py): each against its reference (the unpatched model inside
 the original context, the patched one past it; per-document forwards), refused pairings, and a resume that ends
 as the uninterrupted run, bit for bit."""
 
@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import hf_posenc as hp
-from hf_posenc import checkpoints as ckpt
-from hf_posenc import documents, mixed_windows, train_data
+from hf_posenc.train import checkpoints as ckpt
+from hf_posenc.train import documents, mixed_windows, data as train_data
 from hf_posenc.errors import ConfigError, MethodNotApplicableError
-from hf_posenc.losses import TrainingLoss
+from hf_posenc.train.losses import TrainingLoss
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
 from hf_posenc.recipes.finetune_recipe import window_batch
@@ -249,7 +249,7 @@ def test_longce_short_windows_read_with_the_long_pass_rope_under_a_switched_patc
     """A long micro-batch of a mixed-windows run: LongCE's short windows whose ids stay inside the original
     context must not turn the switched rope to its short set (they would differ from the long pass by the rope,
     not by the context alone): each short window is scored as the static long rope scores it."""
-    from hf_posenc.losses import short_context_losses
+    from hf_posenc.train.losses import short_context_losses
 
     model = tiny_model()
     ids = token_ids(3 * CTX // 2, seed=2)

@@ -16,7 +16,7 @@ import yaml
 
 from hf_posenc import data
 from hf_posenc import eval as hpe
-from hf_posenc import train_data
+from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_recipe
 from hf_posenc.recipes import finetune_checks as checks

@@ -1,4 +1,4 @@
-"""The header-only GGUF reader (hf_posenc.gguf_header) against the gguf library's full reader: the same keys,
+"""The header-only GGUF reader (hf_posenc.export.gguf_header) against the gguf library's full reader: the same keys,
 values and tensor names on written files of either byte order and on the embedded SmolLM2 file, the same
 config through transformers, and a clear error for files it cannot walk."""
 
@@ -12,7 +12,8 @@ import pytest
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import gguf_header, loading
+from hf_posenc.export import gguf_header
+from hf_posenc import loading
 
 gguf = pytest.importorskip("gguf")
 

@@ -18,7 +18,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import eval as hpe  # noqa: E402
-from hf_posenc import harness, loading  # noqa: E402
+from hf_posenc.eval import harness  # noqa: E402
+from hf_posenc import loading
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer  # noqa: E402
 
 ORIGINAL = 256
@@ -118,7 +119,7 @@ def test_lm_eval_command_line_with_the_registered_model(tmp_path):
     tokenizer.save_pretrained(tmp_path / "ckpt")
     harness.write_tasks(tmp_path / "tasks", tokenizer, lengths=[300], depths=[0.5], trials=1)
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_posenc.harness", "--model", "hf_posenc", "--model_args",
+        [sys.executable, "-m", "hf_posenc.eval.harness", "--model", "hf_posenc", "--model_args",
          f"pretrained={tmp_path / 'ckpt'},dtype=float32", "--include_path", str(tmp_path / "tasks"),
          "--tasks", harness.GROUP, "--device", "cpu", "--output_path", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
@@ -126,7 +127,7 @@ def test_lm_eval_command_line_with_the_registered_model(tmp_path):
     assert list((tmp_path / "cache" / "tokenizers").iterdir())  # the tokenizer folder RULER's tasks would read
     [result] = list((tmp_path / "out").rglob("results*.json"))
     assert "hf_posenc_passkey_300" in json.loads(result.read_text())["results"]
-    missing = subprocess.run([sys.executable, "-m", "hf_posenc.harness", "--model", "hf_posenc", "--model_args",
+    missing = subprocess.run([sys.executable, "-m", "hf_posenc.eval.harness", "--model", "hf_posenc", "--model_args",
                               f"pretrained={tmp_path / 'nothing'}", "--tasks", harness.GROUP, "--include_path",
                               str(tmp_path / "tasks")], capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
@@ -192,10 +193,10 @@ def test_lm_eval_reaches_the_model_by_its_plug_in_entry_point(tmp_path):
                             cwd=tmp_path)  # not the checkout, whose build folders may hold older metadata
     docs = (ROOT / "docs" / "evaluate.md").read_text()
     if hasattr(registry, "import_plugins"):  # lm-eval with plug-ins
-        assert lookup.returncode == 0 and lookup.stdout.split()[-1] == "hf_posenc.harness", lookup.stderr[-1000:]
+        assert lookup.returncode == 0 and lookup.stdout.split()[-1] == "hf_posenc.eval.harness", lookup.stderr[-1000:]
     else:
         assert lookup.returncode != 0 and "no model for this name found" in lookup.stderr
-        assert "python -m hf_posenc.harness --model hf_posenc" in docs
+        assert "python -m hf_posenc.eval.harness --model hf_posenc" in docs
         assert re.search(r"bare `lm_eval --model hf_posenc` does not know the name in lm-eval 0\.4\.13", docs)
     assert '[project.entry-points."lm_eval.models"]' in docs
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import hf_posenc as hp
-from hf_posenc import serving
-from hf_posenc.gguf_writer import reorder_rows, write_gguf_model
+from hf_posenc.export import serving
+from hf_posenc.export.gguf_writer import reorder_rows, write_gguf_model
 from hf_posenc.registry import METHODS
 from tiny import tiny_model
 

@@ -1,4 +1,4 @@
-"""LongCE (hf_posenc/losses.py; Fang et al., ICLR 2025) against references written out by hand on a tiny Llama:
+"""LongCE (hf_posenc/train/losses.py; Fang et al., ICLR 2025) against references written out by hand on a tiny Llama:
 the weights are min(exp(loss_short - loss_long), clip), 1 where the losses are equal or no short window
 exists; the short losses are forwards of the short windows alone, at the long pass's ids; the loss and its
 gradients are the weighted mean. LongPPL (hf_posenc/metrics/longppl.py) against its definition. The recipe's
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_posenc.losses import LongCE, TrainingLoss, longce_loss, longce_weights, short_context_losses
+from hf_posenc.train.losses import LongCE, TrainingLoss, longce_loss, longce_weights, short_context_losses
 from tiny import tiny_model, token_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")

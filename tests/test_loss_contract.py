@@ -1,4 +1,4 @@
-"""The training-loss contract (`train.loss`: hf_posenc/losses.py's LOSSES; docs/ARCHITECTURE.md, "Training
+"""The training-loss contract (`train.loss`: hf_posenc/train/losses.py's LOSSES; docs/ARCHITECTURE.md, "Training
 losses"), run on every registered loss, the shipped ones and the worked example tests/examples/poly_loss.py
 (registered for the tests only), with nothing to write: at its `plain` settings the loss and its gradients are the
 cross-entropy's; each example changes the loss, gives the same loss and gradients a block of logits at a time as
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posenc import checkpoints as ckpt
-from hf_posenc import losses as L
+from hf_posenc.train import checkpoints as ckpt
+from hf_posenc.train import losses as L
 from hf_posenc.errors import ConfigError, InvalidParameterError, PosEncError
 from hf_posenc.recipes import finetune_config as FC
 from test_finetune import run_recipe, text_file, tiny_dir, write_config  # noqa: F401
@@ -184,7 +184,7 @@ def test_register_loss_refuses_a_taken_name_naming_both_classes():
     class LongCE(L.TrainLoss):
         name = "longce"
 
-    with pytest.raises(InvalidParameterError, match=r"'longce' is registered twice: hf_posenc.losses.LongCE and "
+    with pytest.raises(InvalidParameterError, match=r"'longce' is registered twice: hf_posenc.train.losses.LongCE and "
                                                     r"test_loss_contract.*LongCE"):
         L.register_loss(LongCE)
     with pytest.raises(InvalidParameterError, match="takes a @dataclass"):

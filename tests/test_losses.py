@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_posenc as hp
-from hf_posenc import losses
+from hf_posenc.train import losses
 from tiny import tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""Position schemes (hf_posenc/positions.py): the scheme contract, run on every registered scheme (the shipped
+"""Position schemes (hf_posenc/train/positions.py): the scheme contract, run on every registered scheme (the shipped
 ones and docs/ARCHITECTURE.md's worked example, tests/examples/shifted_scheme.py, registered for the tests only),
 each scheme against its paper, the batch helpers' refusals, and the fine-tune recipe training with them (tiny
 models from config). One scheme's contract: `pytest -m contract -k <name> tests/test_positions.py`."""
@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 import hf_posenc as hp
-from hf_posenc import card
-from hf_posenc import checkpoints as ckpt
-from hf_posenc import positions as P
+from hf_posenc.recipes import finetune_card as card
+from hf_posenc.train import checkpoints as ckpt
+from hf_posenc.train import positions as P
 from hf_posenc.recipes.finetune_long import LongTraining
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError
-from hf_posenc.losses import TrainingLoss
+from hf_posenc.train.losses import TrainingLoss
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
 from test_finetune import gpt2_dir, run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401
@@ -232,7 +232,7 @@ def test_register_scheme_refuses_a_taken_name_naming_both_classes():
     class Pose(P.PositionScheme):
         name: ClassVar[str] = "pose"
 
-    with pytest.raises(InvalidParameterError, match=r"'pose' is registered twice: hf_posenc.positions.Pose and "
+    with pytest.raises(InvalidParameterError, match=r"'pose' is registered twice: hf_posenc.train.positions.Pose and "
                                                     r"test_positions.*Pose"):
         P.register_scheme(Pose)
     with pytest.raises(InvalidParameterError, match="takes a @dataclass"):
@@ -689,7 +689,7 @@ def test_auto_dtype_takes_bf16_autocast_only_where_the_hardware_runs_it(monkeypa
 
 
 def test_the_chunked_loss_takes_the_same_ids_as_the_full_one():
-    from hf_posenc.losses import chunked_lm_loss, lm_loss
+    from hf_posenc.train.losses import chunked_lm_loss, lm_loss
 
     model = hp.patch(tiny_model(max_position_embeddings=64), "yarn", max_position_embeddings=256)
     ids = token_ids(48, batch=2)

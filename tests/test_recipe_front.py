@@ -98,7 +98,7 @@ def test_evaluate_passes_are_counted_per_measure():
 # -------------------------------------------------------------------------------- the fine-tune recipe
 from test_finetune import _recipe, run_recipe, text_file, tiny_dir, write_config  # noqa: E402,F401  (fixtures)
 
-from hf_posenc import checkpoints as ckpt  # noqa: E402
+from hf_posenc.train import checkpoints as ckpt  # noqa: E402
 
 
 def test_finetune_says_what_it_is_about_to_do_and_how_long_it_takes(tmp_path, tiny_dir, text_file, capsys):  # noqa: F811

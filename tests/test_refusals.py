@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_posenc as hp
-from hf_posenc import serving
+from hf_posenc.export import serving
 from hf_posenc.registry import get_method
 from tiny import tiny_model
 
@@ -389,7 +389,7 @@ HARNESS_CASES = [
 
 @pytest.mark.parametrize("kwargs,error,pattern", [c[1:] for c in HARNESS_CASES], ids=[c[0] for c in HARNESS_CASES])
 def test_the_lm_eval_model_refuses_bad_arguments(kwargs, error, pattern, checkpoints, monkeypatch):
-    harness = pytest.importorskip("hf_posenc.harness")
+    harness = pytest.importorskip("hf_posenc.eval.harness")
     monkeypatch.setattr(harness.api, "from_pretrained",
                         lambda *a, **k: pytest.fail("the weights were loaded"))
     kwargs = {k: v.format(root=checkpoints) if isinstance(v, str) else v for k, v in kwargs.items()}
@@ -398,7 +398,7 @@ def test_the_lm_eval_model_refuses_bad_arguments(kwargs, error, pattern, checkpo
 
 
 def test_the_lm_eval_model_takes_max_length_as_lm_eval_gives_it(checkpoints):
-    harness = pytest.importorskip("hf_posenc.harness")
+    harness = pytest.importorskip("hf_posenc.eval.harness")
     for given in ("300", 300, 300.0):
         assert harness.HFPosencLM(str(checkpoints / "full"), max_length=given).max_length == 300
     lm = harness.HFPosencLM(str(checkpoints / "bare"), tokenizer=str(checkpoints / "full"))
@@ -415,7 +415,7 @@ WRITE_TASKS_CASES = [
 
 @pytest.mark.parametrize("kwargs,pattern", [c[1:] for c in WRITE_TASKS_CASES], ids=[c[0] for c in WRITE_TASKS_CASES])
 def test_write_tasks_refuses_a_scalar_for_a_list(kwargs, pattern, tmp_path):
-    harness = pytest.importorskip("hf_posenc.harness")
+    harness = pytest.importorskip("hf_posenc.eval.harness")
     from tiny import tiny_tokenizer
 
     with pytest.raises(hp.ParameterTypeError, match=pattern):
@@ -424,7 +424,7 @@ def test_write_tasks_refuses_a_scalar_for_a_list(kwargs, pattern, tmp_path):
 
 
 def test_lm_eval_command_line_refusals_are_one_line(checkpoints, tmp_path, capsys, monkeypatch):
-    harness = pytest.importorskip("hf_posenc.harness")
+    harness = pytest.importorskip("hf_posenc.eval.harness")
     from tiny import tiny_tokenizer
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -439,14 +439,14 @@ def test_lm_eval_command_line_refusals_are_one_line(checkpoints, tmp_path, capsy
 
 def test_docs_say_how_lm_eval_reaches_the_model():
     """`lm_eval --model hf_posenc` alone does not know the name (lm-eval has no model plug-ins): the docs say the
-    model is registered by importing hf_posenc.harness, i.e. `python -m hf_posenc.harness`, and never
+    model is registered by importing hf_posenc.eval.harness, i.e. `python -m hf_posenc.eval.harness`, and never
     suggest the bare command."""
-    harness = pytest.importorskip("hf_posenc.harness")
+    harness = pytest.importorskip("hf_posenc.eval.harness")
     from lm_eval.api.registry import get_model
 
     assert get_model("hf_posenc") is harness.HFPosencLM  # registered by the import
     text = (ROOT / "docs" / "serving.md").read_text()
-    assert "python -m hf_posenc.harness --model hf_posenc" in text
+    assert "python -m hf_posenc.eval.harness --model hf_posenc" in text
     assert re.search(r"bare `lm_eval --model hf_posenc` does not know", text)
     assert not re.search(r"^\s*lm_eval --model hf_posenc", text, re.M)
 

@@ -16,7 +16,7 @@ import hf_posenc as hp
 from hf_posenc.config import RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.registry import METHODS
-from hf_posenc.serving import _written_rope_type
+from hf_posenc.export.serving import _written_rope_type
 from tiny import tiny_config, token_ids
 
 CTX = 64  # the tiny models' original context (tiny.TINY)

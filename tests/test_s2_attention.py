@@ -1,4 +1,4 @@
-"""S2-Attn (hf_posenc/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") against references built by hand:
+"""S2-Attn (hf_posenc/train/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") against references built by hand:
 eager attention under the mask of the groups each head should see (the plain groups for the first ceil(h/2)
 heads, the groups moved by g/2 for the others), on the function and on a tiny model of every RoPE family;
 one group without the shift is full attention; evaluation and the saved model use full attention.
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
 from hf_posenc import _compat
-from hf_posenc import s2_attention as s2
+from hf_posenc.train import s2_attention as s2
 from hf_posenc.errors import InvalidParameterError, MethodNotApplicableError
 from test_rope_families import FAMILIES
 from tiny import tiny_config, tiny_model, token_ids

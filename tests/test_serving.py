@@ -13,7 +13,8 @@ import torch
 from transformers import AutoConfig
 
 import hf_posenc as hp
-from hf_posenc import loading, serving
+from hf_posenc import loading
+from hf_posenc.export import serving
 from hf_posenc.registry import METHODS
 from tiny import tiny_config, tiny_model
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hf_posenc as hp
-from hf_posenc import serving
+from hf_posenc.export import serving
 from test_serving import write_tiny_gguf
 from tiny import tiny_model
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from .. import _compat
 from ..config import check_bool, check_number
 from ..errors import InvalidInputError, ParameterTypeError, UnsupportedModelError
-from ..losses import check_causal_lm, check_token_ids, output_logits, vocabulary_size
+from ..train.losses import check_causal_lm, check_token_ids, output_logits, vocabulary_size
 from ..record import read_record
 from ..registry import find_family
 

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from ..config import check_number, register_named
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
-from ..losses import check_causal_lm
+from ..train.losses import check_causal_lm
 from . import stats
 from .perplexity import check_length
 from .probes import score_probes

@@ -12,7 +12,7 @@ divide W (Hamlet, 4096 tokens, G = 3, W = 512: perplexity 33.70923 here against 
 
 Position ids other than the token order (a PoSE window's spread ids, strictly increasing) are read as the
 positions: neighbours are the keys whose ids lie within W of the query's, the others grouped at their ids // G;
-a fine-tune's Self-Extend teacher sees a training window at the student's ids (hf_posenc/losses.py).
+a fine-tune's Self-Extend teacher sees a training window at the student's ids (hf_posenc/train/losses.py).
 
 The largest grouped query position is floor((L - 1) / G) + W - floor(W / G), which must stay < c: the
 longest input is L = G * (c - W + floor(W / G)) (the paper's (c - W) * G + W when G divides W).

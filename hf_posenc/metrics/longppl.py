@@ -11,7 +11,7 @@ well with it (the paper's Eq. for LSD / LCL, alpha = 2, beta = -2):
 LongPPL = exp(mean over the key tokens of -log P_model(x_t | x_<t)), the evaluated model's loss on them, all
 texts pooled. The evaluator is any causal LM the user names; by default the model itself at its native window
 (the context before its patch), the paper's "the model itself" variant. The short windows are cut as LongCE's
-(hf_posenc.losses.short_context_losses: windows of window + stride tokens, each token with window ..
+(hf_posenc.train.losses.short_context_losses: windows of window + stride tokens, each token with window ..
 window + stride - 1 tokens of context, at their own ids). With another tokenizer than the evaluated model's,
 the key tokens are carried over by their characters (a token of the evaluated model counts when its characters
 lie inside a key token's, both fast tokenizers).
@@ -31,8 +31,8 @@ import torch
 from .. import api
 from ..errors import InvalidInputError, InvalidParameterError
 from ..eval.perplexity import check_length
-from ..losses import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
-                      short_context_losses)
+from ..train.losses import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
+                            short_context_losses)
 
 
 @torch.no_grad()

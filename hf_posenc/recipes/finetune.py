@@ -54,7 +54,7 @@ def interrupted_line(run: dict) -> str:
     """One line: what an interrupted run saved, and how to continue it."""
     if not run.get("output_dir"):
         return "interrupted before the run started: nothing was written"
-    from hf_posenc import checkpoints as ckpt
+    from hf_posenc.train import checkpoints as ckpt
 
     out, step = run["output_dir"], run.get("step")
     saved, saved_step = ckpt.latest_checkpoint(out)

@@ -14,12 +14,12 @@ from typing import Optional
 
 import torch
 
-from .. import checkpoints as ckpt
+from ..train import checkpoints as ckpt
 from .. import data as hdata
 from .. import loading
 from ..errors import ConfigError, PosEncError
-from ..positions import Contiguous, PositionScheme, scheme
-from ..train_data import load_documents
+from ..train.positions import Contiguous, PositionScheme, scheme
+from ..train.data import load_documents
 from .recipe_config import differences, old_names, one_line, plain, shown_setting
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable

@@ -90,7 +90,7 @@ class DataArgs:
     packing: str = field(default="joined", metadata={**FIXED,
         "help": "joined: documents packed end to end, EOS between them, a window's tokens attend across them; "
                 "documents: each document kept apart inside its window (position ids restart after each EOS, no "
-                "attention across it: document masking, hf_posenc/documents.py)"})
+                "attention across it: document masking, hf_posenc/train/documents.py)"})
     shuffle: bool = field(default=True, metadata={**FIXED, "help": "shuffle the packed sequences each epoch"})
     cache_dir: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
         "help": "where packed data is cached (null: $HF_POSENC_CACHE/data)"})
@@ -153,11 +153,11 @@ class TrainArgs:
         "help": "position ids of each training window: contiguous (0..n-1), or spread over a longer target so "
                 "that a short window teaches long distances: 'pose chunks=2', 'cream', 'randomized'; each takes "
                 "target=N (default: the patched context), contiguous_share=S and text=span (each window's tokens "
-                "taken at its ids from a target-long span: the text's own distances) (hf_posenc/positions.py)"})
+                "taken at its ids from a target-long span: the text's own distances) (hf_posenc/train/positions.py)"})
     attention: str = field(default="full", metadata={**FIXED,
         "help": "full, or s2: LongLoRA's shifted sparse attention in training (attention inside groups of s2_group "
                 "tokens, half the heads on groups shifted by half a group); the saved model and every evaluation "
-                "use full attention (hf_posenc/s2_attention.py)"})
+                "use full attention (hf_posenc/train/s2_attention.py)"})
     s2_group: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "s2: tokens per attention group, dividing data.seq_len (null: a quarter of it, LongLoRA's)"})
     s2_shift: bool = field(default=True, metadata={**FIXED,
@@ -166,11 +166,11 @@ class TrainArgs:
         "help": "the training loss: ce (cross-entropy), or longce: each token's loss weighted by min(P(long) / "
                 "P(short), longce_clip), the short-context probability computed by the model without gradient in "
                 "the same step (Fang et al. 2025); a loss's settings are train.<loss>_* (docs/finetune.md's table "
-                "of train.loss; hf_posenc/losses.py LOSSES)"})
+                "of train.loss; hf_posenc/train/losses.py LOSSES)"})
     mixed_windows: float = field(default=0.0, metadata={**FIXED,
         "help": "share of micro-batches trained inside the original context with the short rope, the rest with "
                 "the target's (LongRoPE2's mixed context windows); the run trains and saves the patch as a "
-                "switched longrope (hf_posenc/mixed_windows.py); 0: off"})
+                "switched longrope (hf_posenc/train/mixed_windows.py); 0: off"})
     longce_window: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "longce: the short context in tokens (null: the original context)"})
     longce_stride: Optional[int] = field(default=None, metadata={**FIXED,
@@ -228,7 +228,7 @@ class TrainArgs:
         from .finetune_long import check_fields
 
         check_fields(self)
-        from ..positions import scheme
+        from ..train.positions import scheme
 
         try:
             scheme(self.positions)

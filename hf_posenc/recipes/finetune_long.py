@@ -1,12 +1,12 @@
 """The fine-tune recipe's long-context training options: shifted sparse attention in training
-(`train.attention: s2`, hf_posenc/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") and the long-context
-loss (`train.loss`: a loss of hf_posenc/losses.LOSSES, `ce` or `longce`: LongCE, Fang et al., ICLR 2025), mixed
-context windows (`train.mixed_windows`, hf_posenc/mixed_windows.py) and documents kept apart (`data.packing:
-documents`, hf_posenc/documents.py). Their names are checked with the config (`check_fields`), the loss's settings
+(`train.attention: s2`, hf_posenc/train/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") and the long-context
+loss (`train.loss`: a loss of hf_posenc.train.losses.LOSSES, `ce` or `longce`: LongCE, Fang et al., ICLR 2025), mixed
+context windows (`train.mixed_windows`, hf_posenc/train/mixed_windows.py) and documents kept apart (`data.packing:
+documents`, hf_posenc/train/documents.py). Their names are checked with the config (`check_fields`), the loss's settings
 (`train.<loss>_<parameter>`) by the loss itself against the model's skeleton and the run's windows before anything
 loads (`check_long_training`, `check_mixed_windows`, `check_documents`, called by finetune_checks.check_config),
 and what they resolve to (`LongTraining`, kept in the Preflight) sets up the model
-and the loss (finetune_recipe.py). Nothing here names a loss: a loss registered in hf_posenc/losses.py is a value
+and the loss (finetune_recipe.py). Nothing here names a loss: a loss registered in hf_posenc/train/losses.py is a value
 of train.loss as it is.
 
 S2-Attn trains only: the saved model and every evaluation use full attention (s2_attention.disable before
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Optional
 from ..errors import ConfigError, PosEncError
 
 if TYPE_CHECKING:
-    from ..losses import TrainLoss
-    from ..positions import PositionScheme
+    from ..train.losses import TrainLoss
+    from ..train.positions import PositionScheme
     from .finetune_config import FinetuneConfig, TrainArgs
 
 ATTENTIONS = ("full", "s2")
@@ -36,7 +36,7 @@ def check_fields(train: TrainArgs) -> None:
     if train.attention not in ATTENTIONS:
         raise ConfigError(f"train.attention must be one of {', '.join(ATTENTIONS)} (s2: LongLoRA's shifted sparse "
                           f"attention in training), got {train.attention!r}")
-    from ..losses import LOSSES
+    from ..train.losses import LOSSES
 
     if train.loss not in LOSSES:
         raise ConfigError(f"train.loss must be one of {', '.join(LOSSES)} (docs/finetune.md's table of train.loss), "
@@ -58,7 +58,7 @@ def unused_settings(train: TrainArgs) -> list[str]:
     """The s2_* / <loss>_* settings this run sets away from their defaults without the attention / loss that
     reads them ("train.longce_floor=1 (train.loss is ce)"): said on the run's summary, so that an option
     given without its switch is not silently a plain run."""
-    from ..losses import LOSSES
+    from ..train.losses import LOSSES
 
     defaults = {f.name: f.default for f in dataclasses.fields(train)}
     off = {"s2_": (train.attention != "s2", f"train.attention is {train.attention}"),
@@ -75,7 +75,7 @@ class LongTraining:
     s2_shift: bool = True
     loss: Optional[TrainLoss] = None   # the resolved train.loss (None: the plain loss, as for distill)
     mixed_share: float = 0.0         # train.mixed_windows
-    switched: Optional[dict] = None  # mixed windows: the longrope patch trained and saved (mixed_windows.py)
+    switched: Optional[dict] = None  # mixed windows: the longrope patch trained and saved (train/mixed_windows.py)
     short_tokens: Optional[int] = None   # mixed windows: the tokens of a short micro-batch
     document_mask: Optional[str] = None   # data.packing=documents: what keeps them apart (documents.mask_kind)
 
@@ -113,7 +113,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
     train = cfg.train
     group = None
     if train.attention == "s2":
-        from .. import s2_attention
+        from ..train import s2_attention
 
         where = "train.attention=s2"
         if train.objective != "lm":
@@ -145,7 +145,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
                 s2_attention.check_group(group, length, train.s2_shift)
             except PosEncError as err:
                 raise ConfigError(f"train.s2_group={group}{default}: {err} ({name}={length})") from None
-    from ..losses import LOSSES, LossRun
+    from ..train.losses import LOSSES, LossRun
 
     loss = LOSSES[train.loss]
     resolved = loss.for_run(loss_settings(train, loss), LossRun(model, train.objective, train.attention, original,
@@ -175,7 +175,8 @@ def check_mixed_windows(cfg: FinetuneConfig, ref: str, original: int, seq_len: i
         raise ConfigError(f"{where}: every window here stays inside the original context (data.seq_len={seq_len} "
                           f"<= {original}, contiguous position ids), so none would train the long rope; spread the "
                           f"ids with train.positions (pose, cream, randomized) or raise data.seq_len")
-    from .. import api, loading, mixed_windows
+    from .. import api, loading
+    from ..train import mixed_windows
 
     method = cfg.posenc["method"]
     params = {k: v for k, v in cfg.posenc.items() if k != "method"}
@@ -220,7 +221,7 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
     if cfg.train.mixed_windows:
         raise ConfigError(f"{where} with train.mixed_windows={cfg.train.mixed_windows}: a window's rope would follow "
                           f"its longest document (the ids restart at each), not the share drawn: give one")
-    from .. import documents
+    from ..train import documents
 
     try:
         documents.check_model(model.config.get_text_config().model_type, backend, cfg.train.batch_size)
@@ -232,13 +233,13 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
 def enable_s2(model, long: Optional[LongTraining]) -> None:
     """S2-Attn on `model` (a PEFT wrapper too) for the training forwards, when the run asks for it."""
     if long is not None and long.s2_group:
-        from .. import s2_attention
+        from ..train import s2_attention
 
         s2_attention.enable(model, long.s2_group, long.s2_shift)
 
 
 def disable_s2(model) -> None:
     """Full attention again, before the model is saved and evaluated after training."""
-    from .. import s2_attention
+    from ..train import s2_attention
 
     s2_attention.disable(model)

@@ -13,8 +13,8 @@ The canonical accelerate loop: Accelerator -> data under main_process_first -> o
 patch -> prepare -> resume -> train under accumulate -> periodic save_state -> final save on the main
 process. The command line (parsing, a refusal's one line, Ctrl-C) is finetune.py; the pieces live beside
 it: the config (finetune_config.py), the checks (finetune_checks.py), the model and what trains
-(finetune_model.py); and in hf_posenc: the data (train_data.py), the checkpoints and the loss log
-(checkpoints.py), the model card (card.py).
+(finetune_model.py), the model card (finetune_card.py); and in hf_posenc/train/: the data (data.py), the checkpoints
+and the loss log (checkpoints.py).
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ from tqdm.auto import tqdm  # noqa: E402
 from transformers import get_scheduler  # noqa: E402
 
 import hf_posenc as hp  # noqa: E402
-from hf_posenc import checkpoints as ckpt  # noqa: E402
+from hf_posenc.train import checkpoints as ckpt  # noqa: E402
 from hf_posenc import data as hdata  # noqa: E402
-from hf_posenc import documents  # noqa: E402
-from hf_posenc import mixed_windows  # noqa: E402
-from hf_posenc import train_data  # noqa: E402
-from hf_posenc.card import fit_tokenizer, write_model_card  # noqa: E402
+from hf_posenc.train import documents  # noqa: E402
+from hf_posenc.train import mixed_windows  # noqa: E402
+from hf_posenc.train import data as train_data  # noqa: E402
+from hf_posenc.export.card import fit_tokenizer  # noqa: E402
+from hf_posenc.recipes.finetune_card import write_model_card  # noqa: E402
 from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
-from hf_posenc.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
+from hf_posenc.train.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
 from hf_posenc.recipes import finetune_teacher  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402

@@ -1,4 +1,4 @@
-"""Search RoPE's per-pair rescale factors for a longer context (LongRoPE / LongRoPE2, hf_posenc/search.py) and
+"""Search RoPE's per-pair rescale factors for a longer context (LongRoPE / LongRoPE2, hf_posenc/train/search.py) and
 save the best as a stock `longrope` checkpoint that transformers, vLLM and llama.cpp run, no training.
 
     hf-posenc search --config smollm2_search_16k
@@ -112,8 +112,8 @@ def check_args(args: SearchConfig) -> None:
 
 
 def settings(args: SearchConfig, ref: str, original: int, dtype: str):
-    """The search's settings (hf_posenc.search.SearchSettings), checked against the model's original context."""
-    from hf_posenc.search import SearchSettings
+    """The search's settings (hf_posenc.train.search.SearchSettings), checked against the model's original context."""
+    from hf_posenc.train.search import SearchSettings
 
     s = args.search
     try:
@@ -158,7 +158,8 @@ def run(args: SearchConfig) -> dict:
     import torch
 
     import hf_posenc as hp
-    from hf_posenc import data, loading, search
+    from hf_posenc import data, loading
+    from hf_posenc.train import search
 
     ref = user_input.model_ref(args.model.name)
     inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.exists()]
@@ -211,7 +212,8 @@ def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
     """The best candidate as a stock checkpoint: the model as stored (not the search's bfloat16 copy: its weights
     would be rounded), patched with it, saved as `hf-posenc patch` saves."""
     import hf_posenc as hp
-    from hf_posenc import card, search
+    from hf_posenc.export import card
+    from hf_posenc.train import search
 
     method, params = search.best_method(best, s.target, s.original)
     model = hp.load_model(ref)

@@ -10,7 +10,7 @@ import pkgutil
 from hf_posenc import _compat
 from hf_posenc.config import METHODS
 from hf_posenc.eval.ruler import FAMILIES
-from hf_posenc.losses import LOSSES
+from hf_posenc.train.losses import LOSSES
 from hf_posenc.methods.rope import CUSTOM_ROPE_TYPE_PREFIX
 
 for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):

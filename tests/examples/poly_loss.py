@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from hf_posenc.config import Refused, check_number
-from hf_posenc.losses import LossContract, TrainLoss, register_loss
+from hf_posenc.train.losses import LossContract, TrainLoss, register_loss
 
 
 @register_loss

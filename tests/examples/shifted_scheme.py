@@ -1,5 +1,5 @@
 """The worked example of docs/ARCHITECTURE.md, "Position schemes": a scheme as a contributor adds one to
-hf_posenc/positions.py (there the imports below are already at the top of the file). tests/conftest.py imports
+hf_posenc/train/positions.py (there the imports below are already at the top of the file). tests/conftest.py imports
 tests/examples, which registers it in the test process only, so the scheme contract (tests/test_positions.py)
 runs on it exactly as on the shipped schemes; hf_posenc never imports it.
 
@@ -15,7 +15,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from hf_posenc.config import MAX_POSITIONS, check_number
-from hf_posenc.positions import PositionScheme, register_scheme
+from hf_posenc.train.positions import PositionScheme, register_scheme
 
 
 @register_scheme

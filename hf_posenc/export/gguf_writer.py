@@ -1,0 +1,160 @@
+"""A whole GGUF file written from a model in memory (a fine-tune's or a search's folder, safetensors): the weights in
+F32 / F16 / BF16 / Q8_0 under llama.cpp's tensor names, the model's hyperparameters, the tokenizer of a GGUF file
+that holds the same vocabulary, and the patch's rope metadata and factor tensors (`serving.gguf_rope_metadata` /
+`gguf_rope_tensors`: what llama.cpp reads).
+
+    hp.write_gguf_model(model, "smollm2-32k-f16.gguf", vocab_from=hp.assets.smollm2_gguf(), dtype="f16")
+
+Tensor names come from the `gguf` library's own map (`gguf.get_tensor_name_map`), so a name it does not know is
+refused, never guessed. llama.cpp's `llama` graph rotates interleaved pairs (x0, x1), (x2, x3), ... where
+transformers rotates the two halves of each head: the q and k projections' rows are reordered to match, as
+llama.cpp's own converter does (`reorder_rows` below). Families: Llama-architecture checkpoints (`llama`, and the
+models transformers stores the same way: SmolLM2, Mistral without sliding windows); others are refused naming them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import _compat
+from . import gguf_header
+from ..errors import MethodNotApplicableError
+from ..record import read_record
+from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors
+
+# transformers model_type -> llama.cpp architecture, for the families whose weights map one to one
+ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
+DTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def reorder_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """The rows of a q or k projection reordered from transformers' halves (x_i paired with x_{i + d/2}) to
+    llama.cpp's interleaved pairs (x_{2i} with x_{2i+1}), head by head."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> str:
+    """Everything checked before a byte is written, on the model or its meta skeleton (the config is what is
+    read); returns llama.cpp's architecture."""
+    target, vocab_from = Path(target), Path(vocab_from)
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    text = model.config.get_text_config()
+    arch = ARCHITECTURES.get(text.model_type)
+    if arch is None or getattr(text, "sliding_window", None):
+        raise MethodNotApplicableError(
+            f"write_gguf_model writes the {', '.join(sorted(ARCHITECTURES))} families (llama.cpp's llama graph), not "
+            f"a {text.model_type} model{' with sliding windows' if arch else ''}; convert it with llama.cpp's "
+            f"convert_hf_to_gguf.py and add the patch with hp.write_gguf")
+    rope_type = _compat.get_rope_parameters(text, None).get("rope_type", "default")
+    if read_record(model.config) is None and rope_type != "default":
+        raise MethodNotApplicableError(
+            f"the model's rope_parameters have rope_type {rope_type!r} and no hf_posenc patch record: load it with "
+            f"hp.load_model or hp.from_pretrained, so that its patch is known and written as llama.cpp reads it")
+    check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
+    try:
+        header = gguf_header.read(vocab_from)
+    except (ValueError, OSError) as err:
+        raise ExportError(f"vocab_from {vocab_from} is not a readable GGUF file: {err}") from None
+    tokens = header.values.get("tokenizer.ggml.tokens")
+    count = getattr(tokens, "count", None)
+    if count != text.vocab_size:
+        raise ExportError(f"vocab_from {vocab_from} holds {count} tokens, the model {text.vocab_size}: it is not "
+                          f"this model's vocabulary")
+    if getattr(text, "partial_rotary_factor", 1.0) != 1.0:
+        raise MethodNotApplicableError("partial rotary dims are not written: llama.cpp's llama graph rotates the "
+                                       "whole head")
+    return arch
+
+
+def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
+    """(llama.cpp name, float32 array) of every weight, q and k reordered; an unknown name refused."""
+    import gguf
+
+    text = model.config.get_text_config()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, text.num_hidden_layers)
+    state = model.state_dict()
+    out = []
+    for name, value in state.items():
+        if "rotary_emb" in name:   # buffers: the rope is in the metadata
+            continue
+        if name == "lm_head.weight" and getattr(text, "tie_word_embeddings", False):
+            continue   # llama.cpp reads the tied head from token_embd
+        stem, _, suffix = name.rpartition(".")
+        mapped = names.get_name(stem)
+        if mapped is None:
+            raise MethodNotApplicableError(f"the tensor {name} has no llama.cpp name in the gguf library's {arch} "
+                                           f"map: this checkpoint's layout is not llama's")
+        array = value.detach().to(torch.float32).cpu().numpy()
+        if stem.endswith("q_proj"):
+            array = reorder_rows(array, text.num_attention_heads)
+        elif stem.endswith("k_proj"):
+            array = reorder_rows(array, text.num_key_value_heads)
+        out.append((f"{mapped}.{suffix}", array))
+    return out
+
+
+def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab_from: str | os.PathLike,
+                     dtype: str = "f32", overwrite: bool = False) -> dict[str, object]:
+    """Write `model` (patched or not) as a whole GGUF file at `target`: the weights in `dtype` (f32, f16, bf16 or
+    q8_0; vectors and norms stay F32, as llama.cpp's converter keeps them), the tokenizer of `vocab_from` (a GGUF
+    file with the same vocabulary: for SmolLM2, the embedded one), the rope metadata and factor tensors of the
+    patch. Everything is checked first; the file appears whole or not at all. Returns the rope keys written."""
+    import gguf
+
+    target, vocab_from = Path(target), Path(vocab_from)
+    arch = check_model(model, target, vocab_from, dtype, overwrite)
+    rope = gguf_rope_metadata(model, arch)
+    factors = gguf_rope_tensors(model, arch)
+    tensors = _tensors(model, arch)
+    text = model.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[dtype]
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    reader = gguf.GGUFReader(vocab_from)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        writer = gguf.GGUFWriter(tmp, arch=arch)
+        writer.add_name(getattr(model.config, "_name_or_path", "") or "hf_posenc export")
+        writer.add_context_length(int(text.max_position_embeddings))
+        writer.add_embedding_length(text.hidden_size)
+        writer.add_block_count(text.num_hidden_layers)
+        writer.add_feed_forward_length(text.intermediate_size)
+        writer.add_head_count(text.num_attention_heads)
+        writer.add_head_count_kv(text.num_key_value_heads)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_layer_norm_rms_eps(float(text.rms_norm_eps))
+        writer.add_rope_freq_base(float(_compat.get_rope_parameters(text, None)["rope_theta"]))
+        writer.add_vocab_size(text.vocab_size)
+        writer.add_file_type(file_type)
+        # the tokenizer as the vocab file holds it; the patch's keys but the two written above from the same config
+        add_gguf_fields(writer, [(k, f) for k, f in reader.fields.items() if k.startswith("tokenizer.")],
+                        {k: v for k, v in rope.items() if not k.endswith((".context_length", ".rope.freq_base"))})
+        for name, array in tensors:
+            if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(name, array)
+            elif qtype == gguf.GGMLQuantizationType.F16:
+                writer.add_tensor(name, array.astype(np.float16))
+            else:
+                writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        for name, values in factors.items():
+            writer.add_tensor(name, values)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {**rope, **{name: values.tolist() for name, values in factors.items()}}

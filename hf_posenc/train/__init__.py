@@ -1,0 +1,15 @@
+"""Training a patched model to its new context: what the fine-tune recipe (hf_posenc/recipes/finetune_*.py) and the
+factor search are made of.
+
+    positions.py       position schemes: the ids a short window trains at (PoSE, CREAM, randomized)
+    data.py            the training text: documents loaded, packed into windows, collated
+    losses.py          the objectives (cross-entropy, LongCE, distillation), a block of logits at a time
+    s2_attention.py    LongLoRA's shifted sparse attention, in training mode only
+    mixed_windows.py   windows inside the original context with the short rope, long ones with the long rope
+    documents.py       packed documents kept apart (position ids restart, attention stays inside each)
+    checkpoints.py     the run's checkpoints, loss log and resume
+    card.py            the model card a fine-tune or a patch writes
+    search.py          the factor search (LongRoPE's, without gradients): factors scored on far-repeat recall
+
+Nothing is imported here: `from hf_posenc.train import losses` loads what it names.
+"""

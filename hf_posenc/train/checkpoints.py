@@ -1,0 +1,118 @@
+"""A fine-tuning run's checkpoints and its loss log: where each checkpoint goes, when it is complete (a
+manifest of its file sizes, then a `done` mark), which ones to keep, the seed of each micro-batch (so a
+resumed run draws what the uninterrupted one drew), and log.jsonl, one line per optimizer step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+def checkpoint_dir(output_dir: str, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step:07d}"
+
+
+def latest_checkpoint(output_dir: str) -> tuple[Optional[Path], int]:
+    folders = complete_checkpoints(output_dir)
+    return (folders[-1], int(folders[-1].name.split("_")[1])) if folders else (None, 0)
+
+
+def complete_checkpoints(output_dir: str) -> list[Path]:
+    """The checkpoints marked done, oldest first (a checkpoint cut short by a kill has no `done`)."""
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    return [f for f in folders if (f / "done").exists()]
+
+
+def incomplete_checkpoints(output_dir: str) -> list[int]:
+    """The steps of checkpoint folders without a `done` mark (a save cut short by a kill or a Ctrl-C)."""
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    return [int(f.name.split("_")[1]) for f in folders if f.is_dir() and not (f / "done").exists()]
+
+
+MANIFEST = "manifest.json"
+
+
+def begin_checkpoint(folder: Path) -> None:
+    """Before writing into a checkpoint folder (again, after a fallback): it is not done until `mark_done`."""
+    (folder / "done").unlink(missing_ok=True)
+
+
+def mark_done(folder: Path) -> None:
+    """Record each file's size, then mark the checkpoint complete: a file truncated later (a full disk, a
+    copy cut short) is found by its size before anything is loaded from it."""
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("done", MANIFEST)}
+    (folder / MANIFEST).write_text(json.dumps({"sizes": files}, indent=1))
+    (folder / "done").touch()
+
+
+def checkpoint_problem(folder: Path) -> Optional[str]:
+    """What is wrong with a complete checkpoint's files, or None (also for one saved before manifests)."""
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        return None
+    try:
+        sizes = json.loads(manifest.read_text())["sizes"]
+    except (ValueError, KeyError, TypeError):
+        return f"{manifest} is unreadable"
+    for name, size in sizes.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes, {size} when it was saved (truncated or replaced)"
+    return None
+
+
+def step_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The RNG seed (dropout) of one micro-batch: a function of where it is in the run alone, so a resumed
+    run draws what the uninterrupted one drew. Restoring the RNG state saved with the checkpoint is not
+    enough: the resumed run's new DataLoader iterator takes one draw from the global generator (its base
+    seed) that the uninterrupted run took at the start of the epoch instead."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{micro_batch}".encode()).digest()[:8], "little") >> 1
+
+
+def prune_checkpoints(output_dir: str, keep: int) -> None:
+    folders = sorted((Path(output_dir) / "checkpoints").glob("step_*"))
+    for folder in folders[:-keep] if keep > 0 else []:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class LossLog:
+    """log.jsonl in the output folder, one line per optimizer step; on resume, the lines after the
+    checkpoint's step are dropped (those steps run again)."""
+
+    def __init__(self, output_dir: str, resume_step: int, enabled: bool):
+        self.path, self.enabled = Path(output_dir) / "log.jsonl", enabled
+        if enabled and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def seconds_per_step(output_dir: str) -> float | None:
+    """The median time of a logged step (from its tokens and tokens/s), or None when none is logged."""
+    times = sorted(r["tokens"] / r["tokens_per_s"] for r in read_log(output_dir) if r.get("tokens_per_s"))
+    return times[len(times) // 2] if times else None
+
+
+def read_log(output_dir: str) -> list[dict]:
+    path = Path(output_dir) / "log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB

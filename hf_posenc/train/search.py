@@ -1,0 +1,630 @@
+"""A search for RoPE's per-pair rescale factors (LongRoPE, Ding et al. 2024; LongRoPE2, Shang et al. 2025), saved
+as a stock `longrope` config that transformers, vLLM and llama.cpp run.
+
+One factor per rotary pair, lambda_i (pair 0 turns fastest): the pair's frequency is divided by lambda_i past the
+original context. LongRoPE searches the whole vector; on a CPU, where a candidate costs a long forward pass, this
+searches a low-dimensional form of it that holds the constraints by construction (every factor >= 1, non-decreasing
+toward the slow pairs) and contains the closed forms' shapes:
+
+    lambda_i = top ** r_i,   r_i = clip((i - start) / width, 0, 1) ** shape
+
+pairs up to `start` keep their frequency (the critical dimension: they turn often enough inside the original
+context to have seen every rotation), the slowest reach `top` (a multiple of the factor s); NTK is start 0, width
+the whole, shape 1, top s; PI a step at 0. The attention factor (the scale on cos and sin) is a fifth dimension,
+optionally.
+
+Fitness, LongRoPE2's "needle-driven" loss: recall at a distance (hf_posenc/eval/recall.py) on a tuning text, the
+mean loss of the repeated passages whose first copy lies at least `far_from` tokens back: tokens only far context
+predicts. One pass a sequence, no control pass: a candidate that damages the model raises this loss too, where a
+gap against a control would forgive it. Guard: perplexity of the first `guard_length` tokens of the text (inside
+the original context); a candidate that raises it by more than `guard_share` is rejected before its long pass.
+
+Optimizer: CMA-ES (Hansen 2016) from the `cmaes` package, started from the best of the seeds (the closed forms PI,
+NTK, YaRN, llama3 and the ramp, each evaluated with its exact factors, then projected into the form). CMA-ES
+ranks candidates only, so the guard's rejections rank last by how far they missed; `cmaes` is a small numpy
+library whose ask/tell loop replays a search exactly from its seed, which is how a killed search resumes.
+
+    space = FactorSpace(pairs=32, factor=2.0)
+    run = FactorSearch(model, tokenizer, text, target=16384, out="runs/search", budget=24)
+    best = run.run()          # every candidate appended to out/candidates.jsonl as it completes
+    save_best(model, best, "runs/search/best")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .. import _compat, api
+from ..config import MAX_POSITIONS, check_number
+from ..errors import ConfigError, InvalidInputError, InvalidParameterError
+from ..eval import recall, stats
+from ..eval.perplexity import as_token_ids, pass_progress, token_nll
+from ..record import read_record
+
+SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
+SEED_NAMES = {"linear": "PI", "ntk": "NTK", "yarn": "YaRN", "llama3": "llama3", "longrope": "ramp"}
+MODES = ("switched", "static")   # short factors 1 (the unpatched model inside the original context), or = long
+REJECTED = 1000.0   # what a rejected candidate scores, plus how far it missed: below every accepted one
+
+
+@dataclass(frozen=True)
+class FactorSpace:
+    """The searched form of the factors of `pairs` rotary pairs at a factor s = target / original (see the module's
+    docstring): a point is x in [0, 1]^k, k = 4 (start, width, top, shape) or 5 (and the attention factor)."""
+
+    pairs: int
+    factor: float
+    original: int
+    top_range: tuple[float, float] = (0.75, 2.0)     # the slowest pair's factor, in multiples of s (>= 1 overall)
+    attention_range: tuple[float, float] | None = (1.0, 1.3)   # None: longrope's default attention factor
+    shape_range: tuple[float, float] = (0.25, 4.0)
+
+    def __post_init__(self) -> None:
+        check_number("pairs", self.pairs, minimum=2, integer=True, optional=False)
+        check_number("factor", self.factor, above=1, maximum=MAX_POSITIONS, optional=False)
+        for name in ("top_range", "attention_range", "shape_range"):
+            bounds = getattr(self, name)
+            if bounds is None and name == "attention_range":
+                continue
+            if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+                raise InvalidParameterError(f"{name} must be [low, high], got {bounds!r}")
+            for end, value in zip(("low", "high"), bounds):
+                check_number(f"{name} {end}", value, above=0, maximum=MAX_POSITIONS, optional=False)
+            if bounds[0] > bounds[1]:
+                raise InvalidParameterError(f"{name} is inverted: low {bounds[0]} > high {bounds[1]}")
+        if self.attention_range is not None and self.attention_range[0] < 1:
+            raise InvalidParameterError(f"attention_range low must be >= 1 (no scale below the unpatched model's), "
+                                        f"got {self.attention_range[0]}")
+        top_high = self.top_range[1] * self.factor
+        if top_high < 1:
+            raise InvalidParameterError(f"top_range {list(self.top_range)} times the factor {self.factor:g} stays "
+                                        f"below 1: every factor must be >= 1")
+        if top_high * self.original > MAX_POSITIONS:
+            raise InvalidParameterError(
+                f"top_range high {self.top_range[1]} times the factor {self.factor:g} stretches the slowest pair "
+                f"to {top_high * self.original:.3g} positions, past {MAX_POSITIONS}")
+
+    @property
+    def dims(self) -> int:
+        return 4 if self.attention_range is None else 5
+
+    @property
+    def tops(self) -> tuple[float, float]:
+        return max(1.0, self.top_range[0] * self.factor), self.top_range[1] * self.factor
+
+    def _factors(self, x: np.ndarray) -> np.ndarray:
+        """The factors of every pair at each point of x [points, >= 4], [points, pairs]."""
+        x = np.clip(x, 0.0, 1.0)
+        last = self.pairs - 1
+        start = x[:, :1] * (last + 1) - 1      # from -1 (every pair rescaled: PI) to the last pair
+        width = x[:, 1:2] * (last - start)
+        low, high = self.tops
+        top = low * (high / low) ** x[:, 2:3]
+        shape = self.shape_range[0] * (self.shape_range[1] / self.shape_range[0]) ** x[:, 3:4]
+        i = np.arange(self.pairs, dtype=np.float64)[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ramp = np.where(width < 1e-9, (i > start).astype(np.float64),
+                            np.clip((i - start) / np.maximum(width, 1e-9), 0.0, 1.0) ** shape)
+        factors = np.maximum(1.0, top ** ramp)
+        return np.maximum.accumulate(factors, axis=1)   # non-decreasing, also where rounding would break it
+
+    def point(self, x: Sequence[float]) -> tuple[list[float], float | None]:
+        """(the factors of every pair, the attention factor or None) at the point x."""
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"a point of the form is {self.dims} numbers in [0, 1], got {x!r:.80}") from None
+        if x.shape != (self.dims,) or not np.isfinite(x).all():
+            raise InvalidInputError(f"a point of the form is {self.dims} finite numbers in [0, 1] (start, width, top, "
+                                    f"shape{', attention' if self.dims == 5 else ''}), got {x.tolist()!r:.80}")
+        x = np.clip(x, 0.0, 1.0)
+        factors = self._factors(x[None, :])[0]
+        attention = None
+        if self.attention_range is not None:
+            a, b = self.attention_range
+            attention = float(a + (b - a) * x[4])
+        return [float(round(f, 6)) for f in factors], attention
+
+    def fit(self, factors: Sequence[float], attention: float | None = None) -> np.ndarray:
+        """The point whose factors are nearest `factors` in log (and whose attention factor is nearest): how a
+        closed form becomes CMA-ES's start. A coarse grid, then finer grids around the best."""
+        target = np.log(np.asarray(factors, dtype=np.float64))
+        if target.shape != (self.pairs,):
+            raise InvalidParameterError(f"fit needs {self.pairs} factors (one per rotary pair), got {len(target)}")
+        grid = np.linspace(-1.0, 1.0, 11)
+        centre, span = np.full(4, 0.5), 0.5
+        for _ in range(5):
+            axes = [np.clip(c + grid * span, 0, 1) for c in centre]
+            points = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 4)
+            errors = np.square(np.log(self._factors(points)) - target).sum(axis=1)
+            centre, span = points[int(errors.argmin())], span / 4
+        if self.attention_range is None:
+            return centre
+        a, b = self.attention_range
+        share = 0.0 if attention is None or b == a else (float(attention) - a) / (b - a)
+        return np.append(centre, np.clip(share, 0.0, 1.0))
+
+
+def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's one rotary module (a model with one RoPE for every layer)."""
+    return _compat.single_rotary(model, "the factor search takes")
+
+
+def closed_forms(model: torch.nn.Module, target: int) -> list[tuple[str, list[float], float]]:
+    """(name, the factor of every pair, the attention factor) of each seed method patched to `target`: the
+    frequencies it gives past the original context, divided into the unpatched ones."""
+    from ..eval.variants import variant_params
+
+    rotary = rotary_module(model)
+    before = rotary.inv_freq.detach().double().clone()
+    out = []
+    for name in SEEDS:
+        params = variant_params(model, name, {}, target)
+        with api.patched(model, name, **params) as patched:
+            rotary = rotary_module(patched)
+            after = _compat.rope_init(patched.config.get_text_config(), None, target, type(rotary))
+            factors = (before / after[0].double()).tolist()
+            attention = float(after[1])
+        out.append((name, [float(round(max(1.0, f), 6)) for f in factors], attention))
+    return out
+
+
+def longrope_params(factors: Sequence[float], attention: float | None, mode: str, target: int) -> dict:
+    """hp.patch parameters of the `longrope` patch that a candidate is."""
+    if mode not in MODES:
+        raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    params = {"long_factor": list(factors), "max_position_embeddings": target}
+    params["short_factor"] = list(factors) if mode == "static" else [1.0] * len(factors)
+    if attention is not None:
+        params["attention_factor"] = attention
+    return params
+
+
+@dataclass
+class SearchSettings:
+    """What makes two searches the same search: a resume with any of these changed is refused naming it."""
+
+    model: str
+    target: int
+    original: int
+    mode: str = "switched"
+    budget: int = 24                 # candidates after the seeds
+    passages: int = 24
+    passage_tokens: int = 192
+    far_from: int | None = None      # None: the original context
+    guard_length: int = 2048
+    guard_share: float = 0.01
+    top_range: list[float] = field(default_factory=lambda: [0.75, 2.0])
+    attention_range: list[float] | None = field(default_factory=lambda: [1.0, 1.3])
+    sigma: float = 0.25
+    population: int = 0              # 0: CMA-ES's default, 4 + 3 ln(dims)
+    seed: int = 0
+    corpus: str = "shakespeare"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_number("target", self.target, minimum=2, maximum=MAX_POSITIONS, integer=True, optional=False)
+        check_number("original", self.original, minimum=1, integer=True, optional=False)
+        if self.target <= self.original:
+            raise InvalidParameterError(f"target {self.target} must be longer than the model's original context "
+                                        f"{self.original}: there is nothing to extend")
+        if self.mode not in MODES:
+            raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        check_number("budget", self.budget, minimum=0, maximum=100000, integer=True, optional=False)
+        check_number("passages", self.passages, minimum=2, integer=True, optional=False)
+        check_number("far_from", self.far_from, minimum=0, maximum=self.target - 1, integer=True)
+        check_number("guard_length", self.guard_length, minimum=2, maximum=self.original, integer=True,
+                     optional=False)
+        check_number("guard_share", self.guard_share, minimum=0, maximum=1, optional=False)
+        check_number("sigma", self.sigma, above=0, maximum=1, optional=False)
+        check_number("population", self.population, minimum=0, maximum=1000, integer=True, optional=False)
+        check_number("seed", self.seed, minimum=0, maximum=2**32 - 1, integer=True, optional=False)   # numpy's range
+        for name in ("top_range", "attention_range"):
+            value = getattr(self, name)
+            if not (isinstance(value, (list, tuple)) or (value is None and name == "attention_range")):
+                raise InvalidParameterError(f"{name} must be [low, high]"
+                                            f"{' or None' if name == 'attention_range' else ''}, got {value!r}")
+        if 0 < self.population < 4:   # CMA-ES recombines the best half: 2 at least
+            raise InvalidParameterError(f"population must be 0 (CMA-ES's default) or >= 4, got {self.population}")
+        self.space()   # the bounds, checked by the space itself
+        self.layout(head=1)
+
+    @property
+    def sequence_passages(self) -> int:
+        return recall.cell_sequences(self.target, self.passages, self.passage_tokens)[0]
+
+    @property
+    def far(self) -> int:
+        return self.original if self.far_from is None else self.far_from
+
+    def layout(self, head: int = 0) -> recall.Layout:
+        """Where the passages sit (the same for every candidate), refused when none lies `far` back."""
+        layout = recall.plan_layout(self.target, passages=self.sequence_passages, passage_tokens=self.passage_tokens,
+                                    head=head, seed=self.seed)
+        if not any(d >= self.far for d in layout.distances):
+            raise InvalidParameterError(
+                f"far_from {self.far}: no passage of a {self.target}-token sequence lies that far back (the longest "
+                f"distance is {max(layout.distances)}); use a shorter far_from or a longer target")
+        return layout
+
+    def recall_sets(self, tokenizer, text_ids: Sequence[int], prefix: Sequence[int] = ()) -> list[recall.RecallSet]:
+        """The recall sequences every candidate is scored on (refused when the text is too short for them)."""
+        sequences = recall.cell_sequences(self.target, self.passages, self.passage_tokens)[1]
+        return recall.make_recall(tokenizer, text_ids, self.layout(head=len(prefix)), sequences=sequences,
+                                  seed=self.seed, prefix=prefix)
+
+    def space(self, pairs: int = 2) -> FactorSpace:
+        attention = None if self.attention_range is None else tuple(self.attention_range)
+        return FactorSpace(pairs=pairs, factor=self.target / self.original, original=self.original,
+                           top_range=tuple(self.top_range), attention_range=attention)
+
+
+EXTENDABLE = ("budget",)   # a rerun may ask for more candidates (or fewer): the search replays to there
+
+
+def check_resume(saved: dict, settings: dict, path: Path) -> None:
+    """A search resumed with other settings would mix two searches in one record: refused naming each field."""
+    differ = [k for k in sorted(set(saved) | set(settings))
+              if k not in EXTENDABLE and json.dumps(saved.get(k)) != json.dumps(settings.get(k))]
+    if differ:
+        shown = "; ".join(f"{k}: {json.dumps(saved.get(k))} there, {json.dumps(settings.get(k))} now" for k in differ)
+        raise ConfigError(f"{path} holds a search with other settings ({shown}); resume with its settings, or name "
+                          f"another output folder")
+
+
+CANDIDATE_KEYS = ("index", "kind", "long_factor", "mode", "rejected", "value", "guard_rise")   # never None
+
+
+def read_candidates(path: Path) -> list[dict]:
+    """The candidates a search has finished, in order (a line cut short by a kill is dropped)."""
+    if not path.exists():
+        return []
+    if not path.is_file():
+        raise InvalidInputError(f"{path} is not a file: a search's candidates.jsonl is")
+    out = []
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue   # the last line of a killed write: that candidate runs again
+            raise InvalidInputError(f"{path} line {number} is not JSON (only the last line may be cut short by a "
+                                    f"kill): the file was edited; move it away to start again") from None
+        missing = [k for k in CANDIDATE_KEYS if not isinstance(row, dict) or row.get(k) is None]
+        if missing:
+            raise InvalidInputError(f"{path} line {number} is not a candidate (no {', '.join(missing)}): the file "
+                                    f"was edited; move it away to start again")
+        if row.get("index") != len(out):
+            raise InvalidInputError(f"{path} line {number}: candidate {row.get('index')} where {len(out)} was due: "
+                                    f"the file was edited; move it away to start again")
+        out.append(row)
+    return out
+
+
+def text_identity(ids: Sequence[int]) -> str:
+    """sha256 of the token ids a search scores on: a resume on another text (an edited file of the same length
+    included) is refused, never mixed into one record."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def weights_identity(model: torch.nn.Module) -> str:
+    """sha256 of the model's stored weights as loaded (names and bytes; the rope is not among them)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def keep_finished(path: Path, rows: list[dict]) -> None:
+    """The file holds exactly `rows`: a line a kill cut short is dropped before the next one is appended."""
+    text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
+    if path.exists() and path.read_text() != text:
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def append_candidate(path: Path, row: dict) -> None:
+    """One candidate as one line, on disk before the next starts (a kill loses no finished candidate)."""
+    text = json.dumps(row, allow_nan=False) + "\n"
+    with open(path, "a") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class FactorSearch:
+    """A factor search for `model` at `settings.target`, recorded in `out` (search.json, candidates.jsonl)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, text_ids: Sequence[int], settings: SearchSettings,
+                 out: str | os.PathLike, *, prefix: Sequence[int] = (), progress: bool = True,
+                 sets: list[recall.RecallSet] | None = None):
+        if not isinstance(settings, SearchSettings):
+            raise InvalidInputError(f"settings must be a SearchSettings (hf_posenc.train.search), got "
+                                    f"{type(settings).__name__}")
+        as_token_ids(text_ids, "text_ids")   # a string or floats refused, naming the argument
+        if Path(out).exists() and not Path(out).is_dir():
+            raise InvalidInputError(f"out {out} is a file: a search writes a folder (search.json, candidates.jsonl)")
+        rotary = rotary_module(model)
+        record = read_record(model.config)
+        if record is not None:
+            raise InvalidInputError(f"the model is already patched ({record.method}): search from the unpatched model")
+        known = model.config.get_text_config().max_position_embeddings
+        if settings.original != known:
+            raise InvalidInputError(f"settings.original {settings.original} is not the model's original context "
+                                    f"{known}: the factors would be searched for another model")
+        self.model, self.settings, self.out, self.progress = model, settings, Path(out), progress
+        self.pairs = int(rotary.inv_freq.numel())
+        self.space = settings.space(self.pairs)
+        s = settings
+        self.sets = sets if sets is not None else s.recall_sets(tokenizer, text_ids, prefix)   # `sets`: built before
+        layout = self.sets[0].layout
+        guard = list(prefix) + [int(t) for t in text_ids[:s.guard_length - len(prefix)]]
+        self.guard_ids = torch.tensor([guard])
+        self.record = {"settings": asdict(s), "pairs": self.pairs,
+                       "identity": {"text": text_identity(list(prefix) + [int(t) for t in text_ids]),
+                                    "weights": weights_identity(model)},
+                       "passages": [{"sequence": r.index, "text_starts": r.passages} for r in self.sets],
+                       "firsts": list(layout.firsts), "repeats": list(layout.repeats)}
+        self._guards: dict[str, float] = {}
+
+    # -- measuring -------------------------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def guard_perplexity(self) -> float:
+        nll = token_nll(self.model, self.guard_ids.to(self._device()))
+        return float(torch.exp(nll.double().mean()))
+
+    def fitness(self) -> dict:
+        """The repeats' loss of the passages at least `far` back (mean, interval, n), with each passage's loss."""
+        bar = pass_progress(self.model, "candidate", self.settings.original) if self.progress else \
+            contextlib.nullcontext()
+        with bar:   # a 32k pass: minutes on a CPU, a bar of its own
+            rows = recall.score_recall(self.model, self.sets, control=False, progress=False)
+        far = [r for r in rows if r["distance"] >= self.settings.far]
+        summary = stats.bootstrap_mean([r["loss_with"] for r in far])
+        gap = stats.bootstrap_mean([r["gap"] for r in far])
+        return {"loss": summary["mean"], "low": summary["low"], "high": summary["high"], "n": summary["n"],
+                "gap_one_pass": gap["mean"], "losses": [round(r["loss_with"], 5) for r in far],
+                "distances": [r["distance"] for r in far]}
+
+    def evaluate(self, index: int, kind: str, factors: list[float], attention: float | None,
+                 x: Sequence[float] | None, reference: float) -> dict:
+        s = self.settings
+        params = longrope_params(factors, attention, s.mode, s.target)
+        start, cpu = time.perf_counter(), time.process_time()
+        row = {"index": index, "kind": kind, "x": None if x is None else [float(v) for v in x],
+               "long_factor": factors, "attention_factor": attention, "mode": s.mode}
+        with api.patched(self.model, "longrope", **params):
+            key = json.dumps([params["short_factor"], attention])
+            if key not in self._guards:   # the guard's length sees only the short factors and the attention factor
+                self._guards[key] = self.guard_perplexity()
+            guard = self._guards[key]
+            rise = guard / reference - 1
+            row |= {"guard_perplexity": guard, "guard_rise": rise}
+            if rise > s.guard_share:
+                row |= {"rejected": True, "value": REJECTED + rise, "loss": None}
+            else:
+                row |= {"rejected": False, **self.fitness()}
+                row["value"] = row["loss"]
+        row["seconds"] = round(time.perf_counter() - start, 2)
+        row["cpu_seconds"] = round(time.process_time() - cpu, 2)   # all threads of this process: the CPU cost
+        return row
+
+    def _check_constant_guard(self, factors: list[float], reference: float) -> None:
+        """Switched, with the attention factor not searched, every candidate is the same model inside the original
+        context: a guard it fails fails them all, refused before the first long pass."""
+        s = self.settings
+        if s.mode != "switched" or self.space.attention_range is not None:
+            return
+        with api.patched(self.model, "longrope", **longrope_params(factors, None, s.mode, s.target)) as model:
+            rise = self.guard_perplexity() / reference - 1
+            scale = float(rotary_module(model).attention_scaling)
+        if rise > s.guard_share:
+            raise ConfigError(
+                f"every candidate of a switched search with the attention factor not searched is the unpatched model "
+                f"inside the original context but for longrope's default attention factor {scale:.4g}, which raises "
+                f"the guard's perplexity by {rise:.2%} (guard_share {s.guard_share:.1%}): search it "
+                f"(attention_range [1.0, 1.1]) or allow more (guard_share)")
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Seeds, then CMA-ES for `budget` candidates, each appended to candidates.jsonl as it completes; a rerun
+        goes on after the last one written (with a larger budget: further). Returns the best accepted candidate; a
+        search whose every candidate was rejected is refused."""
+        try:
+            from cmaes import CMA
+        except ImportError:
+            raise ConfigError("the factor search needs the cmaes package: pip install 'hf_posenc[search]'") from None
+        self.out.mkdir(parents=True, exist_ok=True)
+        with _only_search(self.out):
+            return self._run(CMA)
+
+    def _run(self, CMA) -> dict:
+        settings_path, path = self.out / "search.json", self.out / "candidates.jsonl"
+        if settings_path.exists():
+            saved = json.loads(settings_path.read_text())
+            check_resume(saved["settings"], self.record["settings"], settings_path)
+            for what, why in (("text", "the tuning text's token ids (the corpus or the tokenizer changed)"),
+                              ("weights", "the model's weights (another checkpoint, or the same one changed)")):
+                there = (saved.get("identity") or {}).get(what)
+                if there is not None and there != self.record["identity"][what]:
+                    raise ConfigError(f"{settings_path} holds a search of other {what}: {why} differ from the "
+                                      f"ones it scored (sha256 {there[:12]} there, {self.record['identity'][what][:12]}"
+                                      f" now); resume with them, or name another output folder")
+            if saved.get("passages") != self.record["passages"]:
+                raise ConfigError(f"{settings_path} used other passages of the text (a changed corpus or "
+                                  f"tokenizer); name another output folder")
+            reference = saved["unpatched_guard_perplexity"]
+        else:
+            reference = self.guard_perplexity()
+            self.record |= {"unpatched_guard_perplexity": reference, "started": time.strftime("%Y-%m-%d %H:%M")}
+            settings_path.write_text(json.dumps(self.record, indent=1))
+        done = read_candidates(path)
+        keep_finished(path, done)
+        seeds = closed_forms(self.model, self.settings.target)
+        self._check_constant_guard(seeds[0][1], reference)
+        total = len(seeds) + self.settings.budget
+        # no tqdm estimate: it would average the guard's rejections (seconds) with the long passes (minutes)
+        bar = tqdm(total=total, initial=min(len(done), total), desc="factor search", unit="candidate",
+                   disable=not self.progress, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+        rows = list(done)
+
+        def take(index: int, kind: str, factors, attention, x) -> dict:
+            if index < len(done):
+                old = done[index]
+                same = old["kind"] == kind and np.allclose(old["long_factor"], factors, rtol=1e-5) and (
+                    x is None or np.allclose(old["x"], x, atol=1e-9))
+                if not same:
+                    raise ConfigError(f"{path}: candidate {index} was {old['kind']}, this run asks {kind} with other "
+                                      f"factors: the file was edited, or the search does not replay (another cmaes "
+                                      f"version); name another output folder")
+                return old
+            row = self.evaluate(index, kind, factors, attention, x, reference)
+            append_candidate(path, row)
+            rows.append(row)
+            bar.update()
+            best = min((r for r in rows if not r["rejected"]), key=lambda r: r["value"], default=None)
+            left = time_left(rows, total)
+            bar.set_postfix_str((f"best {best['loss']:.4f} ({best['kind']})" if best else "all rejected") +
+                                (f", ~{left / 60:.0f} min left" if left is not None else ""))
+            return row
+
+        space = self.space
+        for k, (name, factors, attention) in enumerate(seeds):
+            if space.attention_range is None:
+                attention = None
+            else:
+                attention = float(np.clip(attention, *space.attention_range))
+            take(k, f"seed:{SEED_NAMES[name]}", factors, attention, None)
+        start = min(rows[:len(seeds)], key=lambda r: r["value"])
+        x0 = space.fit(start["long_factor"], start["attention_factor"])
+        cma = CMA(mean=x0, sigma=self.settings.sigma, bounds=np.array([[0.0, 1.0]] * space.dims),
+                  seed=self.settings.seed, population_size=self.settings.population or None)
+        index = len(seeds)
+        while index < total:
+            generation = []
+            for _ in range(cma.population_size):
+                if index >= total:
+                    break
+                x = cma.ask()
+                factors, attention = space.point(x)
+                row = take(index, f"cma:{index - len(seeds) + 1}", factors, attention, x)
+                generation.append((x, row["value"]))
+                index += 1
+            if len(generation) == cma.population_size:
+                cma.tell(generation)
+        bar.close()
+        accepted = [r for r in rows if not r["rejected"]]
+        if not accepted:
+            raise InvalidInputError(f"every candidate of {path} was rejected by the guard (perplexity at "
+                                    f"{self.settings.guard_length} rose by more than {self.settings.guard_share:.1%}): "
+                                    f"widen guard_share or the attention range")
+        return min(accepted, key=lambda r: r["value"])
+
+
+def time_left(rows: Sequence[dict], total: int) -> float | None:
+    """Seconds the candidates still to run should take: each a long pass at the median long pass's time, or a
+    guard's rejection at the median rejection's, in the shares seen so far (None before any long pass)."""
+    passes = [r["seconds"] for r in rows if not r["rejected"] and "seconds" in r]
+    if not passes:
+        return None
+    if len(rows) >= total:
+        return 0.0
+    rejected = [r["seconds"] for r in rows if r["rejected"] and "seconds" in r]
+    share = len(passes) / (len(passes) + len(rejected))
+    cost = share * float(np.median(passes)) + (1 - share) * (float(np.median(rejected)) if rejected else 0.0)
+    return (total - len(rows)) * cost
+
+
+@contextlib.contextmanager
+def _only_search(folder: Path):
+    """One search at a time in a folder: a second one would append the same candidates again."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: no lock, as before
+        yield
+        return
+    with open(folder / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another search is running in {folder}: wait for it, or name another output "
+                              f"folder") from None
+        yield
+
+
+# seeds that, as a static set with their own attention factor, are their method at every length
+OWN_METHODS = {"seed:YaRN": ("yarn", lambda s: 0.1 * math.log(s) + 1), "seed:llama3": ("llama3", lambda s: 1.0)}
+
+
+def best_method(best: dict, target: int, original: int) -> tuple[str, dict]:
+    """(method, hp.patch parameters) that saves `best` as a stock checkpoint: its own method where the best is the
+    YaRN or llama3 seed of a static search with that method's attention factor (the same model, in the form more
+    engines run: llama.cpp's flags take YaRN), else `longrope` with the searched factors, in the search's mode."""
+    missing = [k for k in ("kind", "mode", "long_factor", "attention_factor")
+               if not isinstance(best, dict) or k not in best]
+    if missing:
+        raise InvalidInputError(f"best must be a search's candidate (FactorSearch.run's answer, a line of "
+                                f"candidates.jsonl); this one has no {', '.join(missing)}: {best!r:.80}")
+    own = OWN_METHODS.get(best["kind"])
+    attention = best["attention_factor"]
+    if own and best["mode"] == "static" and attention is not None and \
+            math.isclose(attention, own[1](target / original), rel_tol=1e-6):
+        return own[0], {"max_position_embeddings": target}
+    return "longrope", longrope_params(best["long_factor"], attention, best["mode"], target)
+
+
+def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> None:
+    """Each candidate's loss (rejected ones marked above them all) and the best so far, against candidates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    accepted = [(r["index"], r["loss"]) for r in rows if not r["rejected"]]
+    best, running = math.inf, []
+    for r in rows:
+        if not r["rejected"]:
+            best = min(best, r["loss"])
+        running.append(best)
+    if accepted:
+        ax.scatter(*zip(*accepted), s=14, color="tab:blue", label="candidate (CMA-ES)")
+    top = max((v for _, v in accepted), default=1.0) * 1.08
+    seeds = [r for r in rows if r["kind"].startswith("seed:")]
+    for r in seeds:
+        y = top if r["rejected"] else r["loss"]
+        ax.scatter([r["index"]], [y], s=44, facecolors="none", edgecolors="tab:green")
+        ax.annotate(r["kind"][5:], (r["index"], y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    if seeds:
+        ax.scatter([], [], s=44, facecolors="none", edgecolors="tab:green", label="seed (closed form)")
+    finite = [(i, v) for i, v in enumerate(running) if math.isfinite(v)]
+    if finite:
+        ax.step(*zip(*finite), where="post", color="tab:red", label="best so far")
+    rejected = [r["index"] for r in rows if r["rejected"]]
+    if rejected:
+        ax.scatter(rejected, [top] * len(rejected), marker="x", color="grey", label="rejected by the guard (top row)")
+    ax.set_xlabel("candidate")
+    ax.set_ylabel("loss of far repeats (nats / token, lower is better)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="center right", framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
