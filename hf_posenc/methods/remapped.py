@@ -140,8 +140,7 @@ class RemappedAttention(nn.Module):
         if tuple(ids.shape) != (batch, q_len):
             raise InvalidInputError(f"position_ids of shape {tuple(position_ids.shape)} for {batch} row(s) of "
                                     f"{q_len} queries")
-        if torch.equal(ids, torch.arange(k_len - q_len, k_len, device=ids.device)
-                                                   .expand_as(ids)):
+        if torch.equal(ids, torch.arange(k_len - q_len, k_len, device=ids.device).expand_as(ids)):
             return None
         name = type(self).__name__
         if q_len != k_len:

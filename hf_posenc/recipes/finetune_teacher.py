@@ -15,10 +15,9 @@ A teacher is a frozen copy of the loaded weights, patched before the student is:
 from __future__ import annotations
 
 import copy
-from typing import Optional
-
 from ..config import parse_params
 from ..errors import ConfigError, PosEncError
+from .recipe_config import one_line
 
 TEACHERS = ("unpatched", "self_extend")
 
@@ -61,9 +60,8 @@ def patch(teacher, spec: str, target: int):
     try:
         return api.patch(teacher, name, max_position_embeddings=target, **params)
     except PosEncError as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"train.teacher={spec!r} cannot be this model patched to {target} positions: {first}") \
-            from None
+        raise ConfigError(f"train.teacher={spec!r} cannot be this model patched to {target} positions: "
+                          f"{one_line(err)}") from None
 
 
 def check(spec: str, skeleton, target: int, ref: str) -> None:
@@ -76,7 +74,7 @@ def check(spec: str, skeleton, target: int, ref: str) -> None:
         raise ConfigError(f"{err} (model {ref!r})") from None
 
 
-def build(model, spec: str, target: int, device) -> Optional[object]:
+def build(model, spec: str, target: int, device):
     """The frozen teacher: a copy of `model` (loaded, not yet patched), patched as train.teacher says."""
     teacher = copy.deepcopy(model).eval().requires_grad_(False)
     return patch(teacher, spec, target).to(device)
