@@ -1,6 +1,6 @@
 """lm-evaluation-harness for patched models, and an offline long-context task group.
 
-    from hf_posenc import harness
+    from hf_posenc.eval import harness
     lm = harness.HFPosencLM(model, tokenizer)                 # in memory, patched or not
     lm = harness.HFPosencLM("ckpt-32k")                        # a saved checkpoint, patch restored
     harness.write_tasks("tasks/", tokenizer, lengths=[4096, 16384])
