@@ -116,6 +116,37 @@ def test_a_forward_without_position_ids_is_left_alone():
     torch.testing.assert_close(inside, plain)
 
 
+def test_a_window_of_one_document_is_the_plain_forward_and_its_call_output_is_not_copied(monkeypatch):
+    """A window inside one document (a long package): one causal call over it, returned as SDPA's forward gave it."""
+    from transformers.integrations import sdpa_attention
+
+    model = build("llama")
+    ids = torch.randint(4, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    outputs = []
+    real = sdpa_attention.sdpa_attention_forward
+
+    def spy(*args, **kwargs):
+        outputs.append(real(*args, **kwargs)[0])
+        return outputs[-1], None
+
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", spy)
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits
+        outputs.clear()
+        assert documents.use_per_document(model)
+        with documents.kept_apart(model):
+            c = model.config
+            head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            query = torch.randn(1, c.num_attention_heads, 40, head_dim)
+            key = value = torch.randn(1, c.num_key_value_heads, 40, head_dim)
+            returned = documents.attend_per_document(model.model.layers[0].self_attn, query, key, value, None,
+                                                     position_ids=torch.arange(40)[None])[0]
+            assert len(outputs) == 1 and returned is outputs[0]
+            inside = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           position_ids=torch.arange(40)[None]).logits
+    torch.testing.assert_close(inside, plain, atol=1e-5, rtol=1e-5)
+
+
 def test_an_explicit_empty_cache_does_not_turn_the_mask_off():
     from transformers import DynamicCache
 
