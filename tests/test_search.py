@@ -201,7 +201,7 @@ def test_the_guard_rejects_before_the_long_pass_and_ranks_rejections_last(tmp_pa
     runner.guard_perplexity = lambda: 10 * float(search.rotary_module(model).attention_scaling)
     passes = []
     fitness = runner.fitness
-    runner.fitness = lambda: passes.append(1) or fitness()
+    runner.fitness = lambda *a: passes.append(1) or fitness(*a)
     runner.run()
     rows = search.read_candidates(tmp_path / "candidates.jsonl")
     rejected = [r for r in rows if r["rejected"]]
@@ -430,3 +430,118 @@ def test_a_long_pass_shows_its_own_progress_one_tick_a_layer(monkeypatch):
     runner.fitness()
     assert [(b.desc, b.n, b.total) for b in bars] == [(f"candidate, {TARGET}-token pass", 2, 2)] * len(runner.sets)
     assert not any(m._forward_hooks or m._forward_hooks_with_kwargs for m in model.modules())   # hooks removed
+
+
+# -- a search that sees the whole window: bands, the critical pair, racing ----------------------------------
+
+@pytest.mark.parametrize("base, dim, original", [(10000, 64, 2048), (100000, 64, 8192), (500000, 128, 8192),
+                                                 (10000, 16, 64)])
+def test_the_critical_pair_is_longrope2s_critical_dimension(base, dim, original):
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).double() / dim))
+    formula = math.ceil(dim / 2 * math.log(original / (2 * math.pi)) / math.log(base))
+    assert search.critical_pair(inv_freq, original) == formula
+    periods = 2 * math.pi / inv_freq[formula - 1:formula + 1]
+    assert periods[0] <= original < periods[1]   # the last pair that turned, the first that did not
+
+
+def test_the_critical_floor_holds_every_pair_past_it_at_s_or_more_and_lets_the_top_pass_s():
+    space = search.FactorSpace(pairs=16, factor=4.0, original=ORIGINAL, top_range=(0.5, 2.0), floor_from=10)
+    assert space.tops == (4.0, 8.0)
+    rng = np.random.default_rng(1)
+    tops = []
+    for x in rng.random((300, space.dims)):
+        factors, _ = space.point(x)
+        assert min(factors[10:]) >= 4.0 and all(b >= f for f, b in zip(factors, factors[1:]))
+        tops.append(factors[-1])
+    assert max(tops) > 6.0   # above s: the slow pairs may scale past the factor
+    free = search.FactorSpace(pairs=16, factor=4.0, original=ORIGINAL, top_range=(0.5, 2.0))
+    assert min(free.point(np.zeros(5))[0][10:]) < 4.0   # without the floor the same point stays below s
+
+
+def banded(**overrides) -> search.SearchSettings:
+    return settings(**{"far_from": 64, "band_width": 96, "passages": 8, "passage_tokens": 16, **overrides})
+
+
+def test_banded_passages_cover_every_band_and_each_band_weighs_alike():
+    s = banded()
+    assert s.bands == [(64, 160), (160, 256)]
+    distances = s.layout(head=1).distances
+    for a, b in s.bands:
+        assert sum(a <= d < b for d in distances) >= 2, distances
+    runner = search.FactorSearch(tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer(), text_ids(), s,
+                                 "unused", progress=False)
+    w = runner.weights([70, 100, 120, 200])   # one band holds 3, the other 1: each still half the fitness
+    assert w.mean() == pytest.approx(1.0) and w[:3].sum() == pytest.approx(w[3:].sum())
+    row = runner.fitness()
+    assert [b["n"] for b in row["bands"]] == [sum(a <= d < b for d in row["distances"]) for a, b in s.bands]
+    means = [b["loss"] for b in row["bands"]]
+    assert row["loss"] == pytest.approx(sum(means) / len(means), abs=1e-4)   # the mean of the band means
+
+
+def test_a_raced_candidate_stops_after_its_first_sequence_only_when_it_is_clearly_worse():
+    s = banded(race=True)
+    runner = search.FactorSearch(tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer(), text_ids(), s,
+                                 "unused", progress=False)
+    assert len(runner.sets) == 2
+    scored = []
+    score = runner._score
+    runner._score = lambda sets: scored.append(len(sets)) or score(sets)
+    full = runner.fitness()                                   # no incumbent yet: every sequence
+    assert scored == [2] and not full["raced_out"] and full["n"] == 8
+    scored.clear()
+    better = {"losses": [v - 1.0 for v in full["losses"]], "value": full["loss"] - 1.0}
+    out = runner.fitness(better)                              # clearly worse than that incumbent: one sequence
+    assert scored == [1] and out["raced_out"] and out["n"] == 4 and out["sequences_scored"] == 1
+    assert out["estimate"] == pytest.approx(full["loss"], abs=1e-3)   # ranked where its paired gap puts it
+    scored.clear()
+    worse = {"losses": [v + 1.0 for v in full["losses"]], "value": full["loss"] + 1.0}
+    assert not runner.fitness(worse)["raced_out"] and scored == [1, 1]   # not worse: the rest scored too
+
+
+def test_a_raced_search_returns_a_fully_scored_best_and_resumes_to_the_same_candidates(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    s = banded(race=True, critical_floor=True, budget=4)
+    best = search.FactorSearch(model, tok, text_ids(), s, tmp_path, progress=False).run()
+    rows = search.read_candidates(tmp_path / "candidates.jsonl")
+    assert not best["raced_out"] and best["n"] == 8
+    assert all(r["value"] >= best["value"] for r in rows if not r["rejected"])
+    assert json.loads((tmp_path / "search.json").read_text())["critical_pair"] == search.critical_pair(
+        search.rotary_module(model).inv_freq, ORIGINAL)
+    path = tmp_path / "candidates.jsonl"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[:6]))
+    again = search.FactorSearch(model, tok, text_ids(), s, tmp_path, progress=False).run()
+    assert again == best and search.read_candidates(path)[:6] == rows[:6]
+
+
+def test_a_search_recorded_before_bands_resumes_as_it_ran(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    record = json.loads((tmp_path / "search.json").read_text())
+    for key in ("band_width", "critical_floor", "race"):
+        del record["settings"][key]
+    (tmp_path / "search.json").write_text(json.dumps(record))
+    search.FactorSearch(model, tok, text_ids(), settings(budget=1), tmp_path, progress=False).run()
+    with pytest.raises(ConfigError, match="race: false there, true now"):
+        search.FactorSearch(model, tok, text_ids(), banded(budget=1, race=True), tmp_path, progress=False).run()
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"band_width": 300}, "band_width 300 is wider than the distances it bands"),
+    ({"band_width": 8}, "band_width must be >= 16"),
+    ({"band_width": 32, "passages": 8}, "6 bands of 32 tokens need 2 passages each in every sequence"),
+    ({"race": True, "passages": 4, "band_width": None}, "race scores the first of several sequences"),
+    ({"race": "yes"}, "race must be true or false"),
+    ({"critical_floor": 1}, "critical_floor must be true or false"),
+])
+def test_band_and_race_settings_that_cannot_hold_are_refused(overrides, words):
+    with pytest.raises(InvalidParameterError, match=words):
+        banded(**overrides)
+
+
+def test_recipe_refuses_band_settings_before_the_model_loads(checkpoint, corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    base = recipe_args(checkpoint, corpus, tmp_path / "out", "--search.far_from", "64")
+    assert "band_width 1000 is wider" in refusal(capsys, [*base, "--search.band_width", "1000"])
+    assert "race scores the first" in refusal(capsys, [*base, "--search.race", "true"])
+    assert "top_range is inverted" in refusal(capsys, [*base, "--search.top_range", "[0.9, 0.5]"])
+    assert not (tmp_path / "out").exists()

@@ -66,6 +66,15 @@ class SearchArgs:
     sigma: float = field(default=0.25, metadata={"help": "CMA-ES's first step, in the unit cube of the form"})
     population: int = field(default=0, metadata={"help": "CMA-ES's population (0: its default, 4 + 3 ln dims)"})
     seed: int = field(default=0, metadata={"help": "seed of the passages and of CMA-ES"})
+    band_width: int = field(default=0, metadata={
+        "help": "spread the passages evenly over distance bands of this width from far_from to the target, every "
+                "band weighing alike in the fitness (0: one pool, the passages where the halves put them)"})
+    critical_floor: bool = field(default=False, metadata={
+        "help": "pairs past the critical one (those that never turned a full period inside the original context) "
+                "get a factor of at least target / original (LongRoPE2)"})
+    race: bool = field(default=False, metadata={
+        "help": "score each candidate on the first sequence, and the rest only when it is not already clearly "
+                "worse than the best (needs >= 2 sequences of passages)"})
 
 
 @dataclass
@@ -121,7 +130,8 @@ def settings(args: SearchConfig, ref: str, original: int, dtype: str):
                               passages=s.passages, passage_tokens=s.passage_tokens, far_from=s.far_from or None,
                               guard_length=s.guard_length, guard_share=s.guard_share, top_range=list(s.top_range),
                               attention_range=list(s.attention_range) or None, sigma=s.sigma,
-                              population=s.population, seed=s.seed, corpus=args.data.corpus, dtype=dtype)
+                              population=s.population, seed=s.seed, corpus=args.data.corpus, dtype=dtype,
+                              band_width=s.band_width or None, critical_floor=s.critical_floor, race=s.race)
     except ValueError as err:
         raise ConfigError(f"search: {err}") from None
 
@@ -189,10 +199,14 @@ def run(args: SearchConfig) -> dict:
         raise ConfigError(f"data.corpus {args.data.corpus!r} has {len(ids)} tokens, fewer than "
                           f"search.guard_length {s.guard_length}")
 
-    print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}; "
-          f"{5 + s.budget} candidates", file=sys.stderr)
+    bands = f" in {len(s.bands)} bands of {s.band_width}" if s.band_width else ""
+    print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}{bands}; "
+          f"{5 + s.budget} candidates{', raced' if s.race else ''}", file=sys.stderr)
     model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation).to(device).eval()
     runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix, sets=sets)
+    print(f"critical pair: {runner.critical} of {runner.pairs} (pairs from it on never turned a full period in "
+          f"{original} tokens){'; their factors held >= ' + format(s.target / original, 'g') if s.critical_floor else ''}",
+          file=sys.stderr)
     best = runner.run()
     rows = search.read_candidates(out / "candidates.jsonl")
     if args.plots:
@@ -224,6 +238,16 @@ def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
         (Path(fresh) / "README.md").write_text(card.patch_card(model, ref))
 
 
+def band_lines(best: dict) -> list[str]:
+    """The best candidate's loss band by band (a search recorded before bands: nothing)."""
+    bands = best.get("bands") or []
+    if len(bands) < 2:
+        return []
+    return ["| distance band | passages | loss of the repeats |", "|---|---|---|",
+            *(f"| {b['from']}-{b['to']} | {b['n']} | {'-' if b['loss'] is None else format(b['loss'], '.4f')} |"
+              for b in bands), ""]
+
+
 def summary(rows: list[dict], best: dict, s, record: dict) -> str:
     """summary.md: the settings, the best candidate, and every candidate in order with its paired difference from
     the best seed (the same passages: the pairing removes how hard each passage is)."""
@@ -232,19 +256,24 @@ def summary(rows: list[dict], best: dict, s, record: dict) -> str:
     def loss(r: dict) -> str:
         if r["rejected"]:
             return f"rejected (guard +{r['guard_rise']:.2%})"
-        return f"{r['loss']:.4f} [{r['low']:.4f}, {r['high']:.4f}]"
+        raced = " raced out after its first sequence" if r.get("raced_out") else ""
+        return f"{r['loss']:.4f} [{r['low']:.4f}, {r['high']:.4f}]{raced}"
 
     seeds = [r for r in rows if r["kind"].startswith("seed:") and not r["rejected"]]
     anchor = min(seeds, key=lambda r: r["value"]) if seeds else None
+    cpu_hours = max(1e-9, sum(r.get("cpu_seconds", 0.0) for r in rows) / 3600)
+    raced = sum(bool(r.get("raced_out")) for r in rows)
 
     def versus(r: dict) -> str:
         if r["rejected"] or anchor is None or r is anchor or len(r["losses"]) < 2:
             return ""
-        d = stats.paired_difference(r["losses"], anchor["losses"])
+        m = min(len(r["losses"]), len(anchor["losses"]))   # a raced-out candidate: its first sequence's passages
+        d = stats.paired_difference(r["losses"][:m], anchor["losses"][:m])
         return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
     lines = [f"# Factor search: {s.model} to {s.target} tokens ({s.mode})", "",
-             f"Fitness: mean loss of the repeats of passages at least {s.far} tokens back (n {best['n']} of "
+             f"Fitness: mean loss of the repeats of passages at least {s.far} tokens back"
+             + (f", every band of {s.band_width} tokens weighing alike" if s.band_width else "") + f" (n {best['n']} of "
              f"{s.passages}, {s.passage_tokens}-token passages of {s.corpus}; nats / token, lower is better; the same "
              f"passages for every candidate). Guard: perplexity of the first {s.guard_length} tokens, unpatched "
              f"{record.get('unpatched_guard_perplexity', float('nan')):.4f}, at most +{s.guard_share:.1%}. dtype "
@@ -253,6 +282,12 @@ def summary(rows: list[dict], best: dict, s, record: dict) -> str:
              f"guard {best['guard_perplexity']:.4f} ({best['guard_rise']:+.2%})"
              + (f"; against the best seed ({anchor['kind']}), paired: {versus(best)}" if versus(best) else "") + ".",
              "", f"long_factor: {json.dumps(best['long_factor'])}", "",
+             f"Critical pair: {record.get('critical_pair', '?')} of {len(best['long_factor'])} (the pairs from it on "
+             f"never turned a full period inside the original {s.original} tokens; LongRoPE2's critical dimension)"
+             + (f"; their factors held >= {s.target / s.original:g}." if s.critical_floor else ".")
+             + f" Cost: {cpu_hours:.2f} CPU-hours, {len(rows) / cpu_hours:.1f} candidates a CPU-hour"
+             + (f" ({raced} raced out after their first sequence)" if s.race else "") + ".", "",
+             *band_lines(best), 
              f"| # | candidate | loss of far repeats (95 %) | - {anchor['kind'] if anchor else 'best seed'} (paired, 95 %) "
              f"| one-pass gap | guard | seconds |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -33,6 +33,7 @@ library whose ask/tell loop replays a search exactly from its seed, which is how
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -70,9 +71,11 @@ class FactorSpace:
     top_range: tuple[float, float] = (0.75, 2.0)     # the slowest pair's factor, in multiples of s (>= 1 overall)
     attention_range: tuple[float, float] | None = (1.0, 1.3)   # None: longrope's default attention factor
     shape_range: tuple[float, float] = (0.25, 4.0)
+    floor_from: int | None = None    # pairs from this one on get at least s (LongRoPE2: past the critical pair)
 
     def __post_init__(self) -> None:
         check_number("pairs", self.pairs, minimum=2, integer=True, optional=False)
+        check_number("floor_from", self.floor_from, minimum=0, maximum=self.pairs, integer=True)
         check_number("factor", self.factor, above=1, maximum=MAX_POSITIONS, optional=False)
         for name in ("top_range", "attention_range", "shape_range"):
             bounds = getattr(self, name)
@@ -102,7 +105,10 @@ class FactorSpace:
 
     @property
     def tops(self) -> tuple[float, float]:
-        return max(1.0, self.top_range[0] * self.factor), self.top_range[1] * self.factor
+        low = max(1.0, self.top_range[0] * self.factor)
+        if self.floor_from is not None and self.floor_from < self.pairs:
+            low = max(low, self.factor)   # the slowest pair lies past the critical pair: s at least
+        return low, max(low, self.top_range[1] * self.factor)
 
     def _factors(self, x: np.ndarray) -> np.ndarray:
         """The factors of every pair at each point of x [points, >= 4], [points, pairs]."""
@@ -118,6 +124,8 @@ class FactorSpace:
             ramp = np.where(width < 1e-9, (i > start).astype(np.float64),
                             np.clip((i - start) / np.maximum(width, 1e-9), 0.0, 1.0) ** shape)
         factors = np.maximum(1.0, top ** ramp)
+        if self.floor_from is not None:
+            factors[:, self.floor_from:] = np.maximum(factors[:, self.floor_from:], self.factor)
         return np.maximum.accumulate(factors, axis=1)   # non-decreasing, also where rounding would break it
 
     def point(self, x: Sequence[float]) -> tuple[list[float], float | None]:
@@ -155,6 +163,14 @@ class FactorSpace:
         a, b = self.attention_range
         share = 0.0 if attention is None or b == a else (float(attention) - a) / (b - a)
         return np.append(centre, np.clip(share, 0.0, 1.0))
+
+
+def critical_pair(inv_freq: Sequence[float] | torch.Tensor, original: int) -> int:
+    """The first rotary pair that never turned a full period inside the original context (its period 2 pi / theta_i
+    longer than `original`): LongRoPE2's critical dimension, as a pair index (= ceil((d/2) log_base(L / 2 pi)) for
+    theta_i = base^(-2i/d)). Pairs from it on saw only part of their rotations in training."""
+    theta = torch.as_tensor(inv_freq, dtype=torch.float64)
+    return int((2 * math.pi / theta <= original).sum())
 
 
 def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -213,6 +229,9 @@ class SearchSettings:
     seed: int = 0
     corpus: str = "shakespeare"
     dtype: str = "float32"
+    band_width: int | None = None    # None: one pool past `far`; else passages spread evenly over bands of this width
+    critical_floor: bool = False     # pairs past the critical one get at least s (LongRoPE2)
+    race: bool = False               # score the first sequence, stop a candidate it shows clearly worse than the best
 
     def __post_init__(self) -> None:
         check_number("target", self.target, minimum=2, maximum=MAX_POSITIONS, integer=True, optional=False)
@@ -238,6 +257,23 @@ class SearchSettings:
                                             f"{' or None' if name == 'attention_range' else ''}, got {value!r}")
         if 0 < self.population < 4:   # CMA-ES recombines the best half: 2 at least
             raise InvalidParameterError(f"population must be 0 (CMA-ES's default) or >= 4, got {self.population}")
+        for name in ("critical_floor", "race"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_number("band_width", self.band_width, minimum=self.passage_tokens, integer=True)
+        if self.band_width is not None and self.band_width > self.target - self.far:
+            raise InvalidParameterError(
+                f"band_width {self.band_width} is wider than the distances it bands ({self.far} to the target "
+                f"{self.target}: {self.target - self.far} tokens): use at most {self.target - self.far}")
+        per_sequence, sequences = recall.cell_sequences(self.target, self.passages, self.passage_tokens)
+        if self.band_width is not None and per_sequence < 2 * len(self.bands):
+            raise InvalidParameterError(
+                f"{len(self.bands)} bands of {self.band_width} tokens need 2 passages each in every sequence; a "
+                f"sequence holds {per_sequence} of the {self.passages} passages: use more passages or wider bands")
+        if self.race and sequences < 2:
+            raise InvalidParameterError(
+                f"race scores the first of several sequences, but {self.passages} passages of {self.passage_tokens} "
+                f"tokens fit in one {self.target}-token sequence: use at least {2 * per_sequence} passages, or no race")
         self.space()   # the bounds, checked by the space itself
         self.layout(head=1)
 
@@ -249,10 +285,31 @@ class SearchSettings:
     def far(self) -> int:
         return self.original if self.far_from is None else self.far_from
 
+    @property
+    def bands(self) -> list[tuple[int, int]]:
+        """The distance bands the fitness weighs alike, [from, to) from `far` to the target (one band unbanded)."""
+        width = self.band_width or self.target - self.far
+        edges = list(range(self.far, self.target, width))
+        return [(a, min(a + width, self.target)) for a in edges]
+
+    def band_distances(self, head: int) -> list[int]:
+        """The distance of each passage of a sequence: as evenly as they go over the bands, the far bands first
+        to get a passage more, each band's passages evenly inside it (the longest distance a sequence holds
+        caps the last band)."""
+        bands, count = self.bands, self.sequence_passages
+        longest = self.target - head - self.passage_tokens
+        out = []
+        for b, (low, high) in enumerate(bands):
+            k = count // len(bands) + (1 if len(bands) - b <= count % len(bands) else 0)
+            low, high = max(low, self.passage_tokens), min(high, longest)
+            out += [int(low + (j + 0.5) * (high - low) / k) for j in range(k)]
+        return out
+
     def layout(self, head: int = 0) -> recall.Layout:
         """Where the passages sit (the same for every candidate), refused when none lies `far` back."""
+        distances = None if self.band_width is None else self.band_distances(head)
         layout = recall.plan_layout(self.target, passages=self.sequence_passages, passage_tokens=self.passage_tokens,
-                                    head=head, seed=self.seed)
+                                    distances=distances, head=head, seed=self.seed)
         if not any(d >= self.far for d in layout.distances):
             raise InvalidParameterError(
                 f"far_from {self.far}: no passage of a {self.target}-token sequence lies that far back (the longest "
@@ -265,17 +322,24 @@ class SearchSettings:
         return recall.make_recall(tokenizer, text_ids, self.layout(head=len(prefix)), sequences=sequences,
                                   seed=self.seed, prefix=prefix)
 
-    def space(self, pairs: int = 2) -> FactorSpace:
+    def space(self, pairs: int = 2, critical: int | None = None) -> FactorSpace:
         attention = None if self.attention_range is None else tuple(self.attention_range)
+        floor = min(critical, pairs) if self.critical_floor and critical is not None else None
         return FactorSpace(pairs=pairs, factor=self.target / self.original, original=self.original,
-                           top_range=tuple(self.top_range), attention_range=attention)
+                           top_range=tuple(self.top_range), attention_range=attention, floor_from=floor)
 
 
 EXTENDABLE = ("budget",)   # a rerun may ask for more candidates (or fewer): the search replays to there
 
 
 def check_resume(saved: dict, settings: dict, path: Path) -> None:
-    """A search resumed with other settings would mix two searches in one record: refused naming each field."""
+    """A search resumed with other settings would mix two searches in one record: refused naming each field. A
+    field the record predates reads as its default (the search it holds ran without it)."""
+    if not isinstance(saved, dict):
+        raise InvalidInputError(f"{path}: its settings are not a mapping of fields (got {saved!r:.60}): the file was "
+                                f"edited; move it away to start again")
+    defaults = {f.name: f.default for f in dataclasses.fields(SearchSettings) if f.default is not dataclasses.MISSING}
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     differ = [k for k in sorted(set(saved) | set(settings))
               if k not in EXTENDABLE and json.dumps(saved.get(k)) != json.dumps(settings.get(k))]
     if differ:
@@ -369,7 +433,8 @@ class FactorSearch:
                                     f"{known}: the factors would be searched for another model")
         self.model, self.settings, self.out, self.progress = model, settings, Path(out), progress
         self.pairs = int(rotary.inv_freq.numel())
-        self.space = settings.space(self.pairs)
+        self.critical = critical_pair(rotary.inv_freq, settings.original)
+        self.space = settings.space(self.pairs, self.critical)
         s = settings
         self.sets = sets if sets is not None else s.recall_sets(tokenizer, text_ids, prefix)   # `sets`: built before
         layout = self.sets[0].layout
@@ -379,7 +444,7 @@ class FactorSearch:
                        "identity": {"text": text_identity(list(prefix) + [int(t) for t in text_ids]),
                                     "weights": weights_identity(model)},
                        "passages": [{"sequence": r.index, "text_starts": r.passages} for r in self.sets],
-                       "firsts": list(layout.firsts), "repeats": list(layout.repeats)}
+                       "firsts": list(layout.firsts), "repeats": list(layout.repeats), "critical_pair": self.critical}
         self._guards: dict[str, float] = {}
 
     # -- measuring -------------------------------------------------------------------------------------
@@ -391,21 +456,56 @@ class FactorSearch:
         nll = token_nll(self.model, self.guard_ids.to(self._device()))
         return float(torch.exp(nll.double().mean()))
 
-    def fitness(self) -> dict:
-        """The repeats' loss of the passages at least `far` back (mean, interval, n), with each passage's loss."""
+    def _score(self, sets: Sequence[recall.RecallSet]) -> list[dict]:
         bar = pass_progress(self.model, "candidate", self.settings.original) if self.progress else \
             contextlib.nullcontext()
         with bar:   # a 32k pass: minutes on a CPU, a bar of its own
-            rows = recall.score_recall(self.model, self.sets, control=False, progress=False)
-        far = [r for r in rows if r["distance"] >= self.settings.far]
-        summary = stats.bootstrap_mean([r["loss_with"] for r in far])
-        gap = stats.bootstrap_mean([r["gap"] for r in far])
-        return {"loss": summary["mean"], "low": summary["low"], "high": summary["high"], "n": summary["n"],
-                "gap_one_pass": gap["mean"], "losses": [round(r["loss_with"], 5) for r in far],
-                "distances": [r["distance"] for r in far]}
+            rows = recall.score_recall(self.model, sets, control=False, progress=False)
+        return [r for r in rows if r["distance"] >= self.settings.far]
+
+    def weights(self, distances: Sequence[int]) -> np.ndarray:
+        """Each passage's weight in the fitness, mean 1: every band weighs alike, however many passages it holds."""
+        bands = self.settings.bands
+        index = np.array([min(len(bands) - 1, sum(d >= a for a, _ in bands[1:])) for d in distances])
+        counts = np.bincount(index, minlength=len(bands))
+        present = int((counts > 0).sum())
+        return len(distances) / (present * counts[index])
+
+    def fitness(self, incumbent: dict | None = None) -> dict:
+        """The repeats' loss of the passages at least `far` back, every band weighing alike (mean, interval, n), with
+        each passage's loss and each band's mean. Racing against `incumbent` (the best fully scored candidate): the
+        first sequence alone, and the rest only when its paired difference from the incumbent on the same passages
+        does not already show it worse (the interval's lower end above 0)."""
+        race = self.settings.race and incumbent is not None
+        rows = self._score(self.sets[:1] if race else self.sets)
+        raced_out, d = False, None
+        if race:
+            m = len(rows)
+            w = self.weights([r["distance"] for r in rows])
+            mine = np.array([r["loss_with"] for r in rows]) * w
+            d = stats.paired_difference(mine.tolist(), (np.array(incumbent["losses"][:m]) * w).tolist())
+            raced_out = bool(d["low"] > 0)
+            if not raced_out:
+                rows += self._score(self.sets[1:])
+        losses = [r["loss_with"] for r in rows]
+        weighted = np.array(losses) * self.weights([r["distance"] for r in rows])
+        summary = stats.bootstrap_mean(weighted.tolist())
+        gap = stats.bootstrap_mean([r["gap"] for r in rows])
+        bands = []
+        for a, b in self.settings.bands:
+            inside = [r["loss_with"] for r in rows if a <= r["distance"] < b]
+            bands.append({"from": a, "to": b, "n": len(inside),
+                          "loss": round(float(np.mean(inside)), 5) if inside else None})
+        out = {"loss": summary["mean"], "low": summary["low"], "high": summary["high"], "n": summary["n"],
+               "gap_one_pass": gap["mean"], "losses": [round(v, 5) for v in losses],
+               "distances": [r["distance"] for r in rows], "bands": bands, "raced_out": raced_out}
+        if raced_out:   # ranked where its paired gap puts it: behind the incumbent by what the first sequence showed
+            out["sequences_scored"] = 1
+            out["estimate"] = incumbent["value"] + d["mean"]
+        return out
 
     def evaluate(self, index: int, kind: str, factors: list[float], attention: float | None,
-                 x: Sequence[float] | None, reference: float) -> dict:
+                 x: Sequence[float] | None, reference: float, incumbent: dict | None = None) -> dict:
         s = self.settings
         params = longrope_params(factors, attention, s.mode, s.target)
         start, cpu = time.perf_counter(), time.process_time()
@@ -421,8 +521,8 @@ class FactorSearch:
             if rise > s.guard_share:
                 row |= {"rejected": True, "value": REJECTED + rise, "loss": None}
             else:
-                row |= {"rejected": False, **self.fitness()}
-                row["value"] = row["loss"]
+                row |= {"rejected": False, **self.fitness(incumbent)}
+                row["value"] = row.pop("estimate", row["loss"])
         row["seconds"] = round(time.perf_counter() - start, 2)
         row["cpu_seconds"] = round(time.process_time() - cpu, 2)   # all threads of this process: the CPU cost
         return row
@@ -496,7 +596,9 @@ class FactorSearch:
                                       f"factors: the file was edited, or the search does not replay (another cmaes "
                                       f"version); name another output folder")
                 return old
-            row = self.evaluate(index, kind, factors, attention, x, reference)
+            scored = [r for r in rows if not r["rejected"] and not r.get("raced_out")]
+            incumbent = min(scored, key=lambda r: r["value"], default=None)
+            row = self.evaluate(index, kind, factors, attention, x, reference, incumbent)
             append_candidate(path, row)
             rows.append(row)
             bar.update()
@@ -531,7 +633,7 @@ class FactorSearch:
             if len(generation) == cma.population_size:
                 cma.tell(generation)
         bar.close()
-        accepted = [r for r in rows if not r["rejected"]]
+        accepted = [r for r in rows if not r["rejected"] and not r.get("raced_out")]
         if not accepted:
             raise InvalidInputError(f"every candidate of {path} was rejected by the guard (perplexity at "
                                     f"{self.settings.guard_length} rose by more than {self.settings.guard_share:.1%}): "
