@@ -103,6 +103,52 @@ def set_rope_parameters(config: PreTrainedConfig, layer_type: str | None, value:
         config.rope_parameters = {**config.rope_parameters, layer_type: dict(value)}
 
 
+# What transformers 4.x reads of a RoPE (and so vLLM 0.11 and other 4.x stacks): `rope_theta` and `rope_scaling` at
+# the top of config.json, and for longrope the top-level `original_max_position_embeddings`, which its switch to the
+# long factors and its default attention factor read (transformers 4.57.1, modeling_rope_utils.py:
+# `longrope_frequency_update` and `_compute_longrope_parameters`). transformers 5 writes only `rope_parameters`, which
+# 4.x ignores: it would serve rope_theta 10000 without scaling. These keys sit in the config's own attributes, so
+# every `save_pretrained` writes them; transformers 5 reads `rope_scaling` before `rope_parameters`
+# (`convert_rope_params_to_dict`), so they are written equal to it, rope_theta aside.
+LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "original_max_position_embeddings")
+
+
+def legacy_rope_keys(config: PreTrainedConfig) -> dict | None:
+    """The keys transformers 4.x reads for this config's RoPE, or None where 4.x has no form for it (a RoPE per
+    layer type: 4.x families keep those in family-specific keys)."""
+    return legacy_rope_form(getattr(config, "rope_parameters", None))
+
+
+def legacy_rope_form(params: dict | None) -> dict | None:
+    """`legacy_rope_keys` of a rope_parameters dict."""
+    if not isinstance(params, dict) or not params or any(isinstance(v, dict) for v in params.values()):
+        return None
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    keys = {"rope_theta": params.get("rope_theta")}
+    if rope_type == "default":
+        keys["rope_scaling"] = None
+    else:
+        keys["rope_scaling"] = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if rope_type == "longrope" and "original_max_position_embeddings" in params:
+        keys["original_max_position_embeddings"] = params["original_max_position_embeddings"]
+    return keys
+
+
+def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
+    """Write (or, where 4.x has no form for a RoPE, remove) the 4.x keys in the own attributes of `config` and of
+    every config nested in it that has a RoPE, from their `rope_parameters` as they are now: called wherever
+    hf_posenc installs or loads a config."""
+    for sub in sub_configs(config):
+        if not has_rope(sub):
+            continue
+        state, keys = vars(sub), legacy_rope_keys(sub)
+        if keys is None:
+            for key in ("rope_scaling", "rope_theta"):
+                state.pop(key, None)
+        else:
+            state.update(copy.deepcopy(keys))   # a top-level original_max_position_embeddings: the original context
+
+
 def head_dim(config: PreTrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 

@@ -115,7 +115,9 @@ def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_cla
     plain checkpoint in the hf_posenc cache (unless cache=False), so the next load is fast and the
     model can `save_pretrained`."""
     with _hub_hint(ref):
-        return _load_model(ref, gguf_file, auto_class, cache, **kwargs)
+        model = _load_model(ref, gguf_file, auto_class, cache, **kwargs)
+    _compat.write_legacy_rope_keys(model.config)   # saved again, transformers 4.x reads it as this model too
+    return model
 
 
 def _load_model(ref, gguf_file, auto_class, cache, **kwargs):

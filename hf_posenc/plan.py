@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedConfig
 
+from . import _compat
 from .errors import NotPatchedError
 from .record import RECORD_ATTR, PatchRecord, attach
 
@@ -72,6 +73,7 @@ class PatchPlan:
                 undo.config_refs.append((module, config))
                 module.config = self.config_map[id(config)]
         attach(self.new_config, self.record)
+        _compat.write_legacy_rope_keys(self.new_config)   # what transformers 4.x reads of the new RoPE
         model.__dict__[UNDO_ATTR] = undo
 
 

@@ -174,10 +174,12 @@ def serving_overrides(model: torch.nn.Module, *, legacy: bool = False) -> dict:
         raise MethodNotApplicableError(
             "per-layer-type RoPE (this model's rope_parameters has one entry per attention type) has no "
             "legacy rope_scaling form; use legacy=False (engines on transformers 5)")
-    else:
-        out["rope_theta"] = params.pop("rope_theta")
-        if params.get("rope_type", "default") != "default":
-            out["rope_scaling"] = {**params, "type": params["rope_type"]}
+    else:   # as a saved folder carries them (hf_posenc._compat.legacy_rope_keys), "type" spelled for older releases
+        legacy = _compat.legacy_rope_form(params)
+        scaling = legacy.pop("rope_scaling")
+        out |= legacy
+        if scaling is not None:
+            out["rope_scaling"] = {**scaling, "type": scaling["rope_type"]}
     if text is not model.config:  # a composite model: the text config is a sub-config
         name = next(k for k, v in vars(model.config).items() if v is text)
         out = {name: out}

@@ -1,0 +1,31 @@
+"""Run by tests/test_transformers4.py in an environment with transformers 4.x (scripts/setup.sh makes one): load
+each saved folder named on the command line as that release does, and print, as one JSON object, the RoPE it
+builds (the rotary module's cos and sin at the lengths given, its rope_type) or the error it raises."""
+
+import json
+import sys
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+
+def read(folder: str, lengths: list[int]) -> dict:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    except Exception as error:   # what 4.x says of a folder it cannot load: the test reads the message
+        return {"error": f"{type(error).__name__}: {error}"}
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, 1, dtype=torch.float32)
+    out = {"rope_type": rotary.rope_type, "rope_theta": model.config.rope_theta, "cos": {}, "sin": {}}
+    with torch.no_grad():
+        for n in lengths:
+            cos, sin = rotary(x, torch.arange(n)[None])
+            out["cos"][n], out["sin"][n] = cos[0].tolist(), sin[0].tolist()
+    return out
+
+
+if __name__ == "__main__":
+    lengths = [int(n) for n in sys.argv[1].split(",")]
+    print(json.dumps({"version": transformers.__version__,
+                      "folders": {f: read(f, lengths) for f in sys.argv[2:]}}))
