@@ -1,4 +1,4 @@
-"""The `hf-posenc` command: methods, inspect, patch, demo, plot.
+"""The `hf-posenc` command: finetune, evaluate, search (the recipes), methods, inspect, patch, export, demo, plot.
 
 Every refusal (a bad argument, a path that is not there, a method that does not apply) ends the command
 with one line `error: ...` on stderr and exit code 2, before anything is written; other exceptions are

@@ -127,3 +127,12 @@ def test_recipes_run_from_the_package_and_take_shipped_configs_by_name(capsys, t
     module = subprocess.run([sys.executable, "-m", "hf_posenc.recipes.finetune", "--help"], capture_output=True,
                             text=True, timeout=120)
     assert module.returncode == 0 and "Fields (defaults)" in module.stdout
+
+
+def test_help_names_every_verb_in_its_first_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    verbs = out.split("{", 1)[1].split("}", 1)[0].split(",")
+    first = out.split("\n\n")[1].split(".")[0]   # the description's first sentence
+    assert len(verbs) == 9 and all(verb in first for verb in verbs), (verbs, first)

@@ -149,26 +149,17 @@ def test_evaluate_and_save_final_alone(tmp_path, tiny_dir, text_file):  # noqa: 
     assert "yarn" in card and "1 optimizer step, 256 training tokens" in card   # the steps taken, not train.steps
 
 
-def test_the_renamed_recipe_names_still_work_for_a_release_with_a_warning():
-    """"plan" is a patch as data (hf_posenc.plan.PatchPlan) and a module called config is hf_posenc.config:
-    the recipe side's names changed; the old ones answer, with a DeprecationWarning naming the new one."""
+def test_the_former_recipe_names_are_gone():
+    """0.1.0 was never released: the names the recipe side had before its renames answer nothing."""
     import importlib
-    import sys
 
-    from hf_posenc.recipes import evaluate, finetune, finetune_checks, finetune_config, finetune_recipe, recipe_config
+    from hf_posenc.recipes import evaluate, finetune, finetune_checks, finetune_config
 
-    for module, old, new in [(finetune_checks, "Plan", finetune_checks.Preflight),
-                             (finetune_config, "Config", finetune_config.FinetuneConfig),
-                             (evaluate, "variant_plan", evaluate.variant_runs),
-                             (finetune, "freeze_unreached", finetune_recipe.freeze_unreached),
-                             (finetune, "evaluate", finetune_recipe.evaluate)]:
-        with pytest.warns(DeprecationWarning, match=f"{old} is now"):
-            assert getattr(module, old) is new
-    sys.modules.pop("hf_posenc.recipes.config", None)
-    with pytest.warns(DeprecationWarning, match="hf_posenc.recipes.config is now hf_posenc.recipes.recipe_config"):
-        assert importlib.import_module("hf_posenc.recipes.config") is recipe_config
-    with pytest.raises(AttributeError):
-        finetune_checks.Nonesuch  # noqa: B018
+    for module, old in [(finetune_checks, "Plan"), (finetune_config, "Config"), (evaluate, "variant_plan"),
+                        (finetune, "freeze_unreached"), (finetune, "evaluate")]:
+        assert not hasattr(module, old), old
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("hf_posenc.recipes.config")
 
 
 # ------------------------------------------------------------------------------------- phases in order

@@ -15,28 +15,20 @@ PACKAGE = Path(hf_posenc.__file__).parent
 # Cycles the graph may still hold (none: the last, cli <-> recipes.evaluate, went with hf_posenc/user_input.py).
 KNOWN: set[frozenset[str]] = set()
 
-# the old top-level names of the modules moved into train/, each a module that hands over the moved one
-# (hf_posenc.train_data: train/data.py)
-TRAIN = ("losses", "mixed_windows", "documents", "positions", "checkpoints", "search", "s2_attention")
-
 # docs/ARCHITECTURE.md's layers, bottom first: a module imports from its own layer (no cycle) or the ones below.
 # A module is in the layer of the longest prefix listed (`hf_posenc.methods` takes every method module).
 LAYERS = {
     "errors": ("hf_posenc.errors",),
     "interfaces": ("hf_posenc.config", "hf_posenc.family"),
-    "transformers": ("hf_posenc._compat", "hf_posenc.export", "hf_posenc.export.gguf_header", "hf_posenc.gguf_header",
-                     "hf_posenc.assets"),
+    "transformers": ("hf_posenc._compat", "hf_posenc.export", "hf_posenc.export.gguf_header", "hf_posenc.assets"),
     "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.methods"),
     "patch records": ("hf_posenc.record", "hf_posenc.plan"),
     "families": ("hf_posenc.families",),
-    "patch calls": ("hf_posenc.registry", "hf_posenc.export.serving", "hf_posenc.serving",
-                    "hf_posenc.export.gguf_writer", "hf_posenc.gguf_writer", "hf_posenc.loading", "hf_posenc.api",
-                    "hf_posenc.configs"),
+    "patch calls": ("hf_posenc.registry", "hf_posenc.export.serving", "hf_posenc.export.gguf_writer",
+                    "hf_posenc.loading", "hf_posenc.api", "hf_posenc.configs"),
     "uses": ("hf_posenc.eval", "hf_posenc.analysis", "hf_posenc.metrics", "hf_posenc.data", "hf_posenc.train",
-             *(f"hf_posenc.{m}" for m in TRAIN), "hf_posenc.train_data", "hf_posenc.harness",
              "hf_posenc.export.card"),
-    "front ends": ("hf_posenc", "hf_posenc.user_input", "hf_posenc.cli", "hf_posenc.demo", "hf_posenc.recipes",
-                   "hf_posenc.card"),
+    "front ends": ("hf_posenc", "hf_posenc.user_input", "hf_posenc.cli", "hf_posenc.demo", "hf_posenc.recipes"),
 }
 
 
@@ -169,24 +161,10 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
 
 
-# the modules issue 47 moved into train/, export/ and eval/, by their old names
-MOVED = {"losses": "train.losses", "mixed_windows": "train.mixed_windows", "documents": "train.documents",
-         "train_data": "train.data", "s2_attention": "train.s2_attention", "positions": "train.positions",
-         "checkpoints": "train.checkpoints", "search": "train.search", "serving": "export.serving",
-         "gguf_header": "export.gguf_header", "gguf_writer": "export.gguf_writer", "harness": "eval.harness"}
-
-
-def test_the_old_module_names_are_the_moved_modules():
-    """Code written against the old layout keeps working: each old name is the moved module itself (one module
-    object: a monkeypatch on either name reaches both), and the card's names are all still there."""
-    import importlib
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(f"hf_posenc.{old}") is importlib.import_module(f"hf_posenc.{new}"), old
-    from hf_posenc import card, export, recipes  # noqa: F401
-    from hf_posenc.export.card import patch_card
-    from hf_posenc.recipes.finetune_card import write_model_card
-
-    assert card.patch_card is patch_card and card.write_model_card is write_model_card
-    assert not [p.name for p in PACKAGE.glob("*.py")
-                if p.stem in MOVED and "sys.modules[__name__] = _moved" not in p.read_text()]
+def test_every_top_level_module_has_code_of_its_own():
+    """No module of the package only hands over another (a forwarder left by a move): each defines something."""
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        defines = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign))]
+        assert defines or path.name == "__init__.py", f"{path.relative_to(PACKAGE)} defines nothing of its own"
+        assert "sys.modules[__name__]" not in path.read_text(), f"{path.relative_to(PACKAGE)} hands over a module"

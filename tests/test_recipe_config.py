@@ -1,4 +1,4 @@
-"""The recipes' one config system (hf_posenc/recipes/config.py), on a small schema of its own and on both
+"""The recipes' one config system (hf_posenc/recipes/recipe_config.py), on a small schema of its own and on both
 recipes: a YAML file of nested sections, dotted flags over it, --help, unknown keys, wrong types."""
 
 import dataclasses

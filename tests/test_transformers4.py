@@ -6,7 +6,6 @@ scripts/setup.sh makes (HF_POSENC_TRANSFORMERS4 names another python); skipped w
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -5,7 +5,6 @@ load it. A fine-tuned folder's card: hf_posenc/recipes/finetune_card.py."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 

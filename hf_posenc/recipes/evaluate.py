@@ -9,7 +9,7 @@ summary.md and figures to output_dir.
 
 The config has sections model, data and eval (and output_dir, resume, overwrite, plots): every field is
 a key of its section in the YAML file and a flag --section.field (the flag wins), read by the recipes'
-one config system (hf_posenc/recipes/config.py). Variants are "none" (the model as loaded) or a method
+one config system (hf_posenc/recipes/recipe_config.py). Variants are "none" (the model as loaded) or a method
 with parameters ("yarn", "yarn beta_fast=16"); each runs at every target in eval.max_position_embeddings
 (several targets make a sweep). Documents and prompts start as
 the tokenizer starts an input (framing: BOS first for Llama, Gemma, Mistral), recorded in results.json.
@@ -131,7 +131,7 @@ USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # aft
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalConfig:
-    """YAML (--config) first, then the command line over it (hf_posenc/recipes/config.py); every value
+    """YAML (--config) first, then the command line over it (hf_posenc/recipes/recipe_config.py); every value
     checked (`check_args`)."""
     args = recipe_config.parse(EvalConfig, argv, usage=f"{recipe_config.program('evaluate', prog)} {USAGE}", about=(__doc__ or "").split("\n\n")[0],
                                shipped=lambda name: name.startswith("eval_"))
@@ -226,7 +226,6 @@ def check_recall_and_tasks(ev: EvalArgs, need) -> None:
     need(bool(ev.depths) or not ev.tasks, "eval.depths is empty; eval.tasks needs at least one depth")
 
 
-__getattr__ = recipe_config.old_names(globals(), {"variant_plan": "variant_runs"})   # its name until this release
 
 
 def check_model_and_paths(args: EvalConfig) -> str:

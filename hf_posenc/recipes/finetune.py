@@ -23,12 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from hf_posenc.errors import PosEncError  # noqa: E402
 from hf_posenc.recipes.finetune_config import parse_config  # noqa: E402
-from hf_posenc.recipes.recipe_config import old_names, one_line  # noqa: E402
-
-# moved to finetune_recipe.py with the class; still read from here for one release, with a warning
-MOVED = ("run_summary", "duration", "wraps_in_ddp", "freeze_unreached", "window_positions", "evaluate", "resume",
-         "TrainingDiverged", "stop_if_diverged")
-__getattr__ = old_names(globals(), {name: name for name in MOVED}, moved_to="hf_posenc.recipes.finetune_recipe")
+from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
 
 
 def main(argv=None, prog=None):

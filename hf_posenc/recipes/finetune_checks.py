@@ -20,7 +20,7 @@ from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..train.positions import Contiguous, PositionScheme, scheme
 from ..train.data import load_documents
-from .recipe_config import differences, old_names, one_line, plain, shown_setting
+from .recipe_config import differences, one_line, plain, shown_setting
 from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention, select_trainable
 from . import finetune_teacher
@@ -49,7 +49,6 @@ class Preflight:
         return self.positions.target if self.positions.span else self.seq_len
 
 
-__getattr__ = old_names(globals(), {"Plan": "Preflight"})   # Plan: its name until this release
 
 EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 

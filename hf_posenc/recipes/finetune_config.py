@@ -1,6 +1,6 @@
 """The fine-tune recipe's config (recipes/finetune.py): its sections as typed dataclasses, each field with
 its default and a one-line doc, each section checking its own values. `parse_config` reads a YAML file and
-`--section.field` flags through the recipes' one config system (hf_posenc/recipes/config.py)."""
+`--section.field` flags through the recipes' one config system (hf_posenc/recipes/recipe_config.py)."""
 
 from __future__ import annotations
 
@@ -291,12 +291,11 @@ ABOUT = ("Fine-tune a patched model at its new context (recipes/finetune.py; acc
          "processes).")
 
 
-__getattr__ = recipe_config.old_names(globals(), {"Config": "FinetuneConfig"})   # its name until this release
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> FinetuneConfig:
     """`--config FILE.yaml` then overrides: `--train.lr 1e-4`, `--posenc.factor 4`, `--output_dir d`,
-    `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/config.py)."""
+    `--resume`, `--overwrite_output_dir` (hf_posenc/recipes/recipe_config.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:   # not a 400-step SmolLM2 run by surprise
         raise ConfigError("no config given: pass --config FILE.yaml (recipes/configs/) and/or --section.field "

@@ -23,11 +23,9 @@ them (a plain `list` of learning-rate betas, a `dict` of LoRA settings).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 import typing
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -440,20 +438,3 @@ def shown_setting(value) -> str:
 def to_dict(config) -> dict:
     """The config as nested plain values (what a recipe writes beside its results)."""
     return dataclasses.asdict(config)
-
-
-def old_names(namespace: dict, renamed: dict[str, str], moved_to: str | None = None) -> Callable[[str], Any]:
-    """A module's `__getattr__` (PEP 562) that still answers the names it had before a rename, for one
-    release, each with a DeprecationWarning naming the new one: `renamed` maps old -> new, in the module of
-    `namespace` (its globals()) or, for names moved out, in the module `moved_to`."""
-    module = namespace["__name__"]
-
-    def __getattr__(name: str):
-        if name not in renamed:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        new = renamed[name]
-        warnings.warn(f"{module}.{name} is now {moved_to or module}.{new}; the old name goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(moved_to), new) if moved_to else namespace[new]
-
-    return __getattr__

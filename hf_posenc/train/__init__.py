@@ -8,7 +8,6 @@ factor search are made of.
     mixed_windows.py   windows inside the original context with the short rope, long ones with the long rope
     documents.py       packed documents kept apart (position ids restart, attention stays inside each)
     checkpoints.py     the run's checkpoints, loss log and resume
-    card.py            the model card a fine-tune or a patch writes
     search.py          the factor search (LongRoPE's, without gradients): factors scored on far-repeat recall
 
 Nothing is imported here: `from hf_posenc.train import losses` loads what it names.
