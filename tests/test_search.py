@@ -293,7 +293,8 @@ def test_recipe_refuses_bad_input_before_the_model_loads(checkpoint, corpus, tmp
     assert not out.exists()
     # the same folder with other settings: each field named, nothing changed
     out.mkdir()
-    (out / "search.json").write_text(json.dumps({"settings": {"mode": "static"}}))
+    (out / "search.json").write_text(json.dumps({"settings": {"mode": "static"}, "passages": [],
+                                                 "unpatched_guard_perplexity": 3.0}))
     assert "mode: \"static\" there, \"switched\" now" in refusal(capsys, base)
     assert sorted(p.name for p in out.iterdir()) == ["search.json"]
 
@@ -545,3 +546,55 @@ def test_recipe_refuses_band_settings_before_the_model_loads(checkpoint, corpus,
     assert "race scores the first" in refusal(capsys, [*base, "--search.race", "true"])
     assert "top_range is inverted" in refusal(capsys, [*base, "--search.top_range", "[0.9, 0.5]"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "is empty"), (b"[]", "holds list"), (b"{}", "has settings null"), (b"null", "holds NoneType"),
+    (b'{"settings": null, "passages": [], "unpatched_guard_perplexity": 3}', "has settings null"),
+    (b'{"settings": {}, "passages": []}', "has unpatched_guard_perplexity null"),
+    (b'{"settings": {}, "passages": [], "unpatched_guard_perplexity": NaN}', "unpatched_guard_perplexity NaN"),
+    (b'{"settings": {"mode": "sw', "is not JSON"), (b"\x00\xff\xfe", "is not JSON"),
+])
+def test_a_damaged_search_record_is_refused_in_one_line_before_the_model_loads(checkpoint, corpus, tmp_path,
+                                                                               monkeypatch, capsys, content, words):
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "search.json").write_bytes(content)
+    line = refusal(capsys, recipe_args(checkpoint, corpus, out))
+    assert "search.json" in line and words in line, line
+    assert (out / "search.json").read_bytes() == content and sorted(p.name for p in out.iterdir()) == ["search.json"]
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r | {"x": None}, "line 6 has x null"),
+    (lambda r: r | {"value": float("nan")}, "line 6 is not JSON"),       # NaN: not a number a search writes
+    (lambda r: r | {"value": "low"}, "line 6 has value 'low'"),
+    (lambda r: r | {"long_factor": [0.5, 1.0]}, "long_factor that is not a list of finite numbers >= 1"),
+    (lambda r: r | {"losses": None}, "no losses and distances"),
+    (lambda r: r | {"x": [0.2, 7.0, 0.1, 0.5, 0.5]}, "numbers in [0, 1]"),
+])
+def test_a_damaged_candidate_line_is_refused_naming_the_file_and_line_before_the_model_loads(
+        checkpoint, corpus, tmp_path, monkeypatch, capsys, edit, words):
+    out = tmp_path / "out"
+    recipe.main(recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
+    path = out / "candidates.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    cma = next(i for i, r in enumerate(rows) if r["kind"].startswith("cma:") and not r["rejected"])
+    assert cma == 5
+    rows[cma] = edit(rows[cma])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = path.read_bytes()
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    line = refusal(capsys, recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
+    assert "candidates.jsonl line 6" in line and words in line, line
+    assert path.read_bytes() == before
+
+
+def test_a_guard_perplexity_that_is_not_a_number_is_refused_before_any_candidate(tmp_path):
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    runner = search.FactorSearch(model, tok, text_ids(), settings(budget=2), tmp_path, progress=False)
+    runner.guard_perplexity = lambda: float("nan")
+    with pytest.raises(InvalidInputError, match="guard perplexity is nan"):
+        runner.run()
+    assert not (tmp_path / "search.json").exists() and not (tmp_path / "candidates.jsonl").exists()

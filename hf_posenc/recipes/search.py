@@ -181,7 +181,8 @@ def run(args: SearchConfig) -> dict:
     s = settings(args, args.model.name, original, dtype_name)
     saved = out / "search.json"
     if saved.exists():   # before the text and the model load
-        search.check_resume(json.loads(saved.read_text())["settings"], dataclasses.asdict(s), saved)
+        search.check_resume(search.read_search(saved)["settings"], dataclasses.asdict(s), saved)
+    search.read_candidates(out / "candidates.jsonl")   # a damaged file refused before the model loads
 
     tokenizer = hp.load_tokenizer(ref)
     prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])

@@ -349,6 +349,62 @@ def check_resume(saved: dict, settings: dict, path: Path) -> None:
 
 
 CANDIDATE_KEYS = ("index", "kind", "long_factor", "mode", "rejected", "value", "guard_rise")   # never None
+RECORD_KEYS = {"settings": dict, "passages": list, "unpatched_guard_perplexity": float}   # what a resume reads
+
+
+def _edited(path: Path, what: str) -> InvalidInputError:
+    return InvalidInputError(f"{path} {what}: the file was edited or damaged; move it away to start again")
+
+
+def read_search(path: Path) -> dict:
+    """search.json as a search wrote it, refused naming the file and what is wrong with it (empty, cut short, not a
+    JSON object, a key missing or of another kind)."""
+    if not path.is_file():
+        raise InvalidInputError(f"{path} is not a file: a search's search.json is")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise _edited(path, "is empty")
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _edited(path, f"is not JSON ({type(err).__name__} at byte {getattr(err, 'pos', getattr(err, 'start', '?'))})") from None
+    if not isinstance(record, dict):
+        raise _edited(path, f"holds {type(record).__name__} {json.dumps(record)[:40]}, not a search's record")
+    for key, kind in RECORD_KEYS.items():
+        value = record.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0 \
+            if kind is float else isinstance(value, kind)
+        if not ok:
+            raise _edited(path, f"has {key} {json.dumps(value)[:40]}, where a search writes "
+                                f"{'a positive number' if kind is float else 'a ' + kind.__name__}")
+    return record
+
+
+def _finite_numbers(value, least: float | None = None) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (least is None or v >= least)
+        for v in value)
+
+
+def _candidate_fault(row: dict) -> str | None:
+    """What is wrong with a parsed line of candidates.jsonl (None: a candidate as the search writes it)."""
+    missing = [k for k in CANDIDATE_KEYS if row.get(k) is None]
+    if missing:
+        return f"is not a candidate (no {', '.join(missing)})"
+    if not isinstance(row["kind"], str) or not isinstance(row["rejected"], bool):
+        return "is not a candidate (its kind or rejected is of another type)"
+    for key in ("value", "guard_rise"):
+        v = row[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return f"has {key} {v!r}: a finite number is written there"
+    if not _finite_numbers(row["long_factor"], least=1.0):
+        return "has a long_factor that is not a list of finite numbers >= 1"
+    if row["kind"].startswith("cma:") and not (_finite_numbers(row.get("x")) and all(0 <= v <= 1 for v in row["x"])):
+        return f"has x {json.dumps(row.get('x'))[:40]}: a CMA-ES candidate's point is numbers in [0, 1]"
+    if not row["rejected"] and not (_finite_numbers(row.get("losses")) and isinstance(row.get("distances"), list)
+                                    and len(row["distances"]) == len(row["losses"])):
+        return "has no losses and distances of its passages (finite numbers, one each)"
+    return None
 
 
 def read_candidates(path: Path) -> list[dict]:
@@ -361,21 +417,31 @@ def read_candidates(path: Path) -> list[dict]:
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = json.loads(line, parse_constant=_no_constant)
+        except (json.JSONDecodeError, ValueError):
             if number == len(lines):
                 continue   # the last line of a killed write: that candidate runs again
             raise InvalidInputError(f"{path} line {number} is not JSON (only the last line may be cut short by a "
                                     f"kill): the file was edited; move it away to start again") from None
-        missing = [k for k in CANDIDATE_KEYS if not isinstance(row, dict) or row.get(k) is None]
-        if missing:
-            raise InvalidInputError(f"{path} line {number} is not a candidate (no {', '.join(missing)}): the file "
-                                    f"was edited; move it away to start again")
+        fault = _candidate_fault(row) if isinstance(row, dict) else f"is not a candidate (it holds {type(row).__name__})"
+        if fault:
+            raise _edited(path, f"line {number} {fault}")
         if row.get("index") != len(out):
             raise InvalidInputError(f"{path} line {number}: candidate {row.get('index')} where {len(out)} was due: "
                                     f"the file was edited; move it away to start again")
         out.append(row)
     return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a search writes")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all: a kill leaves the old file or none, never half of it."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def text_identity(ids: Sequence[int]) -> str:
@@ -397,9 +463,7 @@ def keep_finished(path: Path, rows: list[dict]) -> None:
     """The file holds exactly `rows`: a line a kill cut short is dropped before the next one is appended."""
     text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
     if path.exists() and path.read_text() != text:
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_whole(path, text)
 
 
 def append_candidate(path: Path, row: dict) -> None:
@@ -559,7 +623,7 @@ class FactorSearch:
     def _run(self, CMA) -> dict:
         settings_path, path = self.out / "search.json", self.out / "candidates.jsonl"
         if settings_path.exists():
-            saved = json.loads(settings_path.read_text())
+            saved = read_search(settings_path)
             check_resume(saved["settings"], self.record["settings"], settings_path)
             for what, why in (("text", "the tuning text's token ids (the corpus or the tokenizer changed)"),
                               ("weights", "the model's weights (another checkpoint, or the same one changed)")):
@@ -574,8 +638,12 @@ class FactorSearch:
             reference = saved["unpatched_guard_perplexity"]
         else:
             reference = self.guard_perplexity()
+            if not math.isfinite(reference) or reference <= 0:
+                raise InvalidInputError(f"the unpatched model's guard perplexity is {reference} on the first "
+                                        f"{self.settings.guard_length} tokens: no candidate can be measured against "
+                                        f"it (a model whose outputs are not finite in {self.settings.dtype}?)")
             self.record |= {"unpatched_guard_perplexity": reference, "started": time.strftime("%Y-%m-%d %H:%M")}
-            settings_path.write_text(json.dumps(self.record, indent=1))
+            write_whole(settings_path, json.dumps(self.record, indent=1))
         done = read_candidates(path)
         keep_finished(path, done)
         seeds = closed_forms(self.model, self.settings.target)
