@@ -41,7 +41,7 @@ __all__ = [
 # public name -> the module that defines it (None: the name is the submodule itself)
 _LAZY = {
     "patch": ".api", "unpatch": ".api", "patched": ".api", "describe": ".api", "from_pretrained": ".api",
-    "list_methods": ".registry", "load_model": ".loading", "load_tokenizer": ".loading", "configs": None,
+    "list_methods": ".registry", "load_model": ".api", "load_tokenizer": ".loading", "configs": None,
     "serving_overrides": ".export.serving", "llama_cpp_args": ".export.serving", "write_gguf": ".export.serving",
     "write_gguf_model": ".export.gguf_writer", "check_length": ".families.learned_tables",
 }

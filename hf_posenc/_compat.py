@@ -134,6 +134,22 @@ def legacy_rope_form(params: dict | None) -> dict | None:
     return keys
 
 
+CUSTOM_ROPE_TYPE_PREFIX = "hf_posenc_"   # the rope_types hf_posenc registers: stock transformers builds none of them
+
+
+def has_custom_rope_type(config: PreTrainedConfig) -> bool:
+    """Whether a rope_type of the config (or of a config nested in it, a layer type's included) is one of hf_posenc's
+    own, which stock transformers cannot build."""
+    for sub in sub_configs(config):
+        params = getattr(sub, "rope_parameters", None)
+        if not isinstance(params, dict):
+            continue
+        for p in [params, *(v for v in params.values() if isinstance(v, dict))]:
+            if str(p.get("rope_type", "")).startswith(CUSTOM_ROPE_TYPE_PREFIX):
+                return True
+    return False
+
+
 def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
     """Write (or, where 4.x has no form for a RoPE, remove) the 4.x keys in the own attributes of `config` and of
     every config nested in it that has a RoPE, from their `rope_parameters` as they are now: called wherever

@@ -147,6 +147,18 @@ def from_pretrained(path: str | os.PathLike, *, gguf_file: str | None = None, **
     return model
 
 
+def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, **kwargs) -> torch.nn.Module:
+    """`hp.load_model`: the model as transformers loads it (hf_posenc.loading.load_model: GGUF files, the embedded
+    aliases, the cache), except a folder hf_posenc saved with a patch stock transformers cannot build (an attention
+    method, a length-following rope: its rope_type is hf_posenc's own), which loads as `from_pretrained` loads it."""
+    name, extra = loading.resolve(ref, gguf_file)
+    if not extra and os.path.isdir(name) and "config" not in kwargs:
+        config = transformers.AutoConfig.from_pretrained(name)
+        if read_record(config) is not None and _compat.has_custom_rope_type(config):
+            return from_pretrained(ref, **kwargs)
+    return loading.load_model(ref, gguf_file=gguf_file, **kwargs)
+
+
 def _check_replay(model: torch.nn.Module, config, record: PatchRecord, source: str) -> None:
     """The record, replayed on the checkpoint, must give the config it sits in: a record edited apart from
     its config (`linear` in the record, `yarn` in rope_parameters) would load as one model here and as

@@ -154,14 +154,31 @@ def cmd_export(args) -> None:
     vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf()
     if Path(ref).suffix == ".gguf":
         raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch --out X.gguf")
+    with reading(ref):   # a patch no GGUF file can hold (attention itself, a length-following rope): said as such
+        serving.check_config_exports(loading.load_config(ref), "a GGUF file", serving.GGUF_ROPE_TYPES)
+        tokenizer = _folder_tokenizer(ref)
     skeleton = loading.meta_model(ref)   # what the file can say, before the weights load
-    gguf_writer.check_model(skeleton, out, vocab, args.dtype, args.overwrite)
+    gguf_writer.check_model(skeleton, out, vocab, args.dtype, args.overwrite, tokenizer)
     serving.gguf_rope_metadata(skeleton, gguf_writer.ARCHITECTURES[skeleton.config.get_text_config().model_type])
     with reading(ref):
         model = loading.load_model(ref, dtype="float32")
-    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite)
+    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite,
+                                           tokenizer=tokenizer)
     print(json.dumps(written, indent=2))
     print(f"wrote {args.out} ({args.dtype}, the tokenizer of {vocab.name})")
+
+
+def _folder_tokenizer(ref: str):
+    """The model's own tokenizer, which the export checks vocab_from's tokens against: a folder without one is
+    refused (its vocabulary could not be told from another of the same size)."""
+    from . import loading
+
+    if ref == "smollm2" or Path(ref).suffix == ".gguf":
+        return loading.load_tokenizer(ref)
+    if not any((Path(ref) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise UsageError(f"{ref} holds no tokenizer: the export checks that --vocab-from's tokens are this model's, id "
+                         f"by id; save the model's tokenizer into the folder (tokenizer.save_pretrained)")
+    return loading.load_tokenizer(ref)
 
 
 def _gguf_out(args, source: Path) -> Path:

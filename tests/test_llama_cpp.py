@@ -144,7 +144,7 @@ def test_a_written_file_loads_back_as_the_same_patched_model(vocab, tmp_path):
         torch.testing.assert_close(back(x).logits, model(x).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab, tmp_path, capsys):
+def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab, smollm2_tokenizer, tmp_path, capsys):
     """`hf-posenc export FOLDER --out X.gguf`: a searched or fine-tuned folder (here a saved static longrope patch)
     as a GGUF file that loads back as the same model; bad input refused in one line with nothing written."""
     from hf_posenc.cli import main
@@ -152,6 +152,7 @@ def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab
     model = wide_model("longrope", factor=8, long_factor=[1, 1, 2, 3, 4, 6, 8, 8],
                        short_factor=[1, 1, 2, 3, 4, 6, 8, 8], attention_factor=1.1)
     model.save_pretrained(tmp_path / "searched")
+    smollm2_tokenizer.save_pretrained(tmp_path / "searched")
     main(["export", str(tmp_path / "searched"), "--out", str(tmp_path / "out.gguf"), "--dtype", "f32"])
     assert "wrote" in capsys.readouterr().out
     back = hp.load_model(tmp_path / "out.gguf", cache=False)
@@ -173,9 +174,121 @@ def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab
     assert "exists" in refusal(["export", folder, "--out", str(tmp_path / "out.gguf")])
     assert "inside" in refusal(["export", folder, "--out", str(tmp_path / "searched" / "x.gguf")])
     tiny_model().save_pretrained(tmp_path / "small_vocab")
+    smollm2_tokenizer.save_pretrained(tmp_path / "small_vocab")
     before.append("small_vocab"), before.extend(p.name for p in (tmp_path / "small_vocab").iterdir())
     capsys.readouterr()
     assert "holds 49152 tokens, the model 128" in refusal(["export", str(tmp_path / "small_vocab"), "--out",
                                                            str(tmp_path / "y.gguf")])
     assert "invalid choice: 'q4_k'" in refusal(["export", folder, "--out", str(tmp_path / "y.gguf"), "--dtype", "q4_k"])
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(before)
+
+
+# -- what an export checks of the vocabulary, the file it leaves and the name it writes ---------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(vocab):
+    return hp.load_tokenizer("smollm2")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, smollm2_tokenizer):
+    """A saved patched folder with SmolLM2's vocabulary and its tokenizer, as hf-posenc export takes it."""
+    folder = tmp_path_factory.mktemp("export") / "smol-yarn"
+    wide_model("yarn", factor=8).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def fake_vocab(path, tokens: list[str], model: str | None = "gpt2"):
+    """A GGUF file holding only a tokenizer: `tokens`, and llama.cpp's tokenizer model where given."""
+    writer = gguf.GGUFWriter(path, arch="llama")
+    if model is not None:
+        writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cli_refusal(capsys, argv) -> str:
+    from hf_posenc.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_another_vocabulary_of_the_same_size_is_refused_token_by_token(saved, smollm2_tokenizer, tmp_path, capsys):
+    other = fake_vocab(tmp_path / "other.gguf", [f"tok{i}" for i in range(VOCAB)])
+    line = cli_refusal(capsys, ["export", str(saved), "--out", str(tmp_path / "x.gguf"), "--vocab-from", str(other)])
+    assert "is not this model's vocabulary: token 0 is 'tok0' there, '<|endoftext|>'" in line, line
+    with pytest.raises(hp.PosEncError, match="49152 of 49152 ids differ"):
+        write_gguf_model(wide_model(), tmp_path / "x.gguf", vocab_from=other, tokenizer=smollm2_tokenizer)
+    untyped = fake_vocab(tmp_path / "untyped.gguf", gguf_tokens_of_smollm2(), model=None)
+    line = cli_refusal(capsys, ["export", str(saved), "--out", str(tmp_path / "x.gguf"), "--vocab-from", str(untyped)])
+    assert "no tokenizer.ggml.model" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.gguf", "untyped.gguf"]
+
+
+def gguf_tokens_of_smollm2() -> list[str]:
+    from hf_posenc import assets
+    from hf_posenc.export.gguf_writer import gguf_tokens
+
+    return gguf_tokens(assets.smollm2_gguf())
+
+
+def test_a_folder_without_its_tokenizer_is_refused_and_the_name_written_is_the_models(saved, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    wide_model("yarn", factor=8).save_pretrained(bare)
+    line = cli_refusal(capsys, ["export", str(bare), "--out", str(tmp_path / "x.gguf")])
+    assert "holds no tokenizer" in line and not (tmp_path / "x.gguf").exists()
+    from hf_posenc.cli import main
+
+    main(["export", str(saved), "--out", str(tmp_path / "ok.gguf"), "--dtype", "f32"])
+    name = gguf.GGUFReader(tmp_path / "ok.gguf").fields["general.name"].contents()
+    assert name == "smol-yarn", name   # the folder's name, not its path
+
+
+def test_q8_0_on_rows_that_are_not_whole_blocks_is_refused_before_the_weights_load(vocab, tmp_path):
+    from hf_posenc.export.gguf_writer import check_model
+
+    with torch.device("meta"):
+        odd = tiny_model(vocab_size=VOCAB, hidden_size=48, head_dim=12)
+    with pytest.raises(hp.PosEncError, match="hidden_size 48.*not a multiple of 32: use f16"):
+        check_model(odd, tmp_path / "x.gguf", vocab, "q8_0", False)
+    check_model(odd, tmp_path / "x.gguf", vocab, "f16", False)   # the other formats take any row
+
+
+def test_a_killed_exports_temporary_file_is_removed_by_the_next_run(saved, tmp_path):
+    import os
+
+    from hf_posenc.cli import main
+
+    dead = tmp_path / ".out.gguf.tmp4194303"   # above Linux's pid_max default: no such process
+    dead.write_bytes(b"half a file")
+    alive = tmp_path / f".out.gguf.tmp{os.getppid()}"   # a running export's: kept
+    alive.write_bytes(b"being written")
+    main(["export", str(saved), "--out", str(tmp_path / "out.gguf"), "--dtype", "f32"])
+    assert not dead.exists() and alive.exists() and (tmp_path / "out.gguf").stat().st_size > 0
+
+
+@pytest.mark.parametrize("method, params", [("self_extend", {"group_size": 4, "window": 16}),
+                                            ("dynamic", {"factor": 2}), ("alibi", {})])
+def test_an_attention_or_length_following_folder_is_refused_for_what_it_is_and_load_model_loads_it(
+        method, params, smollm2_tokenizer, tmp_path, capsys):
+    model = wide_model(method, **params)
+    folder = tmp_path / method
+    model.save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    line = cli_refusal(capsys, ["export", str(folder), "--out", str(tmp_path / "x.gguf")])
+    assert f"method {method!r} cannot be exported to a GGUF file" in line and "cannot be loaded" not in line, line
+    back, want = hp.load_model(str(folder)), hp.from_pretrained(str(folder))
+    assert hp.describe(back)["method"] == method
+    x = torch.tensor([ids()[:100]])
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, want(x).logits)

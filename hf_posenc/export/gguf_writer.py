@@ -24,7 +24,7 @@ from .. import _compat
 from . import gguf_header
 from ..errors import MethodNotApplicableError
 from ..record import read_record
-from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors
+from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors, whole_file
 
 # transformers model_type -> llama.cpp architecture, for the families whose weights map one to one
 ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
@@ -38,9 +38,43 @@ def reorder_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool) -> str:
+Q8_0_BLOCK = 32   # values a q8_0 block holds: a row of another length cannot be written in it
+
+
+def gguf_tokens(path: Path) -> list[str]:
+    """The tokens of a GGUF file's tokenizer, in id order."""
+    import gguf
+
+    field = gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"]
+    return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+
+
+def check_vocabulary(vocab_from: Path, tokenizer, vocab_size: int) -> None:
+    """vocab_from's tokens are the model's own tokenizer's, id by id (not only as many): another vocabulary of the
+    same size would be written into the file without a word."""
+    tokens = gguf_tokens(vocab_from)
+    mine = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    differ = [i for i, (a, b) in enumerate(zip(tokens, mine)) if a != b]
+    if differ or len(mine) != len(tokens):
+        first = differ[0] if differ else min(len(mine), len(tokens))
+        theirs = tokens[first] if first < len(tokens) else None
+        ours = mine[first] if first < len(mine) else None
+        raise ExportError(f"vocab_from {vocab_from} is not this model's vocabulary: token {first} is {theirs!r} there, "
+                          f"{ours!r} in the model's tokenizer ({len(differ)} of {len(tokens)} ids differ); give the GGUF "
+                          f"file this model was converted from")
+
+
+def model_name(config) -> str:
+    """The name a GGUF file's general.name carries: the checkpoint's own (a hub id's last part, a folder's name),
+    never a local path."""
+    ref = str(getattr(config, "_name_or_path", "") or "").rstrip("/\\")
+    return Path(ref).name or "hf_posenc export"
+
+
+def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool,
+                tokenizer=None) -> str:
     """Everything checked before a byte is written, on the model or its meta skeleton (the config is what is
-    read); returns llama.cpp's architecture."""
+    read; with `tokenizer`, vocab_from's tokens against it); returns llama.cpp's architecture."""
     target, vocab_from = Path(target), Path(vocab_from)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
@@ -56,8 +90,9 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: s
     rope_type = _compat.get_rope_parameters(text, None).get("rope_type", "default")
     if read_record(model.config) is None and rope_type != "default":
         raise MethodNotApplicableError(
-            f"the model's rope_parameters have rope_type {rope_type!r} and no hf_posenc patch record: load it with "
-            f"hp.load_model or hp.from_pretrained, so that its patch is known and written as llama.cpp reads it")
+            f"the model's rope_parameters have rope_type {rope_type!r} of its own (no hf_posenc patch made it): "
+            f"llama.cpp's convert_hf_to_gguf.py writes a checkpoint's own scaling; write_gguf_model writes the "
+            f"patches hf_posenc makes")
     check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
     try:
         header = gguf_header.read(vocab_from)
@@ -68,6 +103,20 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: s
     if count != text.vocab_size:
         raise ExportError(f"vocab_from {vocab_from} holds {count} tokens, the model {text.vocab_size}: it is not "
                           f"this model's vocabulary")
+    if not header.values.get("tokenizer.ggml.model"):
+        raise ExportError(f"vocab_from {vocab_from} has tokens but no tokenizer.ggml.model (how llama.cpp splits "
+                          f"text into them): give a GGUF file converted with its tokenizer")
+    if dtype == "q8_0":
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        rows = {"hidden_size": text.hidden_size, "intermediate_size": text.intermediate_size,
+                "num_attention_heads x head_dim": text.num_attention_heads * head_dim}
+        odd = {k: v for k, v in rows.items() if v % Q8_0_BLOCK}
+        if odd:
+            raise ExportError(f"q8_0 stores rows in blocks of {Q8_0_BLOCK} values; this model's "
+                              f"{', '.join(f'{k} {v}' for k, v in odd.items())} is not a multiple of {Q8_0_BLOCK}: "
+                              f"use f16, bf16 or f32")
+    if tokenizer is not None:
+        check_vocabulary(vocab_from, tokenizer, text.vocab_size)
     if getattr(text, "partial_rotary_factor", 1.0) != 1.0:
         raise MethodNotApplicableError("partial rotary dims are not written: llama.cpp's llama graph rotates the "
                                        "whole head")
@@ -102,15 +151,16 @@ def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
 
 
 def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab_from: str | os.PathLike,
-                     dtype: str = "f32", overwrite: bool = False) -> dict[str, object]:
+                     dtype: str = "f32", overwrite: bool = False, tokenizer=None) -> dict[str, object]:
     """Write `model` (patched or not) as a whole GGUF file at `target`: the weights in `dtype` (f32, f16, bf16 or
     q8_0; vectors and norms stay F32, as llama.cpp's converter keeps them), the tokenizer of `vocab_from` (a GGUF
     file with the same vocabulary: for SmolLM2, the embedded one), the rope metadata and factor tensors of the
-    patch. Everything is checked first; the file appears whole or not at all. Returns the rope keys written."""
+    patch. `tokenizer` (the model's own; `hf-posenc export` passes the folder's): vocab_from's tokens checked against
+    it, id by id. Everything is checked first; the file appears whole or not at all. Returns the rope keys written."""
     import gguf
 
     target, vocab_from = Path(target), Path(vocab_from)
-    arch = check_model(model, target, vocab_from, dtype, overwrite)
+    arch = check_model(model, target, vocab_from, dtype, overwrite, tokenizer)
     rope = gguf_rope_metadata(model, arch)
     factors = gguf_rope_tensors(model, arch)
     tensors = _tensors(model, arch)
@@ -121,10 +171,9 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
     reader = gguf.GGUFReader(vocab_from)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
+    with whole_file(target) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=arch)
-        writer.add_name(getattr(model.config, "_name_or_path", "") or "hf_posenc export")
+        writer.add_name(model_name(model.config))
         writer.add_context_length(int(text.max_position_embeddings))
         writer.add_embedding_length(text.hidden_size)
         writer.add_block_count(text.num_hidden_layers)
@@ -154,7 +203,4 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return {**rope, **{name: values.tolist() for name, values in factors.items()}}

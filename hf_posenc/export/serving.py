@@ -26,6 +26,7 @@ learned -> rope change the attention itself; learned tables: the table is in the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -91,7 +92,13 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
     (a stacked one's base included) says why not (`export_refusal`), and every rope_type it holds is one of
     `rope_types` (`flags`: llama.cpp's command line, which cannot carry per-pair factors: a GGUF file can)."""
     model = as_model(model, call)
-    record = read_record(model.config)
+    return check_config_exports(model.config, engine, rope_types, flags)
+
+
+def check_config_exports(config, engine: str, rope_types: tuple[str, ...], flags: bool = False) -> PatchRecord | None:
+    """`_patch` on a config alone (a saved folder's, read before its model is built): the record, or the refusal
+    that names what the patch is and why `engine` cannot run it."""
+    record = read_record(config)
     if record is None:
         return None
     chain = [record]
@@ -99,7 +106,7 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
         chain.append(chain[-1].base)
     why = next((r.method_class().export_refusal for r in chain if r.method_class().export_refusal), None)
     if why is None:
-        text = model.config.get_text_config()
+        text = config.get_text_config()
         held = [_compat.get_rope_parameters(text, lt).get("rope_type", "default")
                 for lt in _compat.rope_layer_types(text)]
         unknown = next((t for t in held if t not in rope_types), None)
@@ -345,6 +352,33 @@ def check_gguf_output(source: Path, target: Path, overwrite: bool, source_is: st
         raise ExportError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
 
 
+@contextlib.contextmanager
+def whole_file(target: Path):
+    """A temporary path beside `target` that becomes `target` when the block ends without error, and is removed
+    otherwise: the file appears whole or not at all. The hidden temporary file a killed run left (its process gone)
+    is removed first."""
+    for stale in target.parent.glob(f".{target.name}.tmp*"):
+        pid = stale.name.rpartition(".tmp")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            stale.unlink(missing_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process: alive
+        return True
+    return True
+
+
 def add_gguf_fields(writer, fields, new: dict[str, object]) -> None:
     """Copy `fields` (a gguf.GGUFReader's, already filtered) into `writer`, then the keys `new` (str, float or int)."""
     import gguf
@@ -401,8 +435,7 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
         reader = gguf.GGUFReader(source)
     except (ValueError, OSError, IndexError, KeyError) as err:
         raise ExportError(f"{source} is not a readable GGUF file: {err}") from None
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
+    with whole_file(target) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
         # the writer adds the header fields and the architecture itself
         add_gguf_fields(writer, [(k, f) for k, f in reader.fields.items() if not k.startswith("GGUF.")
@@ -420,9 +453,6 @@ def write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | 
         for values in tensors.values():
             writer.write_tensor_data(values)
         writer.close()
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return {**new, **{name: values.tolist() for name, values in tensors.items()}}
 
 

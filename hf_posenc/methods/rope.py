@@ -28,7 +28,7 @@ SCALING_KEYS = frozenset({
 })
 # rope_type written into a saved config for methods transformers lacks: stock loading stops with
 # KeyError on this name instead of silently building a different model.
-CUSTOM_ROPE_TYPE_PREFIX = "hf_posenc_"
+CUSTOM_ROPE_TYPE_PREFIX = _compat.CUSTOM_ROPE_TYPE_PREFIX
 
 
 def inv_freq(theta: float, dim: int) -> torch.Tensor:
