@@ -155,8 +155,8 @@ def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
     every config nested in it that has a RoPE, from their `rope_parameters` as they are now: called wherever
     hf_posenc installs or loads a config."""
     for sub in sub_configs(config):
-        if not has_rope(sub):
-            continue
+        if not has_rope(sub) or "rope_parameters" not in inspect.signature(type(sub).__init__).parameters:
+            continue   # a family without a RoPE of its own (GPT-2 given one): 4.x has none to read, 5 reads no keys
         state, keys = vars(sub), legacy_rope_keys(sub)
         if keys is None:
             for key in ("rope_scaling", "rope_theta"):

@@ -274,3 +274,27 @@ def test_ids_it_cannot_read_are_refused():
         dca(batch, position_ids=(torch.arange(20) * 2)[None])
     with torch.no_grad():   # its token order, given: the same as none
         torch.testing.assert_close(dca(batch, position_ids=torch.arange(20)[None]).logits, dca(batch).logits)
+
+
+def test_spread_ids_with_a_padded_mask_are_read_row_by_row_not_dropped():
+    """40 tokens at ids 0..19, 100..119, the first 3 padded: the padded row is the 37 tokens alone at their ids
+    (before, the ids were dropped whenever a mask had padding: the logits equalled those without ids)."""
+    model = build()
+    hp.patch(model, "self_extend", group_size=4, window=16)
+    x = ids(40)
+    spread = torch.cat([torch.arange(20), torch.arange(100, 120)])[None]
+    mask = torch.ones(1, 40, dtype=torch.long)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        padded = model(x, attention_mask=mask, position_ids=spread).logits[:, 3:]
+        alone = model(x[:, 3:], position_ids=spread[:, 3:]).logits
+        counted = model(x, attention_mask=mask).logits[:, 3:]
+    torch.testing.assert_close(padded, alone)
+    assert (padded - counted).abs().max() > 1e-3   # the ids change the answer: they are read
+    with torch.no_grad():   # generate's ids for a padded row (its tokens counted from 0): the same as none
+        generated = (mask.cumsum(-1) - 1).clamp(min=0)
+        torch.testing.assert_close(model(x, attention_mask=mask, position_ids=generated).logits[:, 3:], counted)
+    for bad, words in [(spread.float(), "must be integers"), (spread[:, :10], "one id per token"),
+                       (torch.zeros(1, 40, dtype=torch.long), "strictly increase")]:
+        with torch.no_grad(), pytest.raises(hp.PosEncError, match=words):
+            model(x, attention_mask=mask, position_ids=bad)

@@ -113,8 +113,11 @@ class RemappedAttention(nn.Module):
         if end < k_len:  # a static cache: its slots past the queries are not filled yet
             key, value, k_len = key[..., :end, :], value[..., :end, :], end
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        ids = None if valid is not None else self.given_ids(kwargs.get("position_ids"), query.shape[0], q_len, k_len)
-        if ids is not None:   # each row at its own ids (a batch of PoSE windows draws them per row)
+        if valid is None:
+            ids = self.given_ids(kwargs.get("position_ids"), query.shape[0], q_len, k_len)
+        else:
+            ids = self.padded_ids(kwargs.get("position_ids"), valid, q_len, k_len)
+        if ids is not None and valid is None:   # each row at its own ids (a batch of PoSE windows draws them per row)
             out = torch.cat([self.attend(query[row:row + 1], key[row:row + 1], value[row:row + 1], scale, ids[row])
                              for row in range(query.shape[0])])
         elif valid is None:
@@ -127,7 +130,7 @@ class RemappedAttention(nn.Module):
                 if len(queries):
                     one = slice(row, row + 1)
                     out[one, :, queries] = self.attend(query[one, :, queries], key[one, :, keys], value[one, :, keys],
-                                                       scale)
+                                                       scale, None if ids is None else ids[row])
         return out.transpose(1, 2).contiguous(), None
 
     def given_ids(self, position_ids, batch: int, q_len: int, k_len: int) -> torch.Tensor | None:
@@ -136,12 +139,19 @@ class RemappedAttention(nn.Module):
         cached keys' ids are not known here) or ids that do not increase."""
         if position_ids is None:
             return None
-        ids = position_ids.expand(batch, -1) if position_ids.shape[0] == 1 else position_ids
-        if tuple(ids.shape) != (batch, q_len):
-            raise InvalidInputError(f"position_ids of shape {tuple(position_ids.shape)} for {batch} row(s) of "
-                                    f"{q_len} queries")
+        ids = _row_ids(position_ids, batch, q_len)
         if torch.equal(ids, torch.arange(k_len - q_len, k_len, device=ids.device).expand_as(ids)):
             return None
+        self._check_readable(ids, q_len, k_len)
+        name = type(self).__name__
+        if bool((ids[:, 0] < 0).any()) or bool((ids.diff(dim=-1) <= 0).any()):
+            raise InvalidInputError(f"{name} reads position ids that start at 0 or above and strictly increase "
+                                    f"along each row (a PoSE window's); got a row starting {ids[0, :6].tolist()}")
+        return ids
+
+    def _check_readable(self, ids: torch.Tensor, q_len: int, k_len: int) -> None:
+        """Ids other than the token order: refused with a KV cache (the cached keys' ids are not known here) and
+        by a method that does not read them."""
         name = type(self).__name__
         if q_len != k_len:
             raise MethodNotApplicableError(
@@ -151,10 +161,29 @@ class RemappedAttention(nn.Module):
             raise MethodNotApplicableError(
                 f"{name} places each key by its token order and cannot read other position ids (these start "
                 f"{ids[0, :4].tolist()}); pass none, or use self_extend, which reads them")
-        if bool((ids[:, 0] < 0).any()) or bool((ids.diff(dim=-1) <= 0).any()):
-            raise InvalidInputError(f"{name} reads position ids that start at 0 or above and strictly increase "
-                                    f"along each row (a PoSE window's); got a row starting {ids[0, :6].tolist()}")
-        return ids
+
+    def padded_ids(self, position_ids, valid: torch.Tensor, q_len: int, k_len: int) -> list[torch.Tensor] | None:
+        """With padding: each row's ids at the keys it attends to, where they are neither those keys counted in
+        order (what generate passes for padded rows) nor the token order, pads included (what transformers passes
+        when no ids are given): None then, each row's positions counted over its own tokens. Refused as
+        `given_ids` refuses. The ids of padded slots are not read."""
+        if position_ids is None:
+            return None
+        batch = valid.shape[0]
+        ids = _row_ids(position_ids, batch, q_len)
+        counted = (valid.cumsum(-1) - 1)[:, k_len - q_len:]   # each key's place among the row's attended keys
+        queries = valid[:, k_len - q_len:]
+        order = torch.arange(k_len - q_len, k_len, device=ids.device).expand_as(ids)
+        if torch.equal(ids[queries], counted[queries]) or torch.equal(ids, order):
+            return None
+        self._check_readable(ids, q_len, k_len)
+        rows = [ids[row][valid[row]] for row in range(batch)]
+        for row in rows:
+            if len(row) and (bool(row[0] < 0) or bool((row.diff() <= 0).any())):
+                raise InvalidInputError(f"{type(self).__name__} reads position ids that start at 0 or above and "
+                                        f"strictly increase along each row's tokens (a PoSE window's); got a row "
+                                        f"starting {row[:6].tolist()}")
+        return rows
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
                positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -238,6 +267,19 @@ def kernel_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) ->
     if torch.is_autocast_enabled(device) and all(t.dtype != torch.float64 for t in tensors):
         return torch.get_autocast_dtype(device)
     return torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+
+
+def _row_ids(position_ids: torch.Tensor, batch: int, q_len: int) -> torch.Tensor:
+    """The position ids [batch, q_len] of every row (one row given: the same for all), refused unless integers of
+    that shape."""
+    shape = tuple(getattr(position_ids, "shape", ()))
+    if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or position_ids.is_complex() \
+            or position_ids.dtype == torch.bool or len(shape) != 2 or shape[0] not in (1, batch) or shape[1] != q_len:
+        shapes = f"({batch}, {q_len})" + (f" or (1, {q_len})" if batch > 1 else "")
+        raise InvalidInputError(f"position_ids must be integers of shape {shapes} for {batch} row(s) of {q_len} "
+                                f"queries, got {getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                                f"of shape {shape}")
+    return position_ids.expand(batch, -1) if shape[0] == 1 else position_ids
 
 
 def _attended_keys(mask: torch.Tensor | None, batch: int, q_len: int,

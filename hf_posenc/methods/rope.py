@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import _compat
 from ..config import RopeMethodConfig
+from ..errors import InvalidInputError
 
 # Fields of a rope_parameters dict that belong to a scaling method, not to the model's base RoPE.
 SCALING_KEYS = frozenset({
@@ -164,6 +165,9 @@ class NoRotation(nn.Module):
         self.rotary_dim, self.complex_frequencies = rotary_dim, complex_frequencies
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+        if position_ids.shape[-1] != x.shape[-2]:   # x: [batch, (heads,) tokens, width] in every family
+            raise InvalidInputError(f"position_ids of shape {tuple(position_ids.shape)} for an input of "
+                                    f"{x.shape[-2]} tokens: give one id per token")
         if self.complex_frequencies:
             return torch.ones(*position_ids.shape, self.rotary_dim // 2, dtype=torch.complex64, device=x.device)
         shape = (*position_ids.shape, self.rotary_dim)
