@@ -219,11 +219,15 @@ def _patch_to_gguf(args, ref: str, params: dict) -> None:
     api.patch(model, args.method, **params)
     written = serving.write_gguf(model, source, out, overwrite=args.overwrite)
     print(json.dumps(written, indent=2))
-    if args.method in serving.LLAMA_CPP_METHODS:   # per-pair factors (longrope, llama3) have no flags
-        print(f"saved to {args.out} (llama.cpp, from the original file instead: "
-              f"{' '.join(serving.llama_cpp_args(model))})")
-    else:
-        print(f"saved to {args.out}")
+    context = model.config.get_text_config().max_position_embeddings
+    print(f"saved to {args.out}; llama.cpp serves it as written (its rope keys and factors are in the file): "
+          f"llama-server -m {args.out} -c {context}")
+    try:   # the same from the original file by flags, where flags can say it (not per-pair factors or a scale)
+        flags = serving.llama_cpp_args(model) if args.method in serving.LLAMA_CPP_METHODS else None
+    except MethodNotApplicableError:
+        flags = None
+    if flags:
+        print(f"or from the original file: llama-server -m {source} {' '.join(flags)}")
 
 
 def cmd_demo(args) -> None:

@@ -381,7 +381,15 @@ def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, caps
     assert not (tmp_path / "d.gguf").exists()
     # per-pair factors: tensors in the file, no llama.cpp flags to print; the file loads back as the same model
     main(["patch", str(source), "--method", "llama3", "--factor", "2", "--out", str(tmp_path / "l3.gguf")])
-    assert capsys.readouterr().out.rstrip().endswith(f"saved to {tmp_path / 'l3.gguf'}")
+    out = capsys.readouterr().out
+    assert f"llama-server -m {tmp_path / 'l3.gguf'} -c 16384" in out and "from the original file" not in out
+    # YaRN with its own scale: the key is in the file, no flag can say it: exit 0, the command that serves the file
+    main(["patch", str(source), "--method", "yarn", "--factor", "2", "--param", "attention_factor=1.3", "--out",
+          str(tmp_path / "y.gguf")])
+    out = capsys.readouterr().out
+    assert f"llama-server -m {tmp_path / 'y.gguf'} -c 16384" in out and "from the original file" not in out
+    assert serving.read_gguf_rope(tmp_path / "y.gguf")["rope.scaling.attn_factor"] == pytest.approx(
+        1.3 / (0.1 * math.log(2) + 1), rel=1e-6)
     loaded = hp.load_model(tmp_path / "l3.gguf", cache=False).eval()
     assert hp.describe(loaded)["method"] == "longrope"
     patched = hp.patch(hp.load_model(source), "llama3", factor=2).eval()
@@ -390,8 +398,8 @@ def test_cli_patch_writes_a_gguf_and_refuses_what_gguf_cannot_say(tmp_path, caps
     folder = tmp_path / "folder"
     hp.patch(tiny_model(), "linear", factor=2).save_pretrained(folder)
     with pytest.raises(SystemExit):
-        main(["patch", str(folder), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "y.gguf")])
-    assert "written from a GGUF input" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
+        main(["patch", str(folder), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "z.gguf")])
+    assert "written from a GGUF input" in capsys.readouterr().err and not (tmp_path / "z.gguf").exists()
 
 
 def llama_cpp_group_distances(length: int, group: int, block: int) -> np.ndarray:
