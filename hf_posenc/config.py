@@ -86,6 +86,9 @@ def parse_params(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InvalidParameterError(f"parameters are key=value, got {pair!r}")
+        if key in params:   # the last one would win without a word
+            raise InvalidParameterError(f"parameter {key!r} is given twice ({key}={json.dumps(params[key])} and "
+                                        f"{pair}): give it once")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:

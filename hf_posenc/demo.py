@@ -109,6 +109,8 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
         raise ValueError(f"tokens must be >= 2 (the comparison inside the context), got {tokens}")
     if long_tokens is not None and (long_tokens < 0 or long_tokens == 1):
         raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
+    if long_tokens == 0 and passkey:
+        raise ValueError("passkey hides a key in part 2's tokens, and long_tokens=0 skips part 2: give one of them")
     if long_tokens and not long_variants:
         raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
     started = time.perf_counter()

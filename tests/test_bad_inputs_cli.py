@@ -157,6 +157,8 @@ CLI_CASES = [
     ("demo-huge-tokens", [*DEMO, "--tokens", "100000000"], r"--tokens 100000000 is past the model's context \(64\)"),
     ("demo-negative-long-tokens", [*DEMO, "--tokens", "32", "--long-tokens=-1"],
      r"long_tokens must be 0 \(skip part 2\) or >= 2, got -1"),
+    ("demo-passkey-without-part-2", [*DEMO, "--tokens", "32", "--long-tokens", "0", "--passkey"],
+     r"passkey hides a key in part 2's tokens, and long_tokens=0 skips part 2"),
     ("demo-long-tokens-past-text", [*DEMO, "--tokens", "32", "--long-tokens", "100000"],
      r"has \d+ tokens; the demo needs 100000"),
     ("demo-long-tokens-too-short-for-passkey", [*DEMO, "--tokens", "32", "--long-tokens", "40", "--passkey"],

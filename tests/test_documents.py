@@ -169,3 +169,10 @@ def test_what_would_read_across_documents_is_refused():
                                                ("llama", "flash_attention_2", 2, "one row only")]:
         with pytest.raises((InvalidInputError, UnsupportedModelError), match=message):
             documents.check_model(model_type, backend, rows)
+
+
+@pytest.mark.parametrize("eos", [None, "</s>", 2.0, True])
+def test_an_eos_that_is_not_a_token_id_is_refused(eos):
+    ids = torch.tensor([[5, 2, 7, 8]])
+    with pytest.raises(InvalidInputError, match="eos_token_id must be the token id"):
+        documents.document_position_ids(ids, torch.ones_like(ids), eos_token_id=eos)

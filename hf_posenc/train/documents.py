@@ -36,6 +36,9 @@ MASKING_BACKENDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "
 def document_position_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, eos_token_id: int) -> torch.Tensor:
     """Position ids that restart at 0 at each document of each row: after every EOS, and where the padding
     after a row's last token begins (padding is its own sequence, which no real token sees: it comes last)."""
+    if not isinstance(eos_token_id, int) or isinstance(eos_token_id, bool):   # None or "</s>": no document would end
+        raise InvalidInputError(f"eos_token_id must be the token id (an int) that ends a document, got "
+                                f"{eos_token_id!r}: documents are told apart by it")
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InvalidInputError(f"input_ids and attention_mask must both be [batch, tokens], got "
                                 f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
