@@ -198,3 +198,21 @@ def test_register_loss_refuses_a_taken_name_naming_both_classes():
 def test_the_config_refuses_an_unknown_loss_naming_the_registered_ones():
     with pytest.raises(ConfigError, match=r"train.loss must be one of ce, longce.* got 'nosuch'"):
         FC.TrainArgs(loss="nosuch")
+
+
+@pytest.mark.parametrize("token_losses, words", [
+    (lambda self, losses: losses.mean(), "must return one loss a token, shape (2, "),
+    (lambda self, losses: losses.sum(-1), "must return one loss a token"),
+    (lambda self, losses: losses.detach(), "without their gradient"),
+    (lambda self, losses: [0.0], "got list"),
+])
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_a_loss_that_breaks_its_contract_is_refused_naming_it(token_losses, words, chunk):
+    """A scalar or a row's loss would be broadcast over every token, a detached one would train nothing: each
+    refused naming the loss, not trained on."""
+    broken = dataclasses.make_dataclass("Broken", [], bases=(L.TrainLoss,), frozen=True,
+                                        namespace={"name": "broken", "token_losses": token_losses})
+    ids, mask = batch()
+    with pytest.raises(PosEncError, match=re.escape(words)) as refused:
+        broken().lm_loss(tiny_model(), ids, mask, chunk=chunk)
+    assert "training loss 'broken'" in str(refused.value)

@@ -276,6 +276,20 @@ class TrainLoss:
         """Each token's loss from `losses`, its cross-entropy ([batch, n - 1], with gradient)."""
         raise NotImplementedError
 
+    def _checked_token_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """`token_losses`, refused where it breaks its contract: one loss a token (a scalar or a row's would be
+        broadcast over every token without a word), with the gradient when `losses` has one (a detached result
+        trains nothing)."""
+        out = self.token_losses(losses)
+        where = f"training loss {self.name!r} ({type(self).__module__}.{type(self).__qualname__}).token_losses"
+        if not isinstance(out, torch.Tensor) or out.shape != losses.shape:
+            raise InvalidInputError(f"{where} must return one loss a token, shape {tuple(losses.shape)}, got "
+                                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if losses.requires_grad and not out.requires_grad:
+            raise InvalidInputError(f"{where} returned losses without their gradient (detached): the step would "
+                                    f"train nothing")
+        return out
+
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The training step's loss: `token_losses` summed over the real tokens, over their number; `chunk`
@@ -284,7 +298,7 @@ class TrainLoss:
         real = labels != -100   # padding neither counts nor weighs, whatever token_losses makes of its 0
 
         def block_sum(losses: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-            return (self.token_losses(losses) * keep).sum()
+            return (self._checked_token_losses(losses) * keep).sum()
 
         if chunk:
             hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
@@ -329,6 +343,20 @@ class CrossEntropy(TrainLoss):
 
     def token_losses(self, losses: torch.Tensor) -> torch.Tensor:
         return losses
+
+    def _checked_token_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """`token_losses`, refused where it breaks its contract: one loss a token (a scalar or a row's would be
+        broadcast over every token without a word), with the gradient when `losses` has one (a detached result
+        trains nothing)."""
+        out = self.token_losses(losses)
+        where = f"training loss {self.name!r} ({type(self).__module__}.{type(self).__qualname__}).token_losses"
+        if not isinstance(out, torch.Tensor) or out.shape != losses.shape:
+            raise InvalidInputError(f"{where} must return one loss a token, shape {tuple(losses.shape)}, got "
+                                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if losses.requires_grad and not out.requires_grad:
+            raise InvalidInputError(f"{where} returned losses without their gradient (detached): the step would "
+                                    f"train nothing")
+        return out
 
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -383,6 +411,20 @@ class LongCE(TrainLoss):
         for name in ("window", "stride"):
             _check_window(name, getattr(self, name))
         _check_weights(self.clip, self.floor)
+
+    def _checked_token_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """`token_losses`, refused where it breaks its contract: one loss a token (a scalar or a row's would be
+        broadcast over every token without a word), with the gradient when `losses` has one (a detached result
+        trains nothing)."""
+        out = self.token_losses(losses)
+        where = f"training loss {self.name!r} ({type(self).__module__}.{type(self).__qualname__}).token_losses"
+        if not isinstance(out, torch.Tensor) or out.shape != losses.shape:
+            raise InvalidInputError(f"{where} must return one loss a token, shape {tuple(losses.shape)}, got "
+                                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if losses.requires_grad and not out.requires_grad:
+            raise InvalidInputError(f"{where} returned losses without their gradient (detached): the step would "
+                                    f"train nothing")
+        return out
 
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
