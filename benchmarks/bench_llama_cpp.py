@@ -91,16 +91,16 @@ def main() -> None:
         common.refuse(f"--tokens {args.tokens}: the tiny model's runs take at most 4096 (--model smollm2 for more)")
     if args.methods and args.model != "smollm2":
         common.refuse("--methods chooses among --model smollm2's cases; the tiny model runs all of its own")
+    try:   # both models run in llama.cpp: refused before anything loads
+        import llama_cpp
+    except ImportError:
+        common.refuse("llama-cpp-python is not installed: bash scripts/build_engines.sh")
     if args.model == "smollm2":
         known = [method for method, _ in smollm2_cases()]
         unknown = [m for m in args.methods or [] if m not in known]
         if unknown:
             common.refuse(f"--methods {' '.join(unknown)}: not among {' '.join(known)}")
         return main_smollm2(args)
-    try:
-        import llama_cpp
-    except ImportError:
-        common.refuse("llama-cpp-python is not installed: bash scripts/build_engines.sh")
 
     context = ((args.tokens + 255) // 256) * 256
     ids = (torch.arange(args.tokens) * 7919 % 49000 + 10).tolist()

@@ -21,7 +21,8 @@ from hf_posenc.train.losses import LongCE, TrainingLoss
 
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-len", type=common.count(16), default=2048)
+    parser.add_argument("--seq-len", type=common.count(16, 32768), default=2048,
+                        help="tokens a step (at most 32768: the YaRN x4 context the model is patched to)")
     parser.add_argument("--window", type=common.count(4), default=512, help="LongCE's short window")
     parser.add_argument("--repeats", type=common.count(1, 50), default=5)
     parser.add_argument("--dtype", default="float32", choices=common.DTYPES)

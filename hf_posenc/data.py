@@ -143,9 +143,13 @@ def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -
         )
     if not isinstance(text_column, str) or not text_column:
         raise InvalidInputError(f"text_column must name a column (a str), got {text_column!r}")
-    name, _, subset = spec.partition(":")
+    name, colon, subset = spec.partition(":")
     if name in BUILTIN:
-        return BUILTIN[name]([s.strip() for s in subset.split(",") if s.strip()])
+        parts = [s.strip() for s in subset.split(",")]
+        if colon and (not subset.strip() or not all(parts)):   # "stdlib:" or "stdlib:a,,b": a part left empty
+            raise InvalidInputError(f"corpus {spec!r} names an empty part after the colon: give {name} alone (all of "
+                                    f"it) or {name}:part,part (or {name}:-part to leave parts out)")
+        return BUILTIN[name](parts if colon else [])
     files = _local_files(spec)
     if files:
         kinds = {FILE_LOADERS.get(Path(f).suffix) for f in files}

@@ -73,3 +73,6 @@ def test_the_stdlib_corpus_is_one_document_per_package_or_module():
         data.load_corpus("stdlib:json,json")
     with pytest.raises(InvalidInputError, match="leaves out all .* nothing is left"):   # "File name too long", before
         data.load_corpus("stdlib:" + ",".join(f"-{name}" for name in parts))
+    for spec in ("stdlib:", "stdlib:,", "stdlib:json,", "shakespeare:"):   # every part, before: an empty list read as all
+        with pytest.raises(InvalidInputError, match="names an empty part after the colon"):
+            data.load_corpus(spec)

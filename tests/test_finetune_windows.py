@@ -139,6 +139,8 @@ def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_p
     ({"data": {"packing": "documents"}, "model": {"attn_implementation": "paged|sdpa"}}, "cannot keep documents"),
     ({"data": {"packing": "documents", "seq_len": 192}, "train": {"mixed_windows": 0.5}}, "follow its longest document"),
     ({"data": {"packing": "packed"}}, "data.packing must be one of joined, documents"),
+    ({"data": {"seq_len": 192}, "train": {"mixed_windows": 0.5, "attention": "s2", "s2_group": 48}},
+     r"train.s2_group=48: .*\(train.mixed_windows' short window length=128\)"),   # not data.short_len: unset
 ])
 def test_a_window_mix_or_packing_that_cannot_work_is_refused_before_loading(tmp_path, tiny_dir, text_file,
                                                                             overrides, message):

@@ -22,6 +22,7 @@ import torch
 
 from .. import _compat
 from . import gguf_header
+from ..config import check_bool
 from ..errors import MethodNotApplicableError
 from ..record import read_record
 from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors, whole_file
@@ -75,6 +76,10 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: s
                 tokenizer=None) -> str:
     """Everything checked before a byte is written, on the model or its meta skeleton (the config is what is
     read; with `tokenizer`, vocab_from's tokens against it); returns llama.cpp's architecture."""
+    for name, value in (("target", target), ("vocab_from", vocab_from)):
+        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            raise ExportError(f"{name} must be a path (str or os.PathLike), got {value!r:.60}")
+    check_bool("overwrite", overwrite)
     target, vocab_from = Path(target), Path(vocab_from)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
@@ -159,8 +164,8 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
     it, id by id. Everything is checked first; the file appears whole or not at all. Returns the rope keys written."""
     import gguf
 
-    target, vocab_from = Path(target), Path(vocab_from)
     arch = check_model(model, target, vocab_from, dtype, overwrite, tokenizer)
+    target, vocab_from = Path(target), Path(vocab_from)
     rope = gguf_rope_metadata(model, arch)
     factors = gguf_rope_tensors(model, arch)
     tensors = _tensors(model, arch)

@@ -116,8 +116,9 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
     check_trainable(cfg.train, model, ref)
     positions = check_positions(cfg, model, target, seq_len)
     switched, short_tokens = check_mixed_windows(cfg, ref, original, seq_len, positions)
-    long_training = check_long_training(cfg, model, ref, original, seq_len,
-                                        short_len or (short_tokens if short_tokens != seq_len else None), positions)
+    mixed_short = short_tokens if short_tokens != seq_len else None
+    long_training = check_long_training(cfg, model, ref, original, seq_len, short_len or mixed_short, positions,
+                                        "data.short_len" if short_len else "train.mixed_windows' short window length")
     long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
                                         switched=switched, short_tokens=short_tokens,
                                         document_mask=check_documents(cfg, model, causal, positions,

@@ -104,7 +104,8 @@ class LongTraining:
 
 
 def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq_len: int,
-                        short_len: Optional[int], positions: PositionScheme) -> LongTraining:
+                        short_len: Optional[int], positions: PositionScheme,
+                        short_from: str = "data.short_len") -> LongTraining:
     """train.attention / train.loss against the run: refused in one line where they cannot work (S2: a group
     size that does not split every training sequence into whole groups, a model whose attention cannot be
     grouped, a posenc attention method, a position scheme that spreads ids; the loss: what its `for_run`
@@ -138,7 +139,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
                               f"target length, or the position scheme with full attention")
         group = train.s2_group or seq_len // 4
         default = "" if train.s2_group else " (its default: a quarter of data.seq_len)"
-        for name, length in (("data.seq_len", seq_len), ("data.short_len", short_len)):
+        for name, length in (("data.seq_len", seq_len), (short_from, short_len)):
             if length is None:
                 continue
             try:

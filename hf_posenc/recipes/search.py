@@ -147,6 +147,10 @@ def original_context(ref: str) -> int:
     if read_record(config) is not None:
         raise ConfigError(f"model.name {ref} is already patched ({read_record(config).method}): search from the "
                           f"unpatched model")
+    rope_type = (getattr(text, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type != "default":   # the seeds and candidates rescale plain RoPE (the recipe has no replace_native)
+        raise ConfigError(f"model.name {ref} already ships rope_type={rope_type!r} scaling: the factor search rescales "
+                          f"plain RoPE from the original context; search from the checkpoint before its scaling")
     if _compat.rope_layer_types(text) != [None]:
         raise ConfigError(f"model.name {ref} has one RoPE per attention type ({_compat.rope_layer_types(text)}): the "
                           f"factor search takes a model with one RoPE for every layer")
