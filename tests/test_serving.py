@@ -446,3 +446,15 @@ def test_dca_export_names_the_vllm_releases_that_ran_it_and_why_not_this_patch()
     with pytest.raises(hp.MethodNotApplicableError, match=r"dual_chunk_attention_config only up to 0\.10.*qwen2.*"
                                                           r"length scale|0\.1 ln\(length / original\) \+ 1"):
         hp.serving_overrides(model)
+
+
+def test_a_config_edited_after_the_patch_is_not_exported_as_the_model():
+    """hp.patch(yarn x4), then model.config.rope_parameters["factor"] = 8 by hand: every export reads the config,
+    which no longer says what the model runs; refused instead of serving another model."""
+    model = hp.patch(tiny_model(), "yarn", factor=4)
+    assert serving.serving_overrides(model)["rope_parameters"]["factor"] == 4.0
+    model.config.rope_parameters["factor"] = 8.0
+    for export in (serving.serving_overrides, serving.llama_cpp_args,
+                   lambda m: serving.gguf_rope_metadata(m, "llama")):
+        with pytest.raises(hp.PosEncError, match="config was edited after its patch"):
+            export(model)

@@ -92,7 +92,33 @@ def _patch(model: torch.nn.Module, engine: str, rope_types: tuple[str, ...], cal
     (a stacked one's base included) says why not (`export_refusal`), and every rope_type it holds is one of
     `rope_types` (`flags`: llama.cpp's command line, which cannot carry per-pair factors: a GGUF file can)."""
     model = as_model(model, call)
-    return check_config_exports(model.config, engine, rope_types, flags)
+    record = check_config_exports(model.config, engine, rope_types, flags)
+    if record is not None:
+        _check_config_runs(model, engine)
+    return record
+
+
+def _check_config_runs(model: torch.nn.Module, engine: str) -> None:
+    """What an engine is given is the config: it must be the RoPE the model runs. A config edited after the patch
+    (rope_parameters changed by hand) would be exported as another model without a word."""
+    text = model.config.get_text_config()
+    rotaries = [m for m in model.modules() if _compat.is_rotary_module(m)]
+    if len(rotaries) != 1 or _compat.rope_layer_types(text) != [None] or not hasattr(rotaries[0], "inv_freq"):
+        return   # one RoPE per layer type, or a module of hf_posenc's own: nothing read from a config alone
+    rotary = rotaries[0]
+    if rotary.inv_freq.is_meta:
+        return   # a skeleton: no frequencies yet
+    running = rotary.inv_freq.detach().double().cpu()
+    params = _compat.get_rope_parameters(text, None)
+    lengths = [None]
+    if params.get("rope_type") == "longrope":   # after a long forward the module holds the long set
+        lengths.append(int(params.get("original_max_position_embeddings", text.max_position_embeddings)) + 1)
+    written = [_compat.rope_init(text, None, n, type(rotary))[0].double().cpu() for n in lengths]
+    if not any(w.shape == running.shape and torch.allclose(w, running, rtol=1e-5, atol=0) for w in written):
+        raise MethodNotApplicableError(
+            f"the model's config was edited after its patch: its rope_parameters give other frequencies than its "
+            f"rotary module runs, so {engine} would serve another model; patch the model again instead of editing "
+            f"model.config")
 
 
 def check_config_exports(config, engine: str, rope_types: tuple[str, ...], flags: bool = False) -> PatchRecord | None:
