@@ -160,3 +160,14 @@ def test_readme_names_every_model_type_a_family_matches():
     model_types = set(TESTED_MODEL_TYPES) | {t for f in FAMILIES if f.mechanism == "learned" for t in f.model_types}
     missing = sorted(t for t in model_types if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", README))
     assert not missing, missing
+
+
+def test_readme_leads_with_what_it_does_a_working_example_and_where_to_go_next():
+    """The first screen: purpose, the two commands (install and run), the example test_doc_blocks runs
+    (README.md:0: patch, fine-tune, evaluate, save), and the next steps, all within 40 lines."""
+    first = README.splitlines()[:40]
+    text = "\n".join(first)
+    assert first[0] == "# hf_posenc" and "```python" in text and "Next:" in text
+    example = README.split("```python", 1)[1].split("```", 1)[0]
+    for call in ("hp.patch(", ".backward()", "hpe.perplexity_by_length(", "save_pretrained("):
+        assert call in example, call
