@@ -119,8 +119,8 @@ def perplexity(model, ids: list[int]) -> float:
     return math.exp(nll.double().mean().item())
 
 
-def passkey_cell(model, tokenizer, length: int, trials: int) -> dict:
-    depths = [(i + 0.5) / trials for i in range(trials)]
+def passkey_cell(model, tokenizer, length: int, trials: int, depths: list[float] | None = None) -> dict:
+    depths = depths or [(i + 0.5) / trials for i in range(trials)]
     made = hpe.make_trials("passkey", tokenizer, lengths=[length], depths=depths, trials=1, seed=0)
     scored = hpe.score_trials(model, made)
     logprobs = [t["logprob"] for t in scored]
@@ -137,6 +137,9 @@ def main() -> None:
     parser.add_argument("--texts", nargs="+", default=TEXTS, help="held-out texts (load_corpus specs)")
     parser.add_argument("--passkey-trials", type=common.count(0, 100), default=0,
                         help="passkey trials at --target (0: none)")
+    parser.add_argument("--passkey-depths", type=float, nargs="+", metavar="D",
+                        help="where the trials hide the key, shares of the prompt in (0, 1), one trial each (default: "
+                             "--passkey-trials evenly spread; 0.04 .. 0.24 put it 24-31k back at 32k)")
     parser.add_argument("--dtype", default=None, choices=common.DTYPES)
     parser.add_argument("--out", default="benchmarks/results/search_judge.json")
     parser.add_argument("--report", action="store_true", help="print the tables of --out")
@@ -157,6 +160,10 @@ def main() -> None:
     check_rows(args.rows)
     results.setdefault("machine", f"{common.machine()}, SmolLM2-135M {args.dtype} sdpa, "
                                   f"{torch.get_num_threads()} thread(s)")
+    depths = args.passkey_depths
+    if depths and not all(0 < d < 1 for d in depths):
+        common.refuse(f"--passkey-depths {' '.join(map(str, depths))}: each must be in (0, 1)")
+    trials = len(depths) if depths else args.passkey_trials
     tokenizer = hp.load_tokenizer("smollm2")
     texts = {spec: common.corpus_ids(tokenizer, spec)[:max(args.lengths)] for spec in args.texts}
     for spec, ids in texts.items():
@@ -166,7 +173,8 @@ def main() -> None:
     for row in args.rows:
         name = row.partition("=")[0]
         todo = [(spec, n) for spec in texts for n in args.lengths if f"{name} {spec} {n}" not in results["ppl"]]
-        need_passkey = args.passkey_trials and f"{name} {args.target}" not in results["passkey"]
+        key = f"{name} {args.target}" + (f" depths {' '.join(map(str, depths))}" if depths else "")
+        need_passkey = trials and key not in results["passkey"]
         if not todo and not need_passkey:
             continue
         model = load_row(row, args.target, dtype)
@@ -177,10 +185,9 @@ def main() -> None:
             save()
             print(f"{name} {spec} {n}: {value:.3f}", flush=True)
         if need_passkey:
-            results["passkey"][f"{name} {args.target}"] = passkey_cell(model, tokenizer, args.target,
-                                                                       args.passkey_trials)
+            results["passkey"][key] = passkey_cell(model, tokenizer, args.target, trials, depths)
             save()
-            print(f"{name} passkey: {results['passkey'][f'{name} {args.target}']}", flush=True)
+            print(f"{key} passkey: {results['passkey'][key]}", flush=True)
     report(results)
 
 
