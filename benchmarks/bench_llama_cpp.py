@@ -116,7 +116,7 @@ def main() -> None:
                 write_gguf_model(m, path, vocab_from=vocab, dtype=fmt, overwrite=True)
                 start = time.perf_counter()
                 llm = llama_cpp.Llama(str(path), n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
-                                      verbose=False, type_k=0, type_v=0, n_threads=2)
+                                      verbose=False, type_k=0, type_v=0, n_threads=torch.get_num_threads())
                 llm.eval(ids)
                 theirs = torch.log_softmax(torch.tensor(np.array(llm.scores[:args.tokens]), dtype=torch.float64), -1)
                 llm.close()
@@ -150,7 +150,7 @@ def main_smollm2(args) -> None:
                 path = Path(folder) / "m.gguf"
                 write_gguf_model(m, path, vocab_from=vocab, dtype=fmt, overwrite=True)
                 llm = llama_cpp.Llama(str(path), n_ctx=context, n_batch=512, n_ubatch=512, logits_all=True,
-                                      verbose=False, type_k=0, type_v=0, n_threads=2)
+                                      verbose=False, type_k=0, type_v=0, n_threads=torch.get_num_threads())
                 llm.eval(ids)
                 theirs = llm.scores[:args.tokens]
                 with torch.no_grad():

@@ -9,6 +9,8 @@ F32 KV cache (llama.cpp's default F16 cache alone moves them ~1e-3)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -23,6 +25,7 @@ gguf = pytest.importorskip("gguf")
 
 VOCAB = 49152   # SmolLM2's
 TOKENS, CONTEXT = 500, 512   # past the tiny model's 64 positions: 8x
+THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)   # this machine's
 
 
 def wide_model(method: str | None = None, **params):
@@ -52,7 +55,7 @@ def hf_log_probs(model) -> torch.Tensor:
 def llama_cpp_log_probs(path) -> torch.Tensor:
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: scripts/build_engines.sh")
     llm = llama_cpp.Llama(str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_ubatch=CONTEXT, logits_all=True,
-                          verbose=False, type_k=0, type_v=0, n_threads=2)   # type 0: GGML_TYPE_F32
+                          verbose=False, type_k=0, type_v=0, n_threads=THREADS)   # type 0: GGML_TYPE_F32
     llm.eval(ids())
     scores = torch.tensor(np.array(llm.scores[:TOKENS]), dtype=torch.float64)
     llm.close()
