@@ -26,7 +26,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["passkey", "vt"], choices=list(ruler.FAMILIES))
+    parser.add_argument("--families", nargs="+", default=["passkey", "vt"], choices=list(ruler.TASKS))
     parser.add_argument("--lengths", type=common.count(2), nargs="+", default=[4096])
     parser.add_argument("--samples", type=common.count(1), default=30)
     parser.add_argument("--haystack", help="a text file for the families that hide needles in real text")
@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.haystack and not Path(args.haystack).is_file():
         common.refuse(f"--haystack {args.haystack}: no such file")
-    needing = [f for f in args.families if not ruler.FAMILIES[f].noise]
+    needing = [f for f in args.families if not ruler.TASKS[f].noise]
     if needing and not args.haystack:
         common.refuse(f"--families {' '.join(needing)} hide their needles in real text: give --haystack FILE")
     haystack = Path(args.haystack).read_text() if args.haystack else None

@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .errors import InvalidParameterError, ParameterTypeError, PosEncError, SequenceTooLongError, UnsupportedModelError
+from .errors import (InvalidParameterError, ParameterTypeError, PosEncError, RegistrationError, SequenceTooLongError,
+                     UnsupportedModelError)
+from .named import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -141,55 +143,6 @@ class Contract:
     unpatched_at_factor_1: bool = True
     factor_1_tolerance: float = 0.0
     expected_rope_parameters: Callable[[float, int, int], dict[str, Any]] | None = None
-
-
-class RegistrationError(PosEncError, ValueError):
-    """A method class that cannot be registered: no name, not a method kind, or a name already taken."""
-
-
-# name -> method class, filled by @register_method where each method is defined (hf_posenc/methods/<name>.py)
-METHODS: dict[str, type[MethodConfig]] = {}
-
-
-def register_named(table: dict, cls: type, base: type, *, decorator: str, kind: str, noun: str, setting: str,
-                   dataclass: bool = False) -> type:
-    """What the registries of the front ends' choices share (`register_scheme`, `register_loss`, `register_task`):
-    `cls` must be a subclass of `base` (a dataclass where `dataclass`), its `name` a lowercase word, not taken;
-    then `table[name] = cls`. Refused naming the decorator, the class, or both classes of a name taken twice."""
-    if not (isinstance(cls, type) and issubclass(cls, base) and (not dataclass or dataclasses.is_dataclass(cls))):
-        shape = f"a @dataclass(frozen=True) subclass of {base.__name__}" if dataclass else f"a subclass of {base.__name__}"
-        raise InvalidParameterError(f"{decorator} takes {shape}, got {cls!r}")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise InvalidParameterError(f"{cls.__qualname__}.name must be a lowercase word (the {noun}'s name in "
-                                    f"{setting}), got {name!r}")
-    if name in table:
-        taken = table[name]
-        raise InvalidParameterError(f"{kind} {name!r} is registered twice: {taken.__module__}.{taken.__qualname__} "
-                                    f"and {cls.__module__}.{cls.__qualname__}")
-    table[name] = cls
-    return cls
-
-
-def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:
-    """Class decorator: register `cls` under `cls.name` (what hp.patch, records and the command line call it).
-    A name another class already holds is refused, naming both, so two methods never shadow each other."""
-    if not (isinstance(cls, type) and issubclass(cls, MethodConfig)):
-        raise RegistrationError(f"register_method takes a MethodConfig subclass, got {cls!r}")
-    name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise RegistrationError(f"{cls.__qualname__} ({cls.__module__}) needs its own `name: ClassVar[str]`, an "
-                                f"identifier (what hp.patch and saved records call it), got {name!r}")
-    if not any(isinstance(getattr(cls, "mechanisms", None), tuple) and m in ("rope", "learned")
-               for m in getattr(cls, "mechanisms", ())):
-        raise RegistrationError(f"{cls.__qualname__}.mechanisms must name 'rope' and / or 'learned', got "
-                                f"{getattr(cls, 'mechanisms', None)!r}")
-    taken = METHODS.get(name)
-    if taken is not None and taken is not cls:
-        raise RegistrationError(f"method name {name!r} of {cls.__module__}.{cls.__qualname__} is already registered by "
-                                f"{taken.__module__}.{taken.__qualname__}; choose another name")
-    METHODS[name] = cls
-    return cls
 
 
 @dataclass
@@ -321,6 +274,21 @@ class MethodConfig:
                 out[f.name] = "<required>"
         return out
 
+
+
+METHODS = Registry("method", MethodConfig, setting="hp.patch(model, NAME) and saved records",
+                   decorator="register_method")
+
+
+def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:
+    """Class decorator: register `cls` under `cls.name` (what hp.patch, records and the command line call it).
+    A name another class already holds is refused, naming both, so two methods never shadow each other."""
+    if isinstance(cls, type) and issubclass(cls, MethodConfig) and not any(
+            isinstance(getattr(cls, "mechanisms", None), tuple) and m in ("rope", "learned")
+            for m in getattr(cls, "mechanisms", ())):
+        raise RegistrationError(f"{cls.__qualname__}.mechanisms must name 'rope' and / or 'learned', got "
+                                f"{getattr(cls, 'mechanisms', None)!r}")
+    return METHODS.register(cls)
 
 
 @dataclass

@@ -23,6 +23,11 @@ class InvalidParameterError(PosEncError, ValueError):
     """A parameter has the right type but a value that is not allowed."""
 
 
+class RegistrationError(InvalidParameterError):
+    """An entry a registry refuses (hf_posenc.named.Registry): not of the table's kind, no name of its own, or a
+    name another entry holds."""
+
+
 class ParameterTypeError(PosEncError, TypeError):
     """A parameter has the wrong type (a bool or a str where a number is expected, ...)."""
 

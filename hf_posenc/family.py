@@ -11,14 +11,12 @@ from torch import nn
 from transformers import PreTrainedConfig
 
 from .errors import UnsupportedModelError
+from .named import Registry
 
 if TYPE_CHECKING:
     from .config import MethodConfig
     from .plan import PatchPlan
     from .record import PatchRecord
-
-FAMILIES: list[Family] = []
-
 
 class Family(ABC):
     """Knows where one architecture family keeps its positions and how to swap them. Every caller (hp.patch,
@@ -70,17 +68,17 @@ class Family(ABC):
         """Refuse (SequenceTooLongError) an input of `length` tokens the model cannot take. No limit by default."""
 
 
+FAMILIES = Registry("family", Family, setting="a saved record's family", decorator="register_family",
+                    instances=True, pattern=r"[a-z][a-z0-9_\-]*")   # asked in this order: the first that matches
+
+
 def register_family(family: Family) -> Family:
-    if not isinstance(family, Family):
-        raise TypeError(f"register_family takes a hf_posenc.family.Family, got {type(family).__name__}")
-    if any(f.name == family.name for f in FAMILIES):
-        raise ValueError(f"a family named {family.name!r} is already registered")
-    FAMILIES.append(family)
-    return family
+    """Put a family (an instance) in FAMILIES under its name; a name taken is refused, naming both."""
+    return FAMILIES.register(family)
 
 
 def supported_model_types() -> list[str]:
-    return sorted({t for family in FAMILIES for t in family.model_types})
+    return sorted({t for family in FAMILIES.values() for t in family.model_types})
 
 
 def as_model(model, call: str) -> nn.Module:
@@ -100,7 +98,7 @@ def as_model(model, call: str) -> nn.Module:
 
 
 def find_family(model: nn.Module) -> Family:
-    for family in FAMILIES:
+    for family in FAMILIES.values():
         if family.matches(model):
             return family
     model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)

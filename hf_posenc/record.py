@@ -95,7 +95,7 @@ class PatchRecord:
         return cls.from_dict({k: v for k, v in self.params.items() if k in names})
 
     def family_adapter(self) -> Family:
-        return next(f for f in FAMILIES if f.name == self.family)
+        return FAMILIES[self.family]
 
 
 def recorded_family(config) -> str | None:
@@ -172,9 +172,9 @@ def _parse(raw, source: str, field: str, version: int) -> PatchRecord:
     unknown = sorted(str(key) for key in raw if key not in known)
     if unknown:
         refuse(f"has key(s) {unknown} that record format {version} does not have; it has {list(known)}")
-    family = next((f for f in FAMILIES if f.name == raw["family"]), None)
+    family = FAMILIES.get(raw["family"]) if isinstance(raw["family"], str) else None
     if family is None:
-        refuse(f"names an unknown family {raw['family']!r}; known: {', '.join(f.name for f in FAMILIES)}")
+        refuse(f"names an unknown family {raw['family']!r}; known: {', '.join(FAMILIES)}")
     if raw["mechanism"] != family.mechanism:
         refuse(f"says mechanism {raw['mechanism']!r}, but family {family.name!r} has {family.mechanism!r} positions")
     method = METHODS.get(raw["method"]) if isinstance(raw["method"], str) else None

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _compat, families, methods  # noqa: F401  (importing them registers every family and method)
-from .config import METHODS, MethodConfig, RegistrationError, register_method
-from .errors import MethodNotApplicableError, UnknownMethodError
+from .config import METHODS, MethodConfig, register_method
+from .errors import MethodNotApplicableError, RegistrationError, UnknownMethodError
 from .methods.rope import CUSTOM_ROPE_TYPE_PREFIX
 from .family import FAMILIES, Family, as_model, find_family, register_family, supported_model_types
 

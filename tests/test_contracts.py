@@ -59,7 +59,7 @@ SWEEP_PERCENT = 25
 
 def mechanisms() -> dict[str, str]:
     """model_type -> mechanism, for every model type a registered family covers."""
-    return {t: family.mechanism for family in FAMILIES for t in family.model_types}
+    return {t: family.mechanism for family in FAMILIES.values() for t in family.model_types}
 
 
 def has_tiny_model(model_type: str) -> bool:

@@ -157,7 +157,7 @@ def test_every_worked_example_file_is_shown():
 
 
 def test_readme_names_every_model_type_a_family_matches():
-    model_types = set(TESTED_MODEL_TYPES) | {t for f in FAMILIES if f.mechanism == "learned" for t in f.model_types}
+    model_types = set(TESTED_MODEL_TYPES) | {t for f in FAMILIES.values() if f.mechanism == "learned" for t in f.model_types}
     missing = sorted(t for t in model_types if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", README))
     assert not missing, missing
 

@@ -18,7 +18,7 @@ KNOWN: set[frozenset[str]] = set()
 # docs/ARCHITECTURE.md's layers, bottom first: a module imports from its own layer (no cycle) or the ones below.
 # A module is in the layer of the longest prefix listed (`hf_posenc.methods` takes every method module).
 LAYERS = {
-    "errors": ("hf_posenc.errors",),
+    "errors": ("hf_posenc.errors", "hf_posenc.named"),
     "interfaces": ("hf_posenc.config", "hf_posenc.family"),
     "transformers": ("hf_posenc._compat", "hf_posenc.export", "hf_posenc.export.gguf_header", "hf_posenc.assets"),
     "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.methods"),

@@ -190,7 +190,7 @@ def test_register_loss_refuses_a_taken_name_naming_both_classes():
     with pytest.raises(InvalidParameterError, match="takes a @dataclass"):
         L.register_loss(dict)
     LongCE.name = "Not A Name"
-    with pytest.raises(InvalidParameterError, match="name must be a lowercase word"):
+    with pytest.raises(InvalidParameterError, match="needs its own name, a lowercase word"):
         L.register_loss(LongCE)
     assert L.LOSSES["longce"] is L.LongCE
 

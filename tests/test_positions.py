@@ -239,7 +239,7 @@ def test_register_scheme_refuses_a_taken_name_naming_both_classes():
         P.register_scheme(dict)
     Broken.name = "Not A Name"
     try:
-        with pytest.raises(InvalidParameterError, match="name must be a lowercase word"):
+        with pytest.raises(InvalidParameterError, match="needs its own name, a lowercase word"):
             P.register_scheme(Broken)
     finally:
         Broken.name = "broken"

@@ -139,7 +139,7 @@ def test_the_recall_distance_is_where_the_gap_falls_below_half_the_shortest():
 
 # -- retrieval families ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ruler.FAMILIES)
+@pytest.mark.parametrize("family", ruler.TASKS)
 def test_every_family_is_canonical_fits_its_length_and_answers_in_the_prompt(family):
     tok = tiny_tokenizer()
     samples = ruler.make_samples(family, tok, lengths=[900], samples=2, haystack=PROSE, seed=5)

@@ -75,8 +75,8 @@ def test_a_name_taken_by_another_method_is_refused_naming_both():
     class Other(RopeMethodConfig):
         name: ClassVar[str] = "yarn"
 
-    with pytest.raises(RegistrationError, match=r"method name 'yarn' of .*Other is already registered by "
-                                                 r"hf_posenc\.methods\.yarn\.YarnConfig"):
+    with pytest.raises(RegistrationError, match=r"method 'yarn' is registered twice: hf_posenc\.methods\.yarn\."
+                                                 r"YarnConfig and .*Other"):
         register_method(Other)
     assert METHODS["yarn"].__name__ == "YarnConfig"
     assert register_method(METHODS["yarn"]) is METHODS["yarn"]  # registering the same class again is harmless
@@ -84,8 +84,8 @@ def test_a_name_taken_by_another_method_is_refused_naming_both():
 
 @pytest.mark.parametrize("bad, words", [
     (int, "takes a MethodConfig subclass"),
-    (type("NoName", (RopeMethodConfig,), {}), "needs its own `name"),
-    (type("Spaced", (RopeMethodConfig,), {"name": "two words"}), "an identifier"),
+    (type("NoName", (RopeMethodConfig,), {}), "needs its own name"),
+    (type("Spaced", (RopeMethodConfig,), {"name": "two words"}), "a lowercase word"),
     (type("NoMechanism", (RopeMethodConfig,), {"name": "toy_none", "mechanisms": ("bias",)}), "mechanisms must name"),
 ])
 def test_a_class_that_cannot_be_a_method_is_refused(bad, words):
@@ -95,8 +95,8 @@ def test_a_class_that_cannot_be_a_method_is_refused(bad, words):
 
 
 def test_families_implement_the_whole_interface():
-    assert FAMILIES and all(isinstance(f, Family) for f in FAMILIES)
-    assert FAMILIES[0].name == "rope"  # asked first: a learned table swapped to rotary positions is a RoPE model
+    assert FAMILIES and all(isinstance(f, Family) and FAMILIES[f.name] is f for f in FAMILIES.values())
+    assert next(iter(FAMILIES.values())).name == "rope"  # asked first: a learned table swapped to rotary positions is a RoPE model
     with pytest.raises(TypeError):
         Family()  # abstract: a family states matches / describe / plan / unpatched_config
 
@@ -187,3 +187,21 @@ def test_any_path_to_a_patch_gives_hf_posencs_rope_types_a_validator():
             "assert not missing, missing\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_every_table_is_one_registry_with_one_error():
+    """Methods, model families, position schemes, training losses and RULER's tasks: one Registry class, one
+    RegistrationError (an InvalidParameterError), each refusal naming both entries of a name taken twice."""
+    from hf_posenc.errors import InvalidParameterError
+    from hf_posenc.eval import ruler
+    from hf_posenc.named import Registry
+    from hf_posenc.train import losses, positions
+
+    tables = [METHODS, FAMILIES, positions.SCHEMES, losses.LOSSES, ruler.TASKS]
+    assert all(type(t) is Registry and t for t in tables)
+    assert issubclass(RegistrationError, InvalidParameterError)
+    with pytest.raises(RegistrationError, match=r"family 'rope' is registered twice: .*RopeModels \('rope'\) and "
+                                                 r".*RopeModels \('rope'\)"):
+        FAMILIES.register(type(FAMILIES["rope"])())
+    with pytest.raises(RegistrationError, match="register_family takes a hf_posenc.family.Family instance"):
+        FAMILIES.register("rope")

@@ -29,9 +29,9 @@ from hf_posenc.eval.retrieval import FILLER
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = list(ruler.FAMILIES)
+NAMES = list(ruler.TASKS)
 # the families an installed hf_posenc has (the worked example is registered by the tests only)
-SHIPPED = [name for name, cls in ruler.FAMILIES.items() if cls.__module__.startswith("hf_posenc.")]
+SHIPPED = [name for name, cls in ruler.TASKS.items() if cls.__module__.startswith("hf_posenc.")]
 SETTINGS = {"depths": ((0.2,), (0.8,)), "needles": (2, 3), "hops": (2, 3)}   # make_samples' keyword: two values
 PROSE = "".join(f"Verse {i}: and the {random.Random(i).choice(['lamb', 'lion', 'dove', 'vine'])} went unto "
                 f"{random.Random(i + 99).randint(100, 999)} hills by the river.\n" for i in range(400))
@@ -44,7 +44,7 @@ def samples(name, lengths=(900, 1100), seed=0, **kw):
 
 
 def test_the_worked_example_is_registered_for_the_tests_only():
-    assert ruler.FAMILIES["uuid"].__module__ == "examples.uuid_task" and "uuid" not in SHIPPED
+    assert ruler.TASKS["uuid"].__module__ == "examples.uuid_task" and "uuid" not in SHIPPED
     assert set(SHIPPED) >= {"passkey", "single", "multikey", "multivalue", "multiquery", "vt"}
 
 
@@ -52,7 +52,7 @@ def test_the_worked_example_is_registered_for_the_tests_only():
 @pytest.mark.contract
 @pytest.mark.parametrize("name", NAMES)
 def test_a_family_says_what_it_is(name):
-    cls = ruler.FAMILIES[name]
+    cls = ruler.TASKS[name]
     assert cls.name == name and cls.ruler and cls.summary and cls.__doc__, f"{name}: name, ruler, summary, docstring"
     assert set(cls.reads) <= set(SETTINGS) and isinstance(cls.noise, bool), (cls.reads, cls.noise)
 
@@ -84,7 +84,7 @@ def test_samples_have_the_documented_shape(name):
 def test_the_settings_it_reads_are_the_ones_it_declares(name, setting):
     base = {key: values[0] for key, values in SETTINGS.items()}
     changed = samples(name, **base) != samples(name, **{**base, setting: SETTINGS[setting][1]})
-    reads = setting in ruler.FAMILIES[name].reads
+    reads = setting in ruler.TASKS[name].reads
     assert changed == reads, f"{name} {'declares' if reads else 'does not declare'} reading {setting}, but its " \
                              f"samples {'do not change' if reads else 'change'} with it"
 
@@ -93,7 +93,7 @@ def test_the_settings_it_reads_are_the_ones_it_declares(name, setting):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_noise_family_needs_no_text_and_the_others_refuse_none(name):
     call = lambda: ruler.make_samples(name, tiny_tokenizer(), lengths=[900], samples=1, haystack=None)  # noqa: E731
-    if ruler.FAMILIES[name].noise:
+    if ruler.TASKS[name].noise:
         assert call()
     else:
         with pytest.raises(InvalidInputError):
@@ -137,7 +137,7 @@ def test_the_recipe_takes_its_name_and_lets_go_what_it_does_not_read(name):
     ev = recipe.EvalArgs(tasks=[name], task_lengths=[700])
     recipe.check_recall_and_tasks(ev, need)
     unread = recipe.unread(dataclasses.asdict(ev))
-    reads = ruler.FAMILIES[name].reads
+    reads = ruler.TASKS[name].reads
     assert {setting for setting, field in (("depths", "depths"), ("needles", "task_needles"), ("hops", "task_hops"))
             if field not in unread} == set(reads)
 
@@ -160,8 +160,8 @@ def test_the_help_and_the_docs_name_every_shipped_family(name):
     assert re.search(rf"\b{name}\b", help_text), f"eval.tasks' help (recipes/evaluate.py) omits {name}"
     rows = docs_rows()
     assert name in rows, f"docs/evaluate.md's table of families has no row for {name}"
-    assert rows[name] == set(ruler.FAMILIES[name].reads), (
-        f"docs/evaluate.md says {name} reads {sorted(rows[name])}; it declares {sorted(ruler.FAMILIES[name].reads)}")
+    assert rows[name] == set(ruler.TASKS[name].reads), (
+        f"docs/evaluate.md says {name} reads {sorted(rows[name])}; it declares {sorted(ruler.TASKS[name].reads)}")
 
 
 def docs_rows() -> dict[str, set[str]]:
@@ -184,12 +184,12 @@ def test_register_task_refuses_a_taken_name_naming_both_classes():
     with pytest.raises(InvalidParameterError, match=r"'vt' is registered twice: hf_posenc.eval.ruler."
                                                     r"VariableTracking and test_task_contract.*Vt"):
         ruler.register_task(Vt)
-    with pytest.raises(InvalidParameterError, match="takes a subclass of TaskFamily"):
+    with pytest.raises(InvalidParameterError, match="register_task takes a TaskFamily subclass"):
         ruler.register_task(dict)
     Vt.name = "Not A Name"
-    with pytest.raises(InvalidParameterError, match="name must be a lowercase word"):
+    with pytest.raises(InvalidParameterError, match="needs its own name, a lowercase word"):
         ruler.register_task(Vt)
-    assert ruler.FAMILIES["vt"] is ruler.VariableTracking
+    assert ruler.TASKS["vt"] is ruler.VariableTracking
 
 
 def test_an_unknown_family_is_refused_naming_the_registered_ones():
@@ -212,6 +212,6 @@ def test_a_registered_family_whose_content_cannot_make_a_sample_is_refused_namin
         def content(self, rng, needles, hops):
             return content
 
-    monkeypatch.setitem(ruler.FAMILIES, "broken", Broken)
+    monkeypatch.setitem(ruler.TASKS, "broken", Broken)
     with pytest.raises(InvalidInputError, match=rf"task family 'broken' \(.*Broken\)\.content {re.escape(says)}"):
         ruler.make_samples("broken", tiny_tokenizer(), lengths=[600], samples=1, haystack=FILLER * 200)

@@ -10,7 +10,7 @@ Long-Context Language Models?"), generated offline from a seed:
 | multiquery | niah_multiquery | `needles` numbers for as many keys | all of them, in the order asked |
 | vt | vt | a chain `VAR A = 12345`, `VAR B = VAR A`, ... (`hops` links) in noise | every variable that holds the value |
 
-Each family is a class registered with `@register_task` in `FAMILIES` (docs/ARCHITECTURE.md, "RULER task families"),
+Each family is a class registered with `@register_task` in `TASKS` (docs/ARCHITECTURE.md, "RULER task families"),
 which `make_samples`, the evaluate recipe's `eval.tasks` and benchmarks/bench_ruler.py read.
 
 A sample is written as text and tokenized once per probe, context + question + answer together, so what the model
@@ -30,7 +30,8 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ..config import check_number, register_named
+from ..config import check_number
+from ..named import Registry
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
 from ..train.losses import check_causal_lm
@@ -39,7 +40,6 @@ from .perplexity import check_length
 from .probes import score_probes
 from .retrieval import FILLER, INTRO, KEYS, Haystack, check_depths, check_haystack, check_lengths, framing
 
-FAMILIES: dict[str, type[TaskFamily]] = {}   # name -> family, filled by @register_task below
 RULER_THRESHOLD = 0.856            # RULER's bar for the effective length: Llama-2-7B's score at 4k
 
 
@@ -126,11 +126,13 @@ class TaskFamily:
         raise NotImplementedError
 
 
+TASKS = Registry("task family", TaskFamily, setting="eval.tasks", decorator="register_task")   # name -> family
+
+
 def register_task(cls: type[TaskFamily]) -> type[TaskFamily]:
     """Class decorator: make `cls` a family `make_samples` and `eval.tasks` take by its `name`. A name already
     taken is refused, naming both classes."""
-    return register_named(FAMILIES, cls, TaskFamily, decorator="register_task", kind="task family", noun="family",
-                          setting="eval.tasks")
+    return TASKS.register(cls)
 
 
 class _Written(TaskFamily):
@@ -209,7 +211,7 @@ def build_sample(tokenizer, haystack: Haystack, family: str, length: int, *, ind
     haystack lines as fit. The needles sit at line boundaries: a single needle at depths[index % len(depths)],
     several at random depths (a chain in order)."""
     rng = random.Random(f"{seed}/{family}/{length}/{index}")
-    texts, asks = _checked_content(FAMILIES[family], rng, needles, hops)
+    texts, asks = _checked_content(TASKS[family], rng, needles, hops)
     if len(texts) == 1:
         shares = [depths[index % len(depths)]]
     else:
@@ -260,9 +262,9 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
                  haystack: str | None = None, seed: int = 0, bos: bool | str = "auto") -> list[Sample]:
     """`samples` samples of `family` at each length (the same seed gives the same samples). `haystack`: the real
     text of the families that hide needles in it (every family but passkey and vt)."""
-    if not isinstance(family, str) or family not in FAMILIES:
+    if not isinstance(family, str) or family not in TASKS:
         hint = " (one family a call: make_samples(name, ...) for each)" if not isinstance(family, str) else ""
-        raise InvalidParameterError(f"unknown retrieval family {family!r}{hint}; known: {', '.join(FAMILIES)}")
+        raise InvalidParameterError(f"unknown retrieval family {family!r}{hint}; known: {', '.join(TASKS)}")
     lengths, depths = check_lengths(lengths), check_depths(depths)
     check_number("samples", samples, minimum=1, integer=True, optional=False)
     check_number("needles", needles, minimum=2, maximum=len(KEYS), integer=True, optional=False)
@@ -272,14 +274,14 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
                                     f"each: more than the shortest length {min(lengths)}; hops must be < "
                                     f"{min(lengths)}, and far fewer fit (RULER's: 4)")
     check_number("seed", seed, integer=True, optional=False)
-    check_haystack(haystack, not FAMILIES[family].noise, f"the {family} family")
+    check_haystack(haystack, not TASKS[family].noise, f"the {family} family")
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidInputError(f"retrieval samples find the answer by the tokenizer's character offsets, which only "
                                 f"a fast tokenizer gives; {type(tokenizer).__name__} is not one")
     framing(tokenizer, bos)
-    hay = Haystack(tokenizer, FILLER if FAMILIES[family].noise else haystack)
+    hay = Haystack(tokenizer, FILLER if TASKS[family].noise else haystack)
     rng = random.Random(seed)
-    jobs = [(length, i, 0 if FAMILIES[family].noise else rng.randrange(len(hay.lines)))
+    jobs = [(length, i, 0 if TASKS[family].noise else rng.randrange(len(hay.lines)))
             for length in lengths for i in range(samples)]
     # the shortest first: a length too short for the sample is refused before any longer one is built
     built = {}

@@ -214,9 +214,9 @@ def check_recall_and_tasks(ev: EvalArgs, need) -> None:
                                distances=ev.recall_distances or None, head=1, seed=ev.seed)
         except ValueError as err:
             raise ConfigError(f"eval.recall_lengths {length}: {err}") from None
-    unknown = [t for t in ev.tasks if t not in ruler.FAMILIES]
+    unknown = [t for t in ev.tasks if t not in ruler.TASKS]
     need(not unknown, f"eval.tasks: unknown {', '.join(map(repr, unknown))}; the families are "
-                      f"{', '.join(ruler.FAMILIES)}")
+                      f"{', '.join(ruler.TASKS)}")
     need(len(set(ev.tasks)) == len(ev.tasks), f"eval.tasks lists a family twice: {ev.tasks}")
     need(bool(ev.tasks) == bool(ev.task_lengths),
          "eval.tasks and eval.task_lengths go together: the families, and the lengths to run them at")
@@ -614,7 +614,7 @@ def reading(tasks, setting: str) -> set[str]:
     hf_posenc/eval/ruler.py)."""
     from hf_posenc.eval import ruler
 
-    return {t for t in tasks if t in ruler.FAMILIES and setting in ruler.FAMILIES[t].reads}
+    return {t for t in tasks if t in ruler.TASKS and setting in ruler.TASKS[t].reads}
 
 
 def unread(ev) -> set[str]:

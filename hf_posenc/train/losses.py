@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import Refused, check_number, register_named
+from ..config import Refused, check_number
+from ..named import Registry
 from ..errors import (ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError,
                       UnsupportedModelError)
 
@@ -229,16 +230,6 @@ def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.
 
 # -- the training losses `train.loss` names: a registry ----------------------------------------------------
 
-LOSSES: dict[str, type[TrainLoss]] = {}
-
-
-def register_loss(cls: type[TrainLoss]) -> type[TrainLoss]:
-    """Class decorator: make `cls` a loss `train.loss` names (docs/ARCHITECTURE.md, "Training losses"). A name
-    already taken is refused, naming both classes."""
-    return register_named(LOSSES, cls, TrainLoss, decorator="register_loss", kind="training loss", noun="loss",
-                          setting="train.loss", dataclass=True)
-
-
 @dataclass(frozen=True)
 class LossContract:
     """What a loss declares for the contract suite (tests/test_loss_contract.py): `examples`, the parameters it
@@ -330,6 +321,15 @@ class TrainLoss:
         """One line for the model card and the run's summary."""
         parameters = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
         return f"{self.summary}" + (f" ({parameters})" if parameters else "")
+
+
+LOSSES = Registry("training loss", TrainLoss, setting="train.loss", decorator="register_loss", dataclass=True)
+
+
+def register_loss(cls: type[TrainLoss]) -> type[TrainLoss]:
+    """Class decorator: make `cls` a loss `train.loss` names (docs/ARCHITECTURE.md, "Training losses"). A name
+    already taken is refused, naming both classes."""
+    return LOSSES.register(cls)
 
 
 @register_loss

@@ -45,18 +45,9 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 import torch
 
-from ..config import MAX_POSITIONS, check_number, parse_params, register_named
+from ..config import MAX_POSITIONS, check_number, parse_params
+from ..named import Registry
 from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError
-
-SCHEMES: dict[str, type[PositionScheme]] = {}
-
-
-def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
-    """Class decorator: make `cls` a scheme `scheme()` builds by its `name` (docs/ARCHITECTURE.md, "Position
-    schemes"). A name already taken is refused, naming both classes."""
-    return register_named(SCHEMES, cls, PositionScheme, decorator="register_scheme", kind="position scheme",
-                          noun="scheme", setting="train.positions", dataclass=True)
-
 
 @dataclass(frozen=True)
 class PositionScheme:
@@ -311,6 +302,16 @@ def window_rng(seed: int, index: int) -> np.random.Generator:
     check_number("seed", seed, minimum=0, integer=True, optional=False)
     check_number("index", index, minimum=0, integer=True, optional=False)
     return np.random.default_rng([int(seed), int(index)])
+
+
+SCHEMES = Registry("position scheme", PositionScheme, setting="train.positions", decorator="register_scheme",
+                   dataclass=True)
+
+
+def register_scheme(cls: type[PositionScheme]) -> type[PositionScheme]:
+    """Class decorator: make `cls` a scheme `scheme()` builds by its `name` (docs/ARCHITECTURE.md, "Position
+    schemes"). A name already taken is refused, naming both classes."""
+    return SCHEMES.register(cls)
 
 
 @register_scheme

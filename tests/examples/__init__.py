@@ -9,7 +9,7 @@ import pkgutil
 
 from hf_posenc import _compat
 from hf_posenc.config import METHODS
-from hf_posenc.eval.ruler import FAMILIES
+from hf_posenc.eval.ruler import TASKS
 from hf_posenc.train.losses import LOSSES
 from hf_posenc.methods.rope import CUSTOM_ROPE_TYPE_PREFIX
 
@@ -21,6 +21,6 @@ EXAMPLES = {name: cls for name, cls in METHODS.items() if cls.__module__.startsw
 # the training losses registered from here
 LOSS_EXAMPLES = {name: cls for name, cls in LOSSES.items() if cls.__module__.startswith(f"{__name__}.")}
 # the RULER task families registered from here
-TASK_EXAMPLES = {name: cls for name, cls in FAMILIES.items() if cls.__module__.startswith(f"{__name__}.")}
+TASK_EXAMPLES = {name: cls for name, cls in TASKS.items() if cls.__module__.startswith(f"{__name__}.")}
 # what hf_posenc.registry does for the methods of the package, which it imports before these
 _compat.register_custom_rope_types(CUSTOM_ROPE_TYPE_PREFIX + name for name in EXAMPLES)
