@@ -772,11 +772,16 @@ def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str
     accepted = [(r["index"], r["loss"]) for r in rows if not r["rejected"]]
     best, running = math.inf, []
     for r in rows:
-        if not r["rejected"]:
+        if not r["rejected"] and not r.get("raced_out"):
             best = min(best, r["loss"])
         running.append(best)
-    if accepted:
-        ax.scatter(*zip(*accepted), s=14, color="tab:blue", label="candidate (CMA-ES)")
+    whole = [(r["index"], r["loss"]) for r in rows if not r["rejected"] and not r.get("raced_out")]
+    raced = [(r["index"], r["loss"]) for r in rows if not r["rejected"] and r.get("raced_out")]
+    if whole:
+        ax.scatter(*zip(*whole), s=14, color="tab:blue", label="candidate (CMA-ES)")
+    if raced:
+        ax.scatter(*zip(*raced), s=16, facecolors="none", edgecolors="tab:orange",
+                   label="raced out: its first sequence's loss")
     top = max((v for _, v in accepted), default=1.0) * 1.08
     seeds = [r for r in rows if r["kind"].startswith("seed:")]
     for r in seeds:
