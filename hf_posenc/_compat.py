@@ -150,6 +150,13 @@ def has_custom_rope_type(config: PreTrainedConfig) -> bool:
     return False
 
 
+def drop_legacy_original(config: PreTrainedConfig) -> None:
+    """Remove a top-level original_max_position_embeddings that `write_legacy_rope_keys` wrote for a longrope
+    patch, where the config's class has no such field of its own (Phi-3's is its own, and stays)."""
+    if "original_max_position_embeddings" not in inspect.signature(type(config).__init__).parameters:
+        vars(config).pop("original_max_position_embeddings", None)
+
+
 def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
     """Write (or, where 4.x has no form for a RoPE, remove) the 4.x keys in the own attributes of `config` and of
     every config nested in it that has a RoPE, from their `rope_parameters` as they are now: called wherever

@@ -194,8 +194,7 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
         extra = {"ignore_mismatched_sizes": True} if removed else {}
         with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES, *family.read_back(record))):
             model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
-        if family.restores_saved(record):
-            family.restore_saved(model, path, record)
+        if family.rebuild_saved_patch(model, path, record):
             return model
         if removed:  # the tables the patch removed, as they were before it
             why_not_unpatch = family.restore_original(model, path, record)

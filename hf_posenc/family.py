@@ -49,15 +49,12 @@ class Family(ABC):
         load does not take and the family reads itself (so transformers' load report is not shown for them)."""
         return ()
 
-    def restores_saved(self, record: PatchRecord) -> bool:
-        """True when the saved checkpoint holds the patched modules as stock transformers loads them (a longer
-        learned table), so `hp.from_pretrained` loads it as it is and `restore_saved` rebuilds the patch on it,
-        instead of loading the model before the patch and patching it again."""
+    def rebuild_saved_patch(self, model: nn.Module, path, record: PatchRecord) -> bool:
+        """For `hp.from_pretrained`, after stock transformers loaded `model` from `path` with `unpatched_config`'s
+        config: where the checkpoint holds the patched modules themselves (a longer learned table), rebuild the
+        patch `record` describes on them and return True; return False where the family replays the patch on the
+        model before it instead (the default)."""
         return False
-
-    def restore_saved(self, model: nn.Module, path, record: PatchRecord) -> None:
-        """Rebuild the patch `record` describes on `model`, which stock transformers loaded from `path`."""
-        raise NotImplementedError(f"family {self.name!r} replays its patches; it restores none from the weights")
 
     def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:
         """After loading the model before the patch from `path` (`unpatched_config`): put back what the patch

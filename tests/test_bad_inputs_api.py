@@ -24,6 +24,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 import hf_posenc as hp
+from hf_posenc import _compat
 from hf_posenc import eval as hpe
 from hf_posenc.data import load_corpus
 from hf_posenc.methods.learned import ORIGINAL_TABLE
@@ -444,8 +445,14 @@ def stock_reference(model, path: Path):
 
 
 def comparable(config) -> dict:
+    """The config as it decides the model: its path aside, and the keys transformers 4.x reads, which a load
+    writes from rope_parameters (hf_posenc._compat.write_legacy_rope_keys) and a config built in memory lacks."""
     out = config.to_dict()
     out.pop("_name_or_path", None)
+    legacy = _compat.legacy_rope_keys(config) or {}
+    for key in _compat.LEGACY_ROPE_KEYS:
+        if key in legacy and out.get(key) == legacy[key]:
+            out.pop(key, None)
     return out
 
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # What the sdist is built from: the top-level files and folders of a checkout (also of an unpacked sdist)
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "hf_posenc", "docs", "tests", "benchmarks",
+SOURCES = ("pyproject.toml", "README.md", "CONTRIBUTING.md", "LICENSE", "MANIFEST.in", "hf_posenc", "docs", "tests", "benchmarks",
            "recipes", "scripts")
 # What a checkout holds that is no source: caches, a build's leftovers, a benchmark's lock and half-written copy
 NOT_SOURCE = ("__pycache__", ".pytest_cache", ".hypothesis", "*.egg-info", "*.pyc", ".*.lock", ".*.tmp")

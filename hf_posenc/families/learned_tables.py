@@ -130,16 +130,19 @@ class LearnedTableFamily(Family):
         record = self._record(method, model, tables={path: TableRecord(**info) for path, info in infos.items()})
         return self._plan(model, tables, new_tables, record, offset + method.max_position_embeddings)
 
-    def restores_saved(self, record: PatchRecord) -> bool:
+    @staticmethod
+    def _holds_table(record: PatchRecord) -> bool:
         # a table method's checkpoint holds the table it made; an attention method's is replayed
         return issubclass(record.method_class(), LearnedMethodConfig)
 
-    def restore_saved(self, model: nn.Module, path, record: PatchRecord) -> None:
-        """Put the patch back on the model stock transformers loaded from a checkpoint saved from a patched one
-        (for `hp.from_pretrained`). The weights hold the materialised table; the fitted projection of
-        init="fit" is read next to it. The table the patch replaced is not in the checkpoint: `hp.unpatch` on
-        the result gives the model stock transformers loads from the same checkpoint (the saved table, as a plain
-        learned table), and warns so."""
+    def rebuild_saved_patch(self, model: nn.Module, path, record: PatchRecord) -> bool:
+        """A table method: put the patch back on the model stock transformers loaded from a checkpoint saved from
+        a patched one (for `hp.from_pretrained`), True; an attention method: False (replayed). The weights hold
+        the materialised table; the fitted projection of init="fit" is read next to it. The table the patch
+        replaced is not in the checkpoint: `hp.unpatch` on the result gives the model stock transformers loads
+        from the same checkpoint (the saved table, as a plain learned table), and warns so."""
+        if not self._holds_table(record):
+            return False
         method = record.method_config()
         tables = self.tables(model)
         if set(record.tables) != {t.path for t in tables}:
@@ -174,6 +177,7 @@ class LearnedTableFamily(Family):
             f"({', '.join(t.path for t in tables)}: {tables[0].module.num_embeddings} rows), not the original "
             f"one(s), so the unpatched model is that table as a plain learned table, the model stock transformers "
             f"loads from the folder; not the model before the patch (load the original checkpoint for that)"))
+        return True
 
     @staticmethod
     def _check_record_rows(path, record: PatchRecord, method: MethodConfig, tables: list[Table], offset: int) -> None:
@@ -204,7 +208,7 @@ class LearnedTableFamily(Family):
         the saved config without the record (stock transformers loads the table the patch made)."""
         config = copy.deepcopy(config)
         detach(config)
-        if self.restores_saved(record):
+        if self._holds_table(record):
             return config, ()
         text_config = config.get_text_config()
         text_config.max_position_embeddings = record.original.max_position_embeddings
@@ -213,7 +217,7 @@ class LearnedTableFamily(Family):
         return config, tuple(f"{path}.weight" for path in record.tables)
 
     def read_back(self, record: PatchRecord) -> tuple[str, ...]:
-        if self.restores_saved(record):  # the parts beside the table (init="fit"'s projection)
+        if self._holds_table(record):  # the parts beside the table (init="fit"'s projection)
             return tuple(f".{part}" for part in record.method_config().checkpoint_parts() if part != "weight")
         return (f".{ORIGINAL_TABLE}",)  # the table an attention method removed, saved beside it
 

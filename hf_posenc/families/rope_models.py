@@ -87,6 +87,7 @@ class RopeModels(Family):
         text_config = config.get_text_config()
         text_config.rope_parameters = copy.deepcopy(record.original.rope_parameters)
         text_config.max_position_embeddings = record.original.max_position_embeddings
+        _compat.drop_legacy_original(text_config)   # the patched longrope's, for transformers 4.x: not the model's
         return config, ()
 
     def plan(self, model: torch.nn.Module, method: MethodConfig) -> PatchPlan:
