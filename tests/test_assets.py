@@ -1,4 +1,4 @@
-"""hf_posenc.assets: each offline asset says how to install it when it is missing (issue 31, item 9)."""
+"""hf_posenc.assets: each offline asset says how to install it when it is missing."""
 
 from __future__ import annotations
 

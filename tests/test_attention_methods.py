@@ -1,4 +1,4 @@
-"""Positions inside attention: alibi, relative_bias, xpos, and learned -> rope (issue 6).
+"""Positions inside attention: alibi, relative_bias, xpos, and learned -> rope.
 
 Each method is checked against a reference written here (the ALiBi paper's slopes, T5's own bucket
 function, Shaw et al.'s clipped table, a model with its positions zeroed by hand, plain RoPE), then through

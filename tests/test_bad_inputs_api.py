@@ -1,4 +1,4 @@
-"""Bad input to the library (issue 12), as a hostile new user would give it: every case names the call,
+"""Bad input to the library, as a hostile new user would give it: every case names the call,
 the error class and what its message must say, and checks that nothing changed (the model's tensors and
 config, the files on disk). Then the behaviours those cases led to: unpatch after hp.from_pretrained,
 numpy / torch parameters that save, checkpoint records that lie, a PEFT-wrapped model, a patch in

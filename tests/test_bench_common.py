@@ -1,4 +1,4 @@
-"""benchmarks/common.results_file (issue 31, item 6): a benchmark's resumable results file. Two runs on one file
+"""benchmarks/common.results_file: a benchmark's resumable results file. Two runs on one file
 share it only when their settings are the same; a run that finds another run's settings, at the start or at a
 save, refuses (one `error:` line, exit 2) and the file keeps the other run's cells. A file that is not a results
 file, and a path that cannot hold one, are refused the same way, the file untouched."""

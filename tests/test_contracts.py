@@ -1,4 +1,4 @@
-"""The method contract suite (issue 24): every registered method, on the families it applies to, passes the
+"""The method contract suite: every registered method, on the families it applies to, passes the
 same checks, from what the method declares in its own module (`contract`, hf_posenc.config.Contract):
 
 - each refused example is refused with its words, and leaves model and config as they were, bit for bit;

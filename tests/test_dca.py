@@ -1,4 +1,4 @@
-"""Dual Chunk Attention (issue 14): the attention computation against a reference written from the paper
+"""Dual Chunk Attention: the attention computation against a reference written from the paper
 (explicit query / key position matrices, one softmax over an L x L score matrix), then through tiny models
 of several RoPE families: the unpatched model inside a chunk, cached generation = full forward with left
 padding, a padded row = the row alone, the SDPA kernel with no L x L tensor, refusals (save / reload:

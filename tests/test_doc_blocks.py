@@ -1,4 +1,4 @@
-"""Every Python block of README.md and docs/*.md runs as pasted (issues 23, 14d and 31, 9), so a block that
+"""Every Python block of README.md and docs/*.md runs as pasted, so a block that
 fails fails CI. A block either
 - runs here, on tiny models of the same shape as the ones it names, built from config: `hp.load_model` and
   `hp.load_tokenizer` give them for the embedded names (SmolLM2's 8192 positions, MiniLM's 512) and the hub

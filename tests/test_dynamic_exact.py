@@ -1,4 +1,4 @@
-"""Dynamic scaling under a KV cache (issue 14): exact_cache=True re-rotates the un-rotated cache with the
+"""Dynamic scaling under a KV cache: exact_cache=True re-rotates the un-rotated cache with the
 current length's frequencies at every step. Reference: the full forward over the same tokens. In a one-layer
 model that is exactly what the cache gives; with more layers, the hidden states of earlier tokens were
 computed at their own step's length (a cache cannot recompute them), so the gap shrinks but stays."""

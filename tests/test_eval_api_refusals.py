@@ -1,7 +1,7 @@
-"""Issue 40, item 5: the Python API (hf_posenc.eval, hf_posenc.train.losses, hf_posenc.metrics) refuses wrong-type,
+"""The Python API (hf_posenc.eval, hf_posenc.train.losses, hf_posenc.metrics) refuses wrong-type,
 empty and out-of-range input in one line that names the argument, the value and what is allowed, with the project's error
 classes, before any work. Each case ended in a raw traceback (TypeError, KeyError, IndexError, ... from deep inside)
-or was silently accepted before issue 40; two (lengths=[10**7], hops=10**5) ran until memory ran out."""
+or was silently accepted before; two (lengths=[10**7], hops=10**5) ran until memory ran out."""
 
 from __future__ import annotations
 

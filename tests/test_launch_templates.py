@@ -1,7 +1,7 @@
 """The accelerate launcher templates (recipes/accelerate/*.yaml): each is a config accelerate itself reads,
 and every engine key in it is one `accelerate launch` takes (a misspelt key would be dropped silently).
 
-FSDP and DeepSpeed on a CPU-only machine (issue 31, item 7): accelerate 1.15 turns either engine on only for
+FSDP and DeepSpeed on a CPU-only machine: accelerate 1.15 turns either engine on only for
 GPU-like devices; on CPU processes (state.py picks MULTI_CPU first) fsdp.yaml would silently be plain data
 parallelism, each process holding the whole model. The recipe refuses that in one line naming ddp.yaml (what
 runs on CPUs); launched in two processes here, nothing is written. Sharding itself needs a GPU machine."""

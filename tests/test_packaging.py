@@ -1,5 +1,5 @@
-"""What `pip install` and a package index get (issue 23, item 17): the license, the type marker, the docs README
-links to, and a public face without internals. And the sdist as a checkout (issue 31, item 9): unpacked, README's
+"""What `pip install` and a package index get: the license, the type marker, the docs README
+links to, and a public face without internals. And the sdist as a checkout: unpacked, README's
 first commands (`bash scripts/setup.sh && python -m pytest`) find what they need: the script, the tests with their
 helpers (conftest.py, tiny.py, the worked examples) and data, the benchmarks README and the docs link to
 (RESULTS.md and its results), the recipe shims. Builds the sdist and the wheel with setuptools from a copy of the

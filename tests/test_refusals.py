@@ -1,4 +1,4 @@
-"""Issue 23's sweep of bad inputs, as tables: each row a bad input and the one clear refusal it must get (a
+"""The sweep of bad inputs, as tables: each row a bad input and the one clear refusal it must get (a
 `PosEncError` naming the value, or for the command lines one `error: ...` line and exit code 2), and the
 promises around them (no transformers warning on our own rope types, the docs saying what the code takes)."""
 

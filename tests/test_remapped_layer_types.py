@@ -1,4 +1,4 @@
-"""DCA and Self-Extend on a model with one RoPE per layer type (issue 23, item 8): on a tiny Gemma-3 (sliding-window
+"""DCA and Self-Extend on a model with one RoPE per layer type: on a tiny Gemma-3 (sliding-window
 layers and full-attention layers, nested rope_parameters) they remap the full-attention layers (or the types
 `layer_types=` names) and leave the sliding layers as they are. Inside the original context the patched model is
 the unpatched one; the remapped layers equal the papers' position matrices with the full-attention RoPE; cached

@@ -1,4 +1,4 @@
-"""Self-Extend (issue 14): the attention computation against a reference written from the paper (explicit
+"""Self-Extend: the attention computation against a reference written from the paper (explicit
 position matrices, one softmax over an L x L score matrix), the longest input it supports, then through tiny
 models of several RoPE families, as tests/test_dca.py does for Dual Chunk Attention."""
 

@@ -1,4 +1,4 @@
-"""llama.cpp export of a model with one RoPE per attention type (issue 23, item 9): Gemma-3 patched on its
+"""llama.cpp export of a model with one RoPE per attention type: Gemma-3 patched on its
 full-attention layers. llama.cpp's gemma3 loader keeps the sliding layers at their own base and scale
 (src/llama-model.cpp: rope_freq_base_train_swa / rope_freq_scale_train_swa for LLM_ARCH_GEMMA3,
 get_rope_freq_base / get_rope_freq_scale per layer), so its flags and GGUF rope keys reach the full-attention

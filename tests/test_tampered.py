@@ -1,5 +1,5 @@
 """Checkpoints edited or damaged after saving, evaluation past a learned table, and what `hp.unpatch` gives
-back after `hp.from_pretrained` (issue 23: 5c, 6, 7b). Tiny models built from config."""
+back after `hp.from_pretrained`. Tiny models built from config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The evaluate recipe's remaining tracebacks and silent answers (issue 40, item 3): a learned-table model whose
+"""The evaluate recipe's remaining tracebacks and silent answers: a learned-table model whose
 variant extends its table (the time estimate ran the model as loaded past its table), an encoder (refused before
 loading), a length far past every context (refused before any input is built), a resume with changed settings
 (each named with both values; settings no asked measure reads ignored), results.json as strict JSON (NaN written
