@@ -4,6 +4,8 @@ the engine's code fails here.
 
 Transcribed from (each function below names its file and function):
 - vLLM 0.11.0 and 0.33.0 (the wheels from PyPI): vllm/model_executor/layers/rotary_embedding/__init__.py `get_rope`
+  (0.11 reads the model's `rope_scaling` through transformers 4.x; phi3_long_rope_scaled_rope.py `forward`: the
+  long set per batch)
   (which rope_parameters keys reach the rotary class), yarn_scaling_rope.py `YaRNScalingRotaryEmbedding.__init__`,
   phi3_long_rope_scaled_rope.py `Phi3LongRoPEScaledRotaryEmbedding.__init__`, common.py `yarn_get_mscale`;
 - llama.cpp as vendored by llama-cpp-python 0.3.36 (commit 0c1e57098): src/llama-model.cpp `load_hparams`
@@ -29,10 +31,28 @@ def _vllm_yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:   # commo
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def vllm_0_11_rope_scaling(config: dict) -> dict | None:
+    """What vLLM 0.11.0 hands get_rope: the model's `config.rope_scaling` as transformers 4.x reads config.json, its
+    `rope_scaling` key (4.x never reads `rope_parameters`; without the key vLLM 0.11 runs plain RoPE)."""
+    return config.get("rope_scaling")
+
+
 def vllm_0_11_yarn_scale(p: dict) -> float:
-    """vLLM 0.11.0: get_rope passes extrapolation_factor, attn_factor, beta_fast, beta_slow; the class sets
-    mscale = yarn_get_mscale(factor) * attn_factor (attention_factor and the mscales are never read)."""
+    """vLLM 0.11.0: get_rope passes extrapolation_factor, attn_factor, beta_fast, beta_slow of `rope_scaling`; the
+    class sets mscale = yarn_get_mscale(factor) * attn_factor (attention_factor and the mscales are never read)."""
     return _vllm_yarn_get_mscale(p["factor"]) * p.get("attn_factor", 1.0)
+
+
+def vllm_0_11_longrope_scale(p: dict, max_position: int, positions: list[int]) -> tuple[float, bool]:
+    """vLLM 0.11.0, phi3_long_rope_scaled_rope.py: (the scale on cos and sin, whether the long set is used) for a
+    batch at `positions`. get_rope passes short_mscale / long_mscale of `rope_scaling`, each defaulting to
+    sqrt(1 + ln s / ln L), s = max_position / L; forward switches per batch: the long set for every token of a
+    batch where any position > L (`torch.any(positions > k)`), the short set otherwise."""
+    original = p["original_max_position_embeddings"]
+    scale = max_position / original
+    default = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+    long = any(pos > original for pos in positions)
+    return (p.get("long_mscale", default) if long else p.get("short_mscale", default)), long
 
 
 def vllm_0_33_yarn_scale(p: dict) -> float:
@@ -46,9 +66,9 @@ def vllm_0_33_yarn_scale(p: dict) -> float:
 
 
 def vllm_longrope_scales(p: dict, max_position: int, max_model_len: int) -> tuple[float, float, bool]:
-    """vLLM 0.11.0 and 0.33.0 alike: (short_mscale, long_mscale, long set at every length). get_rope passes only
-    short_mscale / long_mscale; each defaults to sqrt(1 + ln s / ln L), s = max_position / L, where max_position
-    is the config's max_position_embeddings; the long set is used whenever max_model_len > L."""
+    """vLLM 0.33.0: (short_mscale, long_mscale, long set at every length). get_rope passes only short_mscale /
+    long_mscale; each defaults to sqrt(1 + ln s / ln L), s = max_position / L, where max_position is the config's
+    max_position_embeddings; the long set is used whenever max_model_len > L."""
     original = p["original_max_position_embeddings"]
     scale = max_position / original
     default = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
@@ -99,14 +119,21 @@ def test_a_saved_folder_serves_in_vllm_the_scale_transformers_runs(method, param
     config = json.loads((tmp_path / "config.json").read_text())
     p = config["rope_parameters"]
     ours = float(model.model.rotary_emb.attention_scaling)
+    old = vllm_0_11_rope_scaling(config)   # what 0.11 reads, through transformers 4.x
+    if p["rope_type"] != "default":
+        assert old is not None and old["rope_type"] == p["rope_type"]
     if p["rope_type"] == "yarn":
-        assert vllm_0_11_yarn_scale(p) == pytest.approx(ours, rel=1e-6)
+        assert vllm_0_11_yarn_scale(old) == pytest.approx(ours, rel=1e-6)
         assert vllm_0_33_yarn_scale(p) == pytest.approx(ours, rel=1e-6)
     elif p["rope_type"] == "longrope":
         short, long, long_always = vllm_longrope_scales(p, config["max_position_embeddings"],
                                                         config["max_position_embeddings"])
         assert short == pytest.approx(ours, rel=1e-6) and long == pytest.approx(ours, rel=1e-6)
-        assert long_always   # served past the original context: the long set at every length (the static twin)
+        assert long_always   # 0.33 past the original context: the long set at every length (the static twin)
+        original = p["original_max_position_embeddings"]
+        for positions, wanted in ((range(original), False), (range(original + 2), True)):
+            scale, long_set = vllm_0_11_longrope_scale(old, config["max_position_embeddings"], list(positions))
+            assert scale == pytest.approx(ours, rel=1e-6) and long_set is wanted   # 0.11: per batch
     else:   # linear, llama3, a new base: no scale in either
         assert ours == 1.0
 
@@ -116,6 +143,7 @@ def test_the_vllm_transcriptions_tell_the_old_saves_apart():
     versions get): the transcriptions can fail."""
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 1.3}
     assert vllm_0_11_yarn_scale(yarn) == pytest.approx(1 + 0.1 * math.log(4))
+    assert vllm_0_11_rope_scaling({"rope_parameters": yarn}) is None   # a transformers-5 save: plain RoPE in 0.11
     longrope = {"rope_type": "longrope", "original_max_position_embeddings": 8192, "attention_factor": 1.01}
     short, long, _ = vllm_longrope_scales(longrope, 32768, 32768)
     assert long == short == pytest.approx(1.0742, abs=1e-4)   # sqrt(1 + ln 4 / ln 8192), not 1.01
