@@ -110,7 +110,7 @@ def set_rope_parameters(config: PreTrainedConfig, layer_type: str | None, value:
 # 4.x ignores: it would serve rope_theta 10000 without scaling. These keys sit in the config's own attributes, so
 # every `save_pretrained` writes them; transformers 5 reads `rope_scaling` before `rope_parameters`
 # (`convert_rope_params_to_dict`), so they are written equal to it, rope_theta aside.
-LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "original_max_position_embeddings")
+LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "original_max_position_embeddings", "partial_rotary_factor")
 
 
 def legacy_rope_keys(config: PreTrainedConfig) -> dict | None:
@@ -131,6 +131,8 @@ def legacy_rope_form(params: dict | None) -> dict | None:
         keys["rope_scaling"] = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if rope_type == "longrope" and "original_max_position_embeddings" in params:
         keys["original_max_position_embeddings"] = params["original_max_position_embeddings"]
+    if "partial_rotary_factor" in params:   # 4.x's rope functions read it at the top of the config
+        keys["partial_rotary_factor"] = params["partial_rotary_factor"]
     return keys
 
 

@@ -76,11 +76,15 @@ def saved(tmp_path_factory):
     dynamic = tiny_model(rope_theta=50000.0)
     hp.patch(dynamic, "dynamic", max_position_embeddings=TARGET)
     dynamic.save_pretrained(root / "dynamic")
-    names = [*PATCHES, "unpatched", "finetuned", "self_extend", "dynamic"]
+    partial = tiny_model("phi", rope_theta=50000.0, partial_rotary_factor=0.5)   # half of each head rotated
+    hp.patch(partial, "yarn", max_position_embeddings=TARGET)
+    partial.save_pretrained(root / "partial_yarn")
+    models["partial_yarn"] = partial
+    names = [*PATCHES, "unpatched", "finetuned", "self_extend", "dynamic", "partial_yarn"]
     return models, read_with_transformers4([root / n for n in names]), root
 
 
-@pytest.mark.parametrize("name", [*PATCHES, "unpatched", "finetuned"])
+@pytest.mark.parametrize("name", [*PATCHES, "unpatched", "finetuned", "partial_yarn"])
 def test_transformers4_builds_the_rope_hf_posenc_scored(saved, name):
     models, read, root = saved
     got = read[str(root / name)]
