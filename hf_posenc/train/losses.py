@@ -344,20 +344,6 @@ class CrossEntropy(TrainLoss):
     def token_losses(self, losses: torch.Tensor) -> torch.Tensor:
         return losses
 
-    def _checked_token_losses(self, losses: torch.Tensor) -> torch.Tensor:
-        """`token_losses`, refused where it breaks its contract: one loss a token (a scalar or a row's would be
-        broadcast over every token without a word), with the gradient when `losses` has one (a detached result
-        trains nothing)."""
-        out = self.token_losses(losses)
-        where = f"training loss {self.name!r} ({type(self).__module__}.{type(self).__qualname__}).token_losses"
-        if not isinstance(out, torch.Tensor) or out.shape != losses.shape:
-            raise InvalidInputError(f"{where} must return one loss a token, shape {tuple(losses.shape)}, got "
-                                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        if losses.requires_grad and not out.requires_grad:
-            raise InvalidInputError(f"{where} returned losses without their gradient (detached): the step would "
-                                    f"train nothing")
-        return out
-
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         if chunk:
@@ -411,20 +397,6 @@ class LongCE(TrainLoss):
         for name in ("window", "stride"):
             _check_window(name, getattr(self, name))
         _check_weights(self.clip, self.floor)
-
-    def _checked_token_losses(self, losses: torch.Tensor) -> torch.Tensor:
-        """`token_losses`, refused where it breaks its contract: one loss a token (a scalar or a row's would be
-        broadcast over every token without a word), with the gradient when `losses` has one (a detached result
-        trains nothing)."""
-        out = self.token_losses(losses)
-        where = f"training loss {self.name!r} ({type(self).__module__}.{type(self).__qualname__}).token_losses"
-        if not isinstance(out, torch.Tensor) or out.shape != losses.shape:
-            raise InvalidInputError(f"{where} must return one loss a token, shape {tuple(losses.shape)}, got "
-                                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        if losses.requires_grad and not out.requires_grad:
-            raise InvalidInputError(f"{where} returned losses without their gradient (detached): the step would "
-                                    f"train nothing")
-        return out
 
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
