@@ -52,6 +52,7 @@ from ..config import MAX_POSITIONS, check_number
 from ..errors import ConfigError, InvalidInputError, InvalidParameterError
 from ..eval import recall, stats
 from ..eval.perplexity import as_token_ids, pass_progress, token_nll
+from ..export.serving import whole_file
 from ..record import read_record
 
 SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
@@ -372,18 +373,19 @@ def read_search(path: Path) -> dict:
         raise _edited(path, f"holds {type(record).__name__} {json.dumps(record)[:40]}, not a search's record")
     for key, kind in RECORD_KEYS.items():
         value = record.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0 \
-            if kind is float else isinstance(value, kind)
+        ok = _finite(value) and value > 0 if kind is float else isinstance(value, kind)
         if not ok:
             raise _edited(path, f"has {key} {json.dumps(value)[:40]}, where a search writes "
                                 f"{'a positive number' if kind is float else 'a ' + kind.__name__}")
     return record
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _finite_numbers(value, least: float | None = None) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (least is None or v >= least)
-        for v in value)
+    return isinstance(value, list) and bool(value) and all(_finite(v) and (least is None or v >= least) for v in value)
 
 
 def _candidate_fault(row: dict) -> str | None:
@@ -394,9 +396,8 @@ def _candidate_fault(row: dict) -> str | None:
     if not isinstance(row["kind"], str) or not isinstance(row["rejected"], bool):
         return "is not a candidate (its kind or rejected is of another type)"
     for key in ("value", "guard_rise"):
-        v = row[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            return f"has {key} {v!r}: a finite number is written there"
+        if not _finite(row[key]):
+            return f"has {key} {row[key]!r}: a finite number is written there"
     if not _finite_numbers(row["long_factor"], least=1.0):
         return "has a long_factor that is not a list of finite numbers >= 1"
     if row["kind"].startswith("cma:") and not (_finite_numbers(row.get("x")) and all(0 <= v <= 1 for v in row["x"])):
@@ -439,9 +440,8 @@ def _no_constant(name: str):
 
 def write_whole(path: Path, text: str) -> None:
     """`text` into `path` whole or not at all: a kill leaves the old file or none, never half of it."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with whole_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def text_identity(ids: Sequence[int]) -> str:
