@@ -162,8 +162,8 @@ def cmd_export(args) -> None:
     serving.gguf_rope_metadata(skeleton, gguf_writer.ARCHITECTURES[skeleton.config.get_text_config().model_type])
     with reading(ref):
         model = loading.load_model(ref, dtype="float32")
-    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite,
-                                           tokenizer=tokenizer)
+    # the tokens were checked against the folder's tokenizer on the skeleton, before the weights loaded
+    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite)
     print(json.dumps(written, indent=2))
     print(f"wrote {args.out} ({args.dtype}, the tokenizer of {vocab.name})")
 
