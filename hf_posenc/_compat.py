@@ -12,7 +12,9 @@ import contextlib
 import copy
 import inspect
 import logging
+import os
 import sys
+import warnings
 
 import torch
 import transformers
@@ -110,13 +112,41 @@ def set_rope_parameters(config: PreTrainedConfig, layer_type: str | None, value:
 # 4.x ignores: it would serve rope_theta 10000 without scaling. These keys sit in the config's own attributes, so
 # every `save_pretrained` writes them; transformers 5 reads `rope_scaling` before `rope_parameters`
 # (`convert_rope_params_to_dict`), so they are written equal to it, rope_theta aside.
-LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "original_max_position_embeddings", "partial_rotary_factor")
+LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "original_max_position_embeddings", "partial_rotary_factor",
+                    "rope_local_base_freq")
+
+
+# A RoPE per layer type is kept by 4.x in keys of the family's own (transformers 4.57.1): Gemma 3 and 3n build the
+# full layers' rotary from `rope_theta` + `rope_scaling` and the sliding layers' as default from
+# `rope_local_base_freq` (modeling_gemma3.py, `rotary_emb_local`); OLMo 3 builds its sliding layers' as default from
+# the same `rope_theta` (modeling_olmo3.py, `rotary_embs`). The key of the sliding layers' theta, None where shared.
+LOCAL_THETA_KEYS = {"gemma3_text": "rope_local_base_freq", "gemma3n_text": "rope_local_base_freq", "olmo3": None}
 
 
 def legacy_rope_keys(config: PreTrainedConfig) -> dict | None:
-    """The keys transformers 4.x reads for this config's RoPE, or None where 4.x has no form for it (a RoPE per
-    layer type: 4.x families keep those in family-specific keys)."""
-    return legacy_rope_form(getattr(config, "rope_parameters", None))
+    """The keys transformers 4.x reads for this config's RoPE, or None where 4.x has no form for it."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+        return _legacy_layer_type_form(getattr(config, "model_type", None), params)
+    return legacy_rope_form(params)
+
+
+def _legacy_layer_type_form(model_type: str | None, params: dict) -> dict | None:
+    """`legacy_rope_keys` of a RoPE per layer type: only the families of LOCAL_THETA_KEYS have a 4.x form, and only
+    while the sliding layers keep a plain RoPE (4.x builds theirs as default, whatever the config says)."""
+    if model_type not in LOCAL_THETA_KEYS or set(params) != {"full_attention", "sliding_attention"}:
+        return None
+    full, local = params["full_attention"], params["sliding_attention"]
+    if not isinstance(full, dict) or not isinstance(local, dict) \
+            or local.get("rope_type", "default") != "default" or set(local) - {"rope_type", "rope_theta"}:
+        return None
+    keys = legacy_rope_form(full)
+    local_key = LOCAL_THETA_KEYS[model_type]
+    if local_key is not None:
+        keys[local_key] = local.get("rope_theta")
+    elif local.get("rope_theta") != full.get("rope_theta"):
+        return None   # OLMo 3 in 4.x: one rope_theta for both
+    return keys
 
 
 def legacy_rope_form(params: dict | None) -> dict | None:
@@ -168,10 +198,25 @@ def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
             continue   # a family without a RoPE of its own (GPT-2 given one): 4.x has none to read, 5 reads no keys
         state, keys = vars(sub), legacy_rope_keys(sub)
         if keys is None:
-            for key in ("rope_scaling", "rope_theta"):
+            for key in ("rope_scaling", "rope_theta", "rope_local_base_freq"):   # no stale form left
                 state.pop(key, None)
+            if sub.model_type in LOCAL_THETA_KEYS:   # a family 4.x knows, whose stock form it would read instead
+                shared = "" if LOCAL_THETA_KEYS[sub.model_type] else ", at the rope_theta of the full layers"
+                warnings.warn(
+                    f"transformers 4.x (and vLLM 0.11) has no form for this {sub.model_type} RoPE (its sliding layers "
+                    f"keep a plain RoPE there{shared}): a folder saved from it is read there as another model "
+                    f"(4.x's default RoPE for the family); serve it with transformers >= 5", stacklevel=user_stacklevel())
         else:
             state.update(copy.deepcopy(keys))   # a top-level original_max_position_embeddings: the original context
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes a warning raised by the caller name the first line outside hf_posenc (the user's
+    call), however deep in the package the caller sits."""
+    package, frame, level = os.path.dirname(os.path.abspath(__file__)), sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def head_dim(config: PreTrainedConfig) -> int:

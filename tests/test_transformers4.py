@@ -34,10 +34,16 @@ PATCHES = {
 }
 
 
-def rope_of(model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rotary = model.model.rotary_emb
+# A RoPE per layer type (full layers patched, sliding layers plain): 4.x keeps it in family-specific keys.
+LAYER_TYPE_PATCHES = {"gemma3_yarn": ("gemma3_text", "yarn"), "gemma3_ntk": ("gemma3_text", "ntk"),
+                      "olmo3_yarn": ("olmo3", "yarn")}
+LAYER_TYPES = ["sliding_attention", "full_attention"]
+
+
+def rope_of(model, n: int, layer_type: str = "all") -> tuple[torch.Tensor, torch.Tensor]:
+    args = () if layer_type == "all" else (layer_type,)
     with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, 1), torch.arange(n)[None])
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 1), torch.arange(n)[None], *args)
     return cos[0], sin[0]
 
 
@@ -80,19 +86,39 @@ def saved(tmp_path_factory):
     hp.patch(partial, "yarn", max_position_embeddings=TARGET)
     partial.save_pretrained(root / "partial_yarn")
     models["partial_yarn"] = partial
-    names = [*PATCHES, "unpatched", "finetuned", "self_extend", "dynamic", "partial_yarn"]
+    for name, (model_type, method) in LAYER_TYPE_PATCHES.items():
+        model = tiny_model(model_type, layer_types=LAYER_TYPES)
+        hp.patch(model, method, max_position_embeddings=TARGET)
+        model.save_pretrained(root / name)
+        models[name] = model
+    names = [*PATCHES, "unpatched", "finetuned", "self_extend", "dynamic", "partial_yarn", *LAYER_TYPE_PATCHES]
     return models, read_with_transformers4([root / n for n in names]), root
 
 
-@pytest.mark.parametrize("name", [*PATCHES, "unpatched", "finetuned", "partial_yarn"])
+@pytest.mark.parametrize("name", [*PATCHES, "unpatched", "finetuned", "partial_yarn", *LAYER_TYPE_PATCHES])
 def test_transformers4_builds_the_rope_hf_posenc_scored(saved, name):
     models, read, root = saved
     got = read[str(root / name)]
     assert "error" not in got, got.get("error")
-    for n in (SHORT, LONG):
-        cos, sin = rope_of(models[name], n)
-        torch.testing.assert_close(torch.tensor(got["cos"][str(n)]), cos, atol=1e-6, rtol=0)
-        torch.testing.assert_close(torch.tensor(got["sin"][str(n)]), sin, atol=1e-6, rtol=0)
+    assert set(got["rope"]) == ({"all"} if name not in LAYER_TYPE_PATCHES else set(LAYER_TYPES))
+    for layer_type, rope in got["rope"].items():
+        for n in (SHORT, LONG):
+            cos, sin = rope_of(models[name], n, layer_type)
+            torch.testing.assert_close(torch.tensor(rope["cos"][str(n)]), cos, atol=1e-6, rtol=0)
+            torch.testing.assert_close(torch.tensor(rope["sin"][str(n)]), sin, atol=1e-6, rtol=0)
+
+
+def test_a_rope_per_layer_type_4x_cannot_hold_is_said_at_the_patch(tmp_path):
+    """OLMo 3 in 4.x runs its sliding layers at the full layers' rope_theta: a patch that moves only the full
+    layers' base (ntk) has no 4.x form, and the user is told where it happens, not when a 4.x engine serves it."""
+    model = tiny_model("olmo3", layer_types=LAYER_TYPES)
+    with pytest.warns(UserWarning, match="no form for this olmo3 RoPE") as caught:
+        hp.patch(model, "ntk", max_position_embeddings=TARGET)
+    assert caught[0].filename == __file__   # names the user's line, not hf_posenc's
+    model.save_pretrained(tmp_path / "olmo3_ntk")
+    got = read_with_transformers4([tmp_path / "olmo3_ntk"])[str(tmp_path / "olmo3_ntk")]
+    cos, _ = rope_of(model, LONG, "full_attention")
+    assert (torch.tensor(got["rope"]["full_attention"]["cos"][str(LONG)]) - cos).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("name", ["self_extend", "dynamic"])
@@ -115,4 +141,4 @@ def test_a_save_without_the_legacy_keys_is_read_as_another_model(saved, tmp_path
     got = read_with_transformers4([folder])[str(folder)]
     assert got["rope_type"] == "default" and got["rope_theta"] == 10000.0
     cos, _ = rope_of(models["yarn"], LONG)
-    assert (torch.tensor(got["cos"][str(LONG)]) - cos).abs().max() > 1e-2
+    assert (torch.tensor(got["rope"]["all"]["cos"][str(LONG)]) - cos).abs().max() > 1e-2

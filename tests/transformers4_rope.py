@@ -15,14 +15,26 @@ def read(folder: str, lengths: list[int]) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     except Exception as error:   # what 4.x says of a folder it cannot load: the test reads the message
         return {"error": f"{type(error).__name__}: {error}"}
-    rotary = model.model.rotary_emb
     x = torch.zeros(1, 1, dtype=torch.float32)
-    out = {"rope_type": rotary.rope_type, "rope_theta": model.config.rope_theta, "cos": {}, "sin": {}}
+    rotaries = layer_type_rotaries(model.model)
+    out = {"rope_type": rotaries["all"].rope_type if "all" in rotaries else None,
+           "rope_theta": model.config.rope_theta, "rope": {}}
     with torch.no_grad():
-        for n in lengths:
-            cos, sin = rotary(x, torch.arange(n)[None])
-            out["cos"][n], out["sin"][n] = cos[0].tolist(), sin[0].tolist()
+        for layer_type, rotary in rotaries.items():
+            rope = out["rope"][layer_type] = {"cos": {}, "sin": {}}
+            for n in lengths:
+                cos, sin = rotary(x, torch.arange(n)[None])
+                rope["cos"][n], rope["sin"][n] = cos[0].tolist(), sin[0].tolist()
     return out
+
+
+def layer_type_rotaries(inner) -> dict:
+    """The rotary modules 4.x builds, by the layer type they serve ("all" where one serves every layer)."""
+    if hasattr(inner, "rotary_embs"):   # OLMo 3
+        return dict(inner.rotary_embs)
+    if hasattr(inner, "rotary_emb_local"):   # Gemma 3 and 3n
+        return {"full_attention": inner.rotary_emb, "sliding_attention": inner.rotary_emb_local}
+    return {"all": inner.rotary_emb}
 
 
 if __name__ == "__main__":
