@@ -151,33 +151,39 @@ def cmd_export(args) -> None:
     if Path(args.out).suffix != ".gguf":
         raise UsageError(f"--out {args.out} must name a .gguf file")
     out = _gguf_out(args, Path(ref))
-    vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf()
+    # the tokenizer written: --vocab-from's, else the model's own (the embedded SmolLM2's is the file it came from)
+    vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf() if ref == "smollm2" \
+        else None
     if Path(ref).suffix == ".gguf":
         raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch --out X.gguf")
     with reading(ref):   # a patch no GGUF file can hold (attention itself, a length-following rope): said as such
         serving.check_config_exports(loading.load_config(ref), "a GGUF file", serving.GGUF_ROPE_TYPES)
         tokenizer = _folder_tokenizer(ref)
     skeleton = loading.meta_model(ref)   # what the file can say, before the weights load
-    gguf_writer.check_model(skeleton, out, vocab, args.dtype, args.overwrite, tokenizer)
+    _, keys = gguf_writer.check_model(skeleton, out, vocab, args.dtype, args.overwrite, tokenizer)
     serving.gguf_rope_metadata(skeleton, gguf_writer.ARCHITECTURES[skeleton.config.get_text_config().model_type])
     with reading(ref):
         model = loading.load_model(ref, dtype="float32")
-    # the tokens were checked against the folder's tokenizer on the skeleton, before the weights loaded
-    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, dtype=args.dtype, overwrite=args.overwrite)
+    # --vocab-from's tokens were checked against the folder's tokenizer on the skeleton, before the weights loaded
+    written = gguf_writer.write_gguf_model(model, out, vocab_from=vocab, tokenizer=tokenizer if vocab is None else None,
+                                           dtype=args.dtype, overwrite=args.overwrite)
     print(json.dumps(written, indent=2))
-    print(f"wrote {args.out} ({args.dtype}, the tokenizer of {vocab.name})")
+    source = (f"the tokenizer of {vocab.name}" if vocab is not None
+              else f"the folder's tokenizer, pre-tokenizer {keys['tokenizer.ggml.pre']}")
+    print(f"wrote {args.out} ({args.dtype}, {source})")
 
 
 def _folder_tokenizer(ref: str):
-    """The model's own tokenizer, which the export checks vocab_from's tokens against: a folder without one is
-    refused (its vocabulary could not be told from another of the same size)."""
+    """The model's own tokenizer, written into the file or the one --vocab-from's tokens are checked against: a
+    folder without one is refused (its vocabulary could not be told from another of the same size)."""
     from . import loading
 
     if ref == "smollm2" or Path(ref).suffix == ".gguf":
         return loading.load_tokenizer(ref)
     if not any((Path(ref) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise UsageError(f"{ref} holds no tokenizer: the export checks that --vocab-from's tokens are this model's, id "
-                         f"by id; save the model's tokenizer into the folder (tokenizer.save_pretrained)")
+        raise UsageError(f"{ref} holds no tokenizer: the export writes the folder's own, or checks that --vocab-from's "
+                         f"tokens are this model's, id by id; save the model's tokenizer into the folder "
+                         f"(tokenizer.save_pretrained)")
     return loading.load_tokenizer(ref)
 
 
@@ -341,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
                    help="the weights' format (default f16; vectors and norms stay f32)")
     p.add_argument("--vocab-from", help="a GGUF file with the model's vocabulary, whose tokenizer is copied "
-                                        "(default: the embedded SmolLM2 file)")
+                                        "(default: the folder's own tokenizer, written when it is a byte-level BPE)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_export)
 

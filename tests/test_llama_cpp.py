@@ -180,8 +180,10 @@ def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab
     smollm2_tokenizer.save_pretrained(tmp_path / "small_vocab")
     before.append("small_vocab"), before.extend(p.name for p in (tmp_path / "small_vocab").iterdir())
     capsys.readouterr()
+    assert "ids up to 49151, past the model's vocab_size 128" in refusal(["export", str(tmp_path / "small_vocab"),
+                                                                         "--out", str(tmp_path / "y.gguf")])
     assert "holds 49152 tokens, the model 128" in refusal(["export", str(tmp_path / "small_vocab"), "--out",
-                                                           str(tmp_path / "y.gguf")])
+                                                           str(tmp_path / "y.gguf"), "--vocab-from", str(vocab)])
     assert "invalid choice: 'q4_k'" in refusal(["export", folder, "--out", str(tmp_path / "y.gguf"), "--dtype", "q4_k"])
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(before)
 
@@ -255,6 +257,24 @@ def test_a_folder_without_its_tokenizer_is_refused_and_the_name_written_is_the_m
     main(["export", str(saved), "--out", str(tmp_path / "ok.gguf"), "--dtype", "f32"])
     name = gguf.GGUFReader(tmp_path / "ok.gguf").fields["general.name"].contents()
     assert name == "smol-yarn", name   # the folder's name, not its path
+
+
+def test_the_export_writes_the_folders_own_tokenizer_and_llama_cpp_splits_text_as_it_does(saved, smollm2_tokenizer,
+                                                                                           tmp_path):
+    """Without --vocab-from the file carries the folder's tokenizer (gguf_tokenizer.py); llama.cpp, where built,
+    turns a text with digits, spaces, punctuation and a special token into the ids the folder's tokenizer gives."""
+    from hf_posenc.cli import main
+    from hf_posenc.export.gguf_tokenizer import tokenizer_fields
+
+    main(["export", str(saved), "--out", str(tmp_path / "own.gguf"), "--dtype", "f32"])
+    written = {k: f.contents() for k, f in gguf.GGUFReader(tmp_path / "own.gguf").fields.items()
+               if k.startswith("tokenizer.")}
+    assert written == tokenizer_fields(smollm2_tokenizer, VOCAB)
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: scripts/build_engines.sh")
+    engine = llama_cpp.Llama(str(tmp_path / "own.gguf"), vocab_only=True, verbose=False)
+    text = "In 2026,  the year's 1st  line:\n\tHello, world! <|im_end|> 3.14159 — café"
+    assert engine.tokenize(text.encode(), add_bos=False, special=True) == \
+        smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_q8_0_on_rows_that_are_not_whole_blocks_is_refused_before_the_weights_load(vocab, tmp_path):

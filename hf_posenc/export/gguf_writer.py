@@ -1,9 +1,9 @@
 """A whole GGUF file written from a model in memory (a fine-tune's or a search's folder, safetensors): the weights in
-F32 / F16 / BF16 / Q8_0 under llama.cpp's tensor names, the model's hyperparameters, the tokenizer of a GGUF file
-that holds the same vocabulary, and the patch's rope metadata and factor tensors (`serving.gguf_rope_metadata` /
+F32 / F16 / BF16 / Q8_0 under llama.cpp's tensor names, the model's hyperparameters, its tokenizer (written from
+the model's own, gguf_tokenizer.py, or copied from a GGUF file that holds the same vocabulary), and the patch's rope metadata and factor tensors (`serving.gguf_rope_metadata` /
 `gguf_rope_tensors`: what llama.cpp reads).
 
-    hp.write_gguf_model(model, "smollm2-32k-f16.gguf", vocab_from=hp.assets.smollm2_gguf(), dtype="f16")
+    hp.write_gguf_model(model, "smollm2-32k-f16.gguf", tokenizer=tokenizer, dtype="f16")
 
 Tensor names come from the `gguf` library's own map (`gguf.get_tensor_name_map`), so a name it does not know is
 refused, never guessed. llama.cpp's `llama` graph rotates interleaved pairs (x0, x1), (x2, x3), ... where
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import _compat
-from . import gguf_header
+from . import gguf_header, gguf_tokenizer
 from ..config import check_bool
 from ..errors import MethodNotApplicableError
 from ..record import read_record
@@ -72,15 +72,21 @@ def model_name(config) -> str:
     return Path(ref).name or "hf_posenc export"
 
 
-def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: str, overwrite: bool,
-                tokenizer=None) -> str:
+def check_model(model: torch.nn.Module, target: Path, vocab_from: Path | None, dtype: str, overwrite: bool,
+                tokenizer=None) -> tuple[str, dict | None]:
     """Everything checked before a byte is written, on the model or its meta skeleton (the config is what is
-    read; with `tokenizer`, vocab_from's tokens against it); returns llama.cpp's architecture."""
+    read; with `tokenizer`, vocab_from's tokens against it). Returns llama.cpp's architecture and, without
+    vocab_from, the tokenizer's GGUF keys (gguf_tokenizer.tokenizer_fields)."""
     for name, value in (("target", target), ("vocab_from", vocab_from)):
         if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            if value is None and name == "vocab_from":
+                continue
             raise ExportError(f"{name} must be a path (str or os.PathLike), got {value!r:.60}")
     check_bool("overwrite", overwrite)
-    target, vocab_from = Path(target), Path(vocab_from)
+    if vocab_from is None and tokenizer is None:
+        raise ExportError("write_gguf_model needs the model's tokenizer (tokenizer=, written into the file) or a GGUF "
+                          "file of its vocabulary (vocab_from=, whose tokenizer is copied)")
+    target = Path(target)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ExportError(f"write_gguf_model needs a transformers model, got {type(model).__name__}")
     if dtype not in DTYPES:
@@ -98,19 +104,12 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: s
             f"the model's rope_parameters have rope_type {rope_type!r} of its own (no hf_posenc patch made it): "
             f"llama.cpp's convert_hf_to_gguf.py writes a checkpoint's own scaling; write_gguf_model writes the "
             f"patches hf_posenc makes")
-    check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
-    try:
-        header = gguf_header.read(vocab_from)
-    except (ValueError, OSError) as err:
-        raise ExportError(f"vocab_from {vocab_from} is not a readable GGUF file: {err}") from None
-    tokens = header.values.get("tokenizer.ggml.tokens")
-    count = getattr(tokens, "count", None)
-    if count != text.vocab_size:
-        raise ExportError(f"vocab_from {vocab_from} holds {count} tokens, the model {text.vocab_size}: it is not "
-                          f"this model's vocabulary")
-    if not header.values.get("tokenizer.ggml.model"):
-        raise ExportError(f"vocab_from {vocab_from} has tokens but no tokenizer.ggml.model (how llama.cpp splits "
-                          f"text into them): give a GGUF file converted with its tokenizer")
+    if vocab_from is not None:
+        vocab_from = Path(vocab_from)
+        check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
+        _check_vocab_file(vocab_from, text.vocab_size)
+    else:
+        check_gguf_output(None, target, overwrite, "the output")
     if dtype == "q8_0":
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         rows = {"hidden_size": text.hidden_size, "intermediate_size": text.intermediate_size,
@@ -120,12 +119,29 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path, dtype: s
             raise ExportError(f"q8_0 stores rows in blocks of {Q8_0_BLOCK} values; this model's "
                               f"{', '.join(f'{k} {v}' for k, v in odd.items())} is not a multiple of {Q8_0_BLOCK}: "
                               f"use f16, bf16 or f32")
-    if tokenizer is not None:
-        check_vocabulary(vocab_from, tokenizer, text.vocab_size)
     if getattr(text, "partial_rotary_factor", 1.0) != 1.0:
         raise MethodNotApplicableError("partial rotary dims are not written: llama.cpp's llama graph rotates the "
                                        "whole head")
-    return arch
+    if vocab_from is None:
+        return arch, gguf_tokenizer.tokenizer_fields(tokenizer, text.vocab_size)
+    if tokenizer is not None:
+        check_vocabulary(vocab_from, tokenizer, text.vocab_size)
+    return arch, None
+
+
+def _check_vocab_file(vocab_from: Path, vocab_size: int) -> None:
+    """vocab_from is a GGUF file with a tokenizer of the model's size that llama.cpp can split text with."""
+    try:
+        header = gguf_header.read(vocab_from)
+    except (ValueError, OSError) as err:
+        raise ExportError(f"vocab_from {vocab_from} is not a readable GGUF file: {err}") from None
+    count = getattr(header.values.get("tokenizer.ggml.tokens"), "count", None)
+    if count != vocab_size:
+        raise ExportError(f"vocab_from {vocab_from} holds {count} tokens, the model {vocab_size}: it is not "
+                          f"this model's vocabulary")
+    if not header.values.get("tokenizer.ggml.model"):
+        raise ExportError(f"vocab_from {vocab_from} has tokens but no tokenizer.ggml.model (how llama.cpp splits "
+                          f"text into them): give a GGUF file converted with its tokenizer")
 
 
 def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
@@ -155,17 +171,20 @@ def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab_from: str | os.PathLike,
-                     dtype: str = "f32", overwrite: bool = False, tokenizer=None) -> dict[str, object]:
+def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, tokenizer=None,
+                     vocab_from: str | os.PathLike | None = None, dtype: str = "f32",
+                     overwrite: bool = False) -> dict[str, object]:
     """Write `model` (patched or not) as a whole GGUF file at `target`: the weights in `dtype` (f32, f16, bf16 or
-    q8_0; vectors and norms stay F32, as llama.cpp's converter keeps them), the tokenizer of `vocab_from` (a GGUF
-    file with the same vocabulary: for SmolLM2, the embedded one), the rope metadata and factor tensors of the
-    patch. `tokenizer` (the model's own; `hf-posenc export` passes the folder's): vocab_from's tokens checked against
-    it, id by id. Everything is checked first; the file appears whole or not at all. Returns the rope keys written."""
+    q8_0; vectors and norms stay F32, as llama.cpp's converter keeps them), a tokenizer, the rope metadata and
+    factor tensors of the patch. The tokenizer: `tokenizer` (the model's own, a byte-level BPE:
+    gguf_tokenizer.tokenizer_fields) written into the file, or, with `vocab_from` (a GGUF file with the same
+    vocabulary: for SmolLM2, the embedded one), that file's tokenizer copied, checked id by id against `tokenizer`
+    where both are given. Everything is checked first; the file appears whole or not at all. Returns the rope keys
+    written."""
     import gguf
 
-    arch = check_model(model, target, vocab_from, dtype, overwrite, tokenizer)
-    target, vocab_from = Path(target), Path(vocab_from)
+    arch, tokenizer_keys = check_model(model, target, vocab_from, dtype, overwrite, tokenizer)
+    target = Path(target)
     rope = gguf_rope_metadata(model, arch)
     factors = gguf_rope_tensors(model, arch)
     tensors = _tensors(model, arch)
@@ -175,7 +194,6 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[dtype]
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
-    reader = gguf.GGUFReader(vocab_from)
     with whole_file(target) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=arch)
         writer.add_name(model_name(model.config))
@@ -192,8 +210,14 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, vocab
         writer.add_rope_freq_base(float(_compat.get_rope_parameters(text, None)["rope_theta"]))
         writer.add_vocab_size(text.vocab_size)
         writer.add_file_type(file_type)
-        # the tokenizer as the vocab file holds it; the patch's keys but the two written above from the same config
-        add_gguf_fields(writer, [(k, f) for k, f in reader.fields.items() if k.startswith("tokenizer.")],
+        if tokenizer_keys is not None:
+            gguf_tokenizer.add_tokenizer_fields(writer, tokenizer_keys)
+            tokenizer_fields = []
+        else:   # the tokenizer as the vocab file holds it
+            reader = gguf.GGUFReader(vocab_from)
+            tokenizer_fields = [(k, f) for k, f in reader.fields.items() if k.startswith("tokenizer.")]
+        # the patch's keys but the two written above from the same config
+        add_gguf_fields(writer, tokenizer_fields,
                         {k: v for k, v in rope.items() if not k.endswith((".context_length", ".rope.freq_base"))})
         for name, array in tensors:
             if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:

@@ -362,12 +362,13 @@ def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "np.ndarra
     return {}
 
 
-def check_gguf_output(source: Path, target: Path, overwrite: bool, source_is: str) -> None:
-    """The GGUF file read (`source`, what the message calls it: `source_is`) exists, and `target` is a new file in
-    an existing folder, neither that file nor a folder, or one `overwrite` allows to replace."""
-    if not source.is_file():
+def check_gguf_output(source: Path | None, target: Path, overwrite: bool, source_is: str) -> None:
+    """The GGUF file read (`source`, what the message calls it: `source_is`; None where none is) exists, and
+    `target` is a new file in an existing folder, neither that file nor a folder, or one `overwrite` allows to
+    replace."""
+    if source is not None and not source.is_file():
         raise ExportError(f"GGUF file not found: {source}")
-    if target.exists() and (target.resolve() == source.resolve() or target.is_dir()):
+    if target.exists() and ((source is not None and target.resolve() == source.resolve()) or target.is_dir()):
         raise ExportError(f"the output {target} is {source_is if target.is_file() else 'a folder'}; "
                           f"name a new .gguf file")
     folder = target.parent

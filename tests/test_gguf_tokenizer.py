@@ -1,0 +1,112 @@
+"""A model's own tokenizer written as a GGUF tokenizer (hf_posenc.export.gguf_tokenizer): SmolLM2's, written from
+the transformers tokenizer, carries the tokens, types, merges, special ids, flags and chat template llama.cpp's own
+converter wrote into the embedded GGUF file; the pre-tokenizer is named only where llama.cpp splits text the same
+way, and anything else is refused before the export writes a byte. llama.cpp itself tokenizing with the written
+file is in tests/test_llama_cpp.py (the engine tier)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import hf_posenc as hp
+from hf_posenc.export.gguf_tokenizer import tokenizer_fields
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(the transformers tokenizer of the embedded SmolLM2, the tokenizer keys of its GGUF file)."""
+    from hf_posenc import assets
+
+    try:
+        path = assets.smollm2_gguf()
+    except Exception as err:   # the asset is a separate install
+        pytest.skip(f"the embedded SmolLM2 GGUF is not installed: {err}")
+    reader = gguf.GGUFReader(path)
+    keys = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    return hp.load_tokenizer("smollm2"), keys
+
+
+def test_smollm2s_tokenizer_is_written_as_llama_cpps_converter_wrote_it(smollm2):
+    tokenizer, theirs = smollm2
+    ours = tokenizer_fields(tokenizer, 49152)
+    differ = {k for k in theirs if ours.get(k) != theirs[k]}
+    # transformers' GGUF loader rebuilds SmolLM2's tokenizer with GPT-2's split alone (no digits apart), so the
+    # tokenizer hf_posenc measured with is llama.cpp's "gpt-2", where the original file says "smollm"
+    assert differ == {"tokenizer.ggml.pre"}, differ
+    assert ours["tokenizer.ggml.pre"] == "gpt-2" and theirs["tokenizer.ggml.pre"] == "smollm"
+    assert json.loads(tokenizer.backend_tokenizer.to_str())["pre_tokenizer"]["type"] == "ByteLevel"
+    assert set(ours) - set(theirs) == {"tokenizer.ggml.add_eos_token"} and not ours["tokenizer.ggml.add_eos_token"]
+
+
+def byte_bpe(pre_tokenizer=None, normalizer=None, clean_up: bool = False, special: bool = True):
+    """A byte-level BPE with two merges, an <eos> (special or not) and the given pre-tokenizer."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for merged in ("ab", "abc"):
+        vocab[merged] = len(vocab)
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("ab", "c")]))
+    raw.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    if normalizer is not None:
+        raw.normalizer = normalizer
+    out = PreTrainedTokenizerFast(tokenizer_object=raw, clean_up_tokenization_spaces=clean_up)
+    out.add_tokens([AddedToken("<eos>", special=special)], special_tokens=special)
+    if special:
+        out.eos_token = "<eos>"
+    return out
+
+
+DIGITS_THEN_GPT2 = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                            pre_tokenizers.ByteLevel(add_prefix_space=False)])
+
+
+@pytest.mark.parametrize("pre, clean_up, name", [
+    (None, False, "gpt-2"),
+    (DIGITS_THEN_GPT2, False, "smollm"),      # SmolLM2's own tokenizer.json; llama.cpp keeps its spaces
+    (DIGITS_THEN_GPT2, True, "starcoder"),    # the same split, spaces cleaned up when decoding
+])
+def test_a_byte_level_bpe_is_written_under_the_pre_tokenizer_llama_cpp_splits_the_same_way(pre, clean_up, name):
+    tokenizer = byte_bpe(pre, clean_up=clean_up)
+    size = len(tokenizer) + 3   # a model's embedding rounded up past its tokenizer
+    keys = tokenizer_fields(tokenizer, size)
+    assert keys["tokenizer.ggml.pre"] == name and keys["tokenizer.ggml.model"] == "gpt2"
+    tokens = keys["tokenizer.ggml.tokens"]
+    assert len(tokens) == size and tokens[-3:] == [f"[PAD{i}]" for i in range(size - 3, size)]
+    assert tokens[tokenizer.convert_tokens_to_ids("abc")] == "abc" and keys["tokenizer.ggml.merges"] == ["a b", "ab c"]
+    types = keys["tokenizer.ggml.token_type"]
+    eos = tokenizer.convert_tokens_to_ids("<eos>")
+    assert types[eos] == 3 and types[0] == 1 and types[-1] == 5   # control, normal, unused
+    assert keys["tokenizer.ggml.eos_token_id"] == eos and "tokenizer.ggml.bos_token_id" not in keys
+
+
+def test_an_added_token_that_is_not_special_is_user_defined():
+    tokenizer = byte_bpe(special=False)
+    keys = tokenizer_fields(tokenizer, len(tokenizer))
+    assert keys["tokenizer.ggml.token_type"][tokenizer.convert_tokens_to_ids("<eos>")] == 4
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: byte_bpe(pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=False),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False)])),
+     "pre-tokenizer Sequence(Digits, ByteLevel) splits text as none of llama.cpp's"),
+    (lambda: byte_bpe(pre_tokenizers.ByteLevel(add_prefix_space=True)), "pre-tokenizer ByteLevel splits"),
+    (lambda: byte_bpe(pre_tokenizers.Whitespace()), "pre-tokenizer Whitespace splits"),
+    (lambda: byte_bpe(normalizer=normalizers.NFKC()), "it normalizes text first (NFKC)"),
+])
+def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused_naming_what_it_is(make, said):
+    with pytest.raises(hp.PosEncError, match="cannot be written as a GGUF tokenizer") as refusal:
+        tokenizer_fields(make(), 300)
+    assert said in str(refusal.value) and "--vocab-from" in str(refusal.value)
+
+
+def test_a_tokenizer_that_is_not_a_byte_level_bpe_or_not_the_models_is_refused():
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
+    with pytest.raises(hp.PosEncError, match="its model is Unigram"):
+        tokenizer_fields(PreTrainedTokenizerFast(tokenizer_object=unigram), 2)
+    with pytest.raises(hp.PosEncError, match="ids up to 258, past the model's vocab_size 128"):
+        tokenizer_fields(byte_bpe(), 128)
