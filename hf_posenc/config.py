@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .errors import (InvalidParameterError, ParameterTypeError, PosEncError, RegistrationError, SequenceTooLongError,
+from .errors import (InvalidParameterError, ParameterTypeError, RegistrationError, SequenceTooLongError,
                      UnsupportedModelError)
 from .named import Registry
 
