@@ -14,10 +14,12 @@ import torch
 import transformers
 
 from . import _compat, attention, loading
-from .config import AttentionMethodConfig, MethodConfig
+from .attention import AttentionMethodConfig
+from .config import MethodConfig
 from .errors import AlreadyPatchedError, CheckpointMismatchError, CheckpointRecordError, NotPatchedError, ParameterTypeError
 from .plan import UNDO_ATTR, is_patched, refuse_unpatch, undo
-from .record import PatchRecord, attach, detach, read_record
+from .record import PatchRecord, attach, detach
+from .record_reader import family_of, method_class, method_config, read_record
 from .registry import as_model, find_family, get_method, plan_patch
 
 
@@ -43,7 +45,7 @@ def patch(model: torch.nn.Module, method: str | MethodConfig, **params) -> torch
     cfg = _method_config(method, params)
     record = read_record(model.config)
     # a patch in memory that the method may go on top of (a RoPE method on a learned -> rope swap)
-    stacked = record is not None and UNDO_ATTR in model.__dict__ and cfg.stacks_on(record.method_class())
+    stacked = record is not None and UNDO_ATTR in model.__dict__ and cfg.stacks_on(method_class(record))
     if is_patched(model) and not stacked:
         raise AlreadyPatchedError(
             f"this model is already patched (method {getattr(record, 'method', None)!r}); to re-patch, call "
@@ -113,11 +115,11 @@ def describe(model: torch.nn.Module) -> dict:
     family = find_family(model)
     config = model.config.get_text_config()
     record = read_record(model.config)
-    moved = record is not None and issubclass(record.method_class(), AttentionMethodConfig)
+    moved = record is not None and issubclass(method_class(record), AttentionMethodConfig)
     info = {
         "model_type": config.model_type,
         "family": family.name,
-        **(attention.describe(model, record) if moved else family.describe(model)),
+        **(attention.describe(model, method_config(record), record.original.max_position_embeddings) if moved else family.describe(model)),
         "method": None,
         "max_position_embeddings": config.max_position_embeddings,
     }
@@ -182,7 +184,7 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
     record = read_record(config, source)
     if record is None:
         return loading.load_model(path, gguf_file=gguf_file, config=config, **kwargs)
-    family = record.family_adapter()
+    family = family_of(record)
     # the model before the patch (itself patched when this one was stacked on another), then the patch again; or,
     # where the checkpoint holds the patched modules as stock transformers loads them, that model, patch rebuilt
     stock, removed = family.unpatched_config(config, record)
@@ -198,7 +200,7 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
             return model
         if removed:  # the tables the patch removed, as they were before it
             why_not_unpatch = family.restore_original(model, path, record)
-    patch(model, record.method_config())
+    patch(model, method_config(record))
     try:
         attention.restore_tensors(model, path)
     except RuntimeError:  # load_state_dict: a saved table of another shape than the record gives

@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 from . import _compat
-from .errors import CheckpointMismatchError, MethodNotApplicableError
+from .config import MethodConfig
+from .errors import CheckpointMismatchError, MethodNotApplicableError, UnsupportedModelError
 
 if TYPE_CHECKING:
-    from .config import AttentionMethodConfig
     from .plan import PatchPlan
-    from .record import PatchRecord
 
 CHILD = "hf_posenc_attention"  # the child each patched attention module carries
 PREFIX = "hf_posenc_"  # attention implementations registered here: PREFIX + the inner one
@@ -147,6 +146,50 @@ class AttentionSite:
     shared: dict = field(default_factory=dict)  # what a method builds once for every layer
 
 
+# -- the interface of attention methods (its kin for RoPE and learned tables: hf_posenc/config.py) ----------
+@dataclass
+class AttentionMethodConfig(MethodConfig):
+    """A method that acts inside attention: a bias added to the scores, or a transform of q and k.
+    None of them bounds the input length: `max_position_embeddings` (default: the original context)
+    only sets the advertised context."""
+
+    adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
+    removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
+    needs_target: ClassVar[bool] = False  # the advertised context stays the original one unless given
+    export_refusal: ClassVar[str | None] = (
+        "it changes the attention computation itself, which engines do not load from a config")
+    skipped_positions: ClassVar[str | None] = (
+        "it computes the distances inside attention from the order of the tokens, not from position ids, so "
+        "skipped ids would change nothing it learns")
+
+    def for_model(self, config, layer_types: list[str | None]) -> AttentionMethodConfig:
+        """The method (resolved) for the RoPE model whose text config is `config`, with the RoPE `layer_types`
+        ([None]: one RoPE for all layers), checked against it: by default a model with one RoPE per layer type is
+        refused; a method that acts on some layer types only says which (`rotated_layer_types`)."""
+        if layer_types != [None]:
+            raise UnsupportedModelError(
+                f"method {self.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
+                f"has one per layer type ({layer_types})")
+        return self
+
+    def rotated_layer_types(self) -> list[str | None]:
+        """The RoPE layer types whose rotation the method (after `for_model`) takes over: [None] for all layers."""
+        return [None]
+
+    def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
+        """The `PositionalAttention` child of one self-attention `module` (resolved method; `site`: what every
+        layer shares)."""
+        raise NotImplementedError
+
+    def check_rope_model(self, config) -> None:
+        """Refuse a RoPE model (text config `config`) the method cannot act on; before anything changes."""
+
+    def learned_rotary(self, new_config, device) -> nn.Module | None:
+        """On a learned-table model: the rotary module the method rotates q and k with, after writing its
+        rope_parameters into `new_config` (the patched config copy); None for methods that do not rotate."""
+        return None
+
+
 def positional_attention(inner: str):
     """The attention function registered as PREFIX + inner: the module's q/k transform, then the inner
     function, once per block of queries when there is a bias (`BlockLayout`)."""
@@ -217,11 +260,11 @@ def plan_attention(plan: PatchPlan, model: nn.Module, method: AttentionMethodCon
     _compat.set_attention_implementation(new_config, PREFIX + inner)
 
 
-def describe(model: nn.Module, record: PatchRecord) -> dict:
-    """What `hp.describe` says of a model patched with an attention method."""
+def describe(model: nn.Module, method: AttentionMethodConfig, original_context: int) -> dict:
+    """What `hp.describe` says of a model patched with the attention `method` (as its record holds it)."""
     config = model.config.get_text_config()
-    mechanism = "bias" if record.method_class().adds_bias else "rope"
-    limit = record.method_config().length_limit(record.original.max_position_embeddings)
+    mechanism = "bias" if method.adds_bias else "rope"
+    limit = method.length_limit(original_context)
     return {"mechanism": mechanism, "attn_implementation": _compat.attention_implementation(config),
             "length_limit": limit}
 

@@ -2,8 +2,9 @@
 
 A method is one module in hf_posenc/methods/ (yarn.py, dca.py, ...): a dataclass of its parameters, which
 checks them in `__post_init__` (a bad value is refused before the model is touched), and what it does to a
-model, through the small interface of its kind below (`RopeMethodConfig`, `LearnedMethodConfig`,
-`AttentionMethodConfig`). The families call that interface; they never ask a method its name.
+model, through the small interface of its kind (`RopeMethodConfig` and `LearnedMethodConfig` below;
+`AttentionMethodConfig` beside the attention mechanism it drives, hf_posenc/attention.py). The families call that
+interface; they never ask a method its name.
 `resolve(original)` fills the target context and the factor from each other once the model's original
 context is known. A method registers itself where it is defined, with `@register_method` on its class (the
 table `METHODS` lives here, below the methods; hf_posenc.registry imports every method module and looks
@@ -17,8 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .errors import (InvalidParameterError, ParameterTypeError, RegistrationError, SequenceTooLongError,
-                     UnsupportedModelError)
+from .errors import (InvalidParameterError, ParameterTypeError, RegistrationError, SequenceTooLongError)
 from .named import Registry
 
 if TYPE_CHECKING:
@@ -391,49 +391,5 @@ class LearnedMethodConfig(MethodConfig):
 
 # -- mechanisms swapped through the attention call (ALiBi, relative bias, XPos, DCA, ...) -----------
 
-@dataclass
-class AttentionMethodConfig(MethodConfig):
-    """A method that acts inside attention: a bias added to the scores, or a transform of q and k.
-    None of them bounds the input length: `max_position_embeddings` (default: the original context)
-    only sets the advertised context."""
-
-    adds_bias: ClassVar[bool] = False  # needs an attention kernel that takes an additive float mask
-    removes_positions: ClassVar[bool] = True  # drops the model's own table / rotation
-    needs_target: ClassVar[bool] = False  # the advertised context stays the original one unless given
-    export_refusal: ClassVar[str | None] = (
-        "it changes the attention computation itself, which engines do not load from a config")
-    skipped_positions: ClassVar[str | None] = (
-        "it computes the distances inside attention from the order of the tokens, not from position ids, so "
-        "skipped ids would change nothing it learns")
-
-    def for_model(self, config, layer_types: list[str | None]) -> AttentionMethodConfig:
-        """The method (resolved) for the RoPE model whose text config is `config`, with the RoPE `layer_types`
-        ([None]: one RoPE for all layers), checked against it: by default a model with one RoPE per layer type is
-        refused; a method that acts on some layer types only says which (`rotated_layer_types`)."""
-        if layer_types != [None]:
-            raise UnsupportedModelError(
-                f"method {self.name!r} is built for one RoPE shared by all layers; this {config.model_type} model "
-                f"has one per layer type ({layer_types})")
-        return self
-
-    def rotated_layer_types(self) -> list[str | None]:
-        """The RoPE layer types whose rotation the method (after `for_model`) takes over: [None] for all layers."""
-        return [None]
-
-    def attention_child(self, site: AttentionSite, module: nn.Module) -> nn.Module:
-        """The `hf_posenc.attention.PositionalAttention` child of one self-attention `module` (resolved
-        method; `site`: what every layer shares, hf_posenc.attention.AttentionSite)."""
-        raise NotImplementedError
-
-    def check_rope_model(self, config) -> None:
-        """Refuse a RoPE model (text config `config`) the method cannot act on; before anything changes."""
-
-    def learned_rotary(self, new_config, device) -> nn.Module | None:
-        """On a learned-table model: the rotary module the method rotates q and k with, after writing its
-        rope_parameters into `new_config` (the patched config copy); None for methods that do not rotate."""
-        return None
-
-
 if TYPE_CHECKING:
-    from .attention import AttentionSite
     from .plan import PatchPlan

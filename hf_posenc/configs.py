@@ -1,7 +1,8 @@
 """Every method's config class by its class name, for `hp.configs.YarnConfig(factor=4)`: the registered
-methods (one module each in hf_posenc/methods/) and the kinds they derive from (hf_posenc/config.py)."""
+methods (one module each in hf_posenc/methods/) and the kinds they derive from (hf_posenc/config.py, hf_posenc/attention.py)."""
 
-from .config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, RopeMethodConfig  # noqa: F401
+from .attention import AttentionMethodConfig  # noqa: F401
+from .config import LearnedMethodConfig, MethodConfig, RopeMethodConfig  # noqa: F401
 from .registry import METHODS
 
 globals().update({cls.__name__: cls for cls in METHODS.values()})

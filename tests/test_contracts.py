@@ -43,7 +43,7 @@ import hf_posenc as hp
 from hf_posenc.config import Contract, LearnedMethodConfig, MethodConfig, Refused, RopeMethodConfig
 from hf_posenc.methods.rope import CUSTOM_ROPE_TYPE_PREFIX
 from hf_posenc.plan import is_patched
-from hf_posenc.record import read_record
+from hf_posenc.record_reader import method_class, method_config, read_record
 from hf_posenc.registry import FAMILIES, METHODS, register_method
 
 pytestmark = pytest.mark.contract
@@ -451,7 +451,7 @@ def test_from_pretrained_gives_the_same_logits_and_record(case, saved):
     assert hp.describe(loaded)["method"] == case.method
     record = read_record(model.config)
     assert read_record(loaded.config) == record
-    assert record.method_class() is case.cls and record.method_config() == case.cls.from_dict(record.params)
+    assert method_class(record) is case.cls and method_config(record) == case.cls.from_dict(record.params)
     written = model.config.to_dict()["hf_posenc"]
     on_disk = json.loads((folder / "config.json").read_text())["hf_posenc"]
     assert on_disk == json.loads(json.dumps(written)) == record.to_dict()

@@ -11,7 +11,8 @@ from pathlib import Path
 import examples
 import pytest
 
-from hf_posenc.config import AttentionMethodConfig, LearnedMethodConfig, RopeMethodConfig
+from hf_posenc.attention import AttentionMethodConfig
+from hf_posenc.config import LearnedMethodConfig, RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.registry import FAMILIES, METHODS
 

@@ -1,4 +1,5 @@
-"""The package's import graph: read from the source (every import statement, the ones inside functions too), it
+"""The package's import graph: read from the source (every import statement, the ones inside functions and under
+`if TYPE_CHECKING:` too), it
 has no cycles, and no module imports from a layer above its own (docs/ARCHITECTURE.md's layer table, LAYERS
 here). Importing a submodule runs its packages' __init__ too, so an import of `hf_posenc.families.x` counts as
 one of `hf_posenc.families` as well."""
@@ -18,11 +19,12 @@ KNOWN: set[frozenset[str]] = set()
 # docs/ARCHITECTURE.md's layers, bottom first: a module imports from its own layer (no cycle) or the ones below.
 # A module is in the layer of the longest prefix listed (`hf_posenc.methods` takes every method module).
 LAYERS = {
-    "errors": ("hf_posenc.errors", "hf_posenc.named"),
-    "interfaces": ("hf_posenc.config", "hf_posenc.family"),
+    "errors and records": ("hf_posenc.errors", "hf_posenc.named", "hf_posenc.record"),
     "transformers": ("hf_posenc._compat", "hf_posenc.export", "hf_posenc.export.gguf_header", "hf_posenc.assets"),
+    "plans": ("hf_posenc.plan",),
+    "interfaces": ("hf_posenc.config", "hf_posenc.family"),
     "mechanisms and methods": ("hf_posenc.attention", "hf_posenc.methods"),
-    "patch records": ("hf_posenc.record", "hf_posenc.plan"),
+    "record reading": ("hf_posenc.record_reader",),
     "families": ("hf_posenc.families",),
     "patch calls": ("hf_posenc.registry", "hf_posenc.export.serving", "hf_posenc.export.gguf_tokenizer",
                     "hf_posenc.export.gguf_writer",
@@ -51,24 +53,12 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
-def _executed(tree: ast.Module):
-    """Every node of `tree` except those under `if TYPE_CHECKING:` (imports for annotations only, never run)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            todo.extend(node.orelse)
-        else:
-            todo.extend(ast.iter_child_nodes(node))
-
-
 def imports(name: str, path: Path, is_package: bool, known: dict) -> set[str]:
-    """The package's modules `name` imports, resolved to the module (not the package) where one is named;
-    imports under `if TYPE_CHECKING:` (annotations only) are not counted."""
+    """The package's modules `name` imports, resolved to the module (not the package) where one is named; imports
+    under `if TYPE_CHECKING:` count too (an annotation that names a module above is a dependency all the same)."""
     here = name.split(".") if is_package else name.split(".")[:-1]
     out = set()
-    for node in _executed(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -149,11 +139,11 @@ def test_no_module_imports_from_a_layer_above_its_own():
     assert not up, "imports that go up a layer (docs/ARCHITECTURE.md):\n" + "\n".join(up)
 
 
-def test_the_layer_check_sees_an_import_inside_a_function(tmp_path):
+def test_the_layer_check_sees_an_import_inside_a_function_and_one_for_annotations(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from .api import patch\n")
-    known = {"hf_posenc.config": (module, False), "hf_posenc.api": (module, False)}
-    assert imports("hf_posenc.config", module, False, known) == {"hf_posenc.api"}
+    module.write_text("def f():\n    from .api import patch\nif TYPE_CHECKING:\n    from .plan import PatchPlan\n")
+    known = {"hf_posenc.config": (module, False), "hf_posenc.api": (module, False), "hf_posenc.plan": (module, False)}
+    assert imports("hf_posenc.config", module, False, known) == {"hf_posenc.api", "hf_posenc.plan"}
     assert layer("hf_posenc.api") > layer("hf_posenc.config")
     assert layer("hf_posenc.methods.yarn") == layer("hf_posenc.attention") < layer("hf_posenc.families.gpt2")
 

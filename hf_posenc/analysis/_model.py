@@ -15,7 +15,7 @@ from ..families.learned_tables import table_offset
 from ..methods.learned import too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
 from ..plan import is_patched
-from ..record import read_record
+from ..record_reader import read_record
 from ..registry import find_family
 
 

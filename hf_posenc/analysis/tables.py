@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..record import read_record
+from ..record_reader import read_record
 from ..registry import find_family
 from . import _model
 from ._model import position_table

@@ -19,7 +19,7 @@ from .. import _compat
 from ..config import check_bool, check_number
 from ..errors import InvalidInputError, ParameterTypeError, UnsupportedModelError
 from ..train.losses import check_causal_lm, check_token_ids, output_logits, vocabulary_size
-from ..record import read_record
+from ..record_reader import method_class, read_record
 from ..registry import find_family
 
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers' own, chosen from the input length
@@ -32,7 +32,7 @@ def is_length_dependent(model: torch.nn.Module) -> bool:
         raise InvalidInputError(f"model must be a transformers model, got {model!r:.60} ({type(model).__name__})")
     record = read_record(model.config)
     if record is not None:
-        return record.method_class().length_dependent
+        return method_class(record).length_dependent
     config = model.config.get_text_config()
     if not _compat.has_rope(config):
         return False

@@ -11,7 +11,7 @@ import torch
 from .. import api
 from ..export import serving
 from ..errors import PosEncError
-from ..record import read_record
+from ..record_reader import read_record
 
 # methods whose saved config stock transformers builds as patched (the others need hp.from_pretrained)
 STOCK_METHODS = serving.STOCK_METHODS + serving.TABLE_METHODS

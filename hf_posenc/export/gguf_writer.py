@@ -24,7 +24,7 @@ from .. import _compat
 from . import gguf_header, gguf_tokenizer
 from ..config import check_bool
 from ..errors import MethodNotApplicableError
-from ..record import read_record
+from ..record_reader import read_record
 from .serving import ExportError, add_gguf_fields, check_gguf_output, gguf_rope_metadata, gguf_rope_tensors, whole_file
 
 # transformers model_type -> llama.cpp architecture, for the families whose weights map one to one

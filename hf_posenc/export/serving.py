@@ -39,7 +39,8 @@ from . import gguf_header
 from ..config import LearnedMethodConfig, MethodConfig, RopeMethodConfig, check_bool
 from ..errors import InvalidInputError, MethodNotApplicableError, PosEncError
 from ..methods.yarn import default_attention_factor
-from ..record import PatchRecord, read_record
+from ..record import PatchRecord
+from ..record_reader import method_class, read_record
 from ..registry import METHODS, as_model
 
 # the rope types each engine computes as transformers does, from a config: vLLM builds every stock transformers
@@ -130,7 +131,7 @@ def check_config_exports(config, engine: str, rope_types: tuple[str, ...], flags
     chain = [record]
     while chain[-1].base is not None:
         chain.append(chain[-1].base)
-    why = next((r.method_class().export_refusal for r in chain if r.method_class().export_refusal), None)
+    why = next((method_class(r).export_refusal for r in chain if method_class(r).export_refusal), None)
     if why is None:
         text = config.get_text_config()
         held = [_compat.get_rope_parameters(text, lt).get("rope_type", "default")

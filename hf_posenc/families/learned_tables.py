@@ -24,13 +24,15 @@ import torch
 from torch import nn
 
 from .. import _compat, attention
-from ..config import AttentionMethodConfig, LearnedMethodConfig, MethodConfig, check_number
+from ..attention import AttentionMethodConfig
+from ..config import LearnedMethodConfig, MethodConfig, check_number
 from ..errors import CheckpointMismatchError, CheckpointRecordError, PosEncError, SequenceTooLongError
 from ..family import Family, as_model, find_family, register_family
 from ..methods.learned import CALL_STYLES, ORIGINAL_TABLE, NoPositions, too_long_message
 from ..methods.sinusoidal import SinusoidalPositions
 from ..plan import UNDO_ATTR, PatchPlan, Undo, note_unpatch
-from ..record import Original, PatchRecord, TableRecord, detach, read_record
+from ..record import Original, PatchRecord, TableRecord, detach
+from ..record_reader import method_class, method_config, read_record
 
 
 # -- buffers sized by the context ------------------------------------------------------------------
@@ -133,7 +135,7 @@ class LearnedTableFamily(Family):
     @staticmethod
     def _holds_table(record: PatchRecord) -> bool:
         # a table method's checkpoint holds the table it made; an attention method's is replayed
-        return issubclass(record.method_class(), LearnedMethodConfig)
+        return issubclass(method_class(record), LearnedMethodConfig)
 
     def rebuild_saved_patch(self, model: nn.Module, path, record: PatchRecord) -> bool:
         """A table method: put the patch back on the model stock transformers loaded from a checkpoint saved from
@@ -143,7 +145,7 @@ class LearnedTableFamily(Family):
         from the same checkpoint (the saved table, as a plain learned table), and warns so."""
         if not self._holds_table(record):
             return False
-        method = record.method_config()
+        method = method_config(record)
         tables = self.tables(model)
         if set(record.tables) != {t.path for t in tables}:
             raise CheckpointRecordError(
@@ -212,13 +214,13 @@ class LearnedTableFamily(Family):
             return config, ()
         text_config = config.get_text_config()
         text_config.max_position_embeddings = record.original.max_position_embeddings
-        if record.method_class().writes_rope_parameters and "rope_parameters" in vars(text_config):
+        if method_class(record).writes_rope_parameters and "rope_parameters" in vars(text_config):
             delattr(text_config, "rope_parameters")
         return config, tuple(f"{path}.weight" for path in record.tables)
 
     def read_back(self, record: PatchRecord) -> tuple[str, ...]:
         if self._holds_table(record):  # the parts beside the table (init="fit"'s projection)
-            return tuple(f".{part}" for part in record.method_config().checkpoint_parts() if part != "weight")
+            return tuple(f".{part}" for part in method_config(record).checkpoint_parts() if part != "weight")
         return (f".{ORIGINAL_TABLE}",)  # the table an attention method removed, saved beside it
 
     def restore_original(self, model: nn.Module, path, record: PatchRecord) -> str | None:

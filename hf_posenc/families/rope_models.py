@@ -10,11 +10,13 @@ import functools
 import torch
 
 from .. import _compat, attention
-from ..config import AttentionMethodConfig, MethodConfig, RopeMethodConfig
+from ..attention import AttentionMethodConfig
+from ..config import MethodConfig, RopeMethodConfig
 from ..errors import InvalidParameterError, MethodNotApplicableError, UnsupportedModelError
 from ..methods import rope
 from ..plan import PatchPlan
-from ..record import Original, PatchRecord, detach, read_record, recorded_family
+from ..record import Original, PatchRecord, detach, recorded_family
+from ..record_reader import method_config, read_record
 from ..family import Family, register_family
 
 # Causal-LM families of transformers 5.23 covered by tests/test_rope_families.py.
@@ -77,7 +79,7 @@ class RopeModels(Family):
         `length_limit`: Self-Extend's longest grouped position)."""
         record = read_record(model.config)
         if record is not None:
-            record.method_config().check_length(length, record.original.max_position_embeddings)
+            method_config(record).check_length(length, record.original.max_position_embeddings)
 
     def unpatched_config(self, config, record: PatchRecord) -> tuple:
         """The config of the model before the patch, from a loaded patched config (for

@@ -9,8 +9,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, Refused, register_method
+from ..attention import AttentionMethodConfig, AttentionSite, PositionalAttention
+from ..config import Contract, Refused, register_method
 from .bias import AlibiBias
 
 

@@ -9,8 +9,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, MAX_POSITIONS, Refused, check_number, register_method
+from ..attention import AttentionMethodConfig, AttentionSite, PositionalAttention
+from ..config import Contract, MAX_POSITIONS, Refused, check_number, register_method
 from ..errors import InvalidParameterError
 from .bias import RelativeBias
 

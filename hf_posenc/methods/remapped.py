@@ -34,8 +34,7 @@ import torch
 from torch import nn
 
 from .. import _compat
-from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig
+from ..attention import AttentionMethodConfig, AttentionSite, PositionalAttention
 from ..errors import InvalidInputError, InvalidParameterError, MethodNotApplicableError, ParameterTypeError
 from .rope import apply_rotary
 

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from .. import _compat
-from ..attention import AttentionSite, PositionalAttention
-from ..config import AttentionMethodConfig, Contract, Refused, check_number, register_method
+from ..attention import AttentionMethodConfig, AttentionSite, PositionalAttention
+from ..config import Contract, Refused, check_number, register_method
 from ..errors import InvalidParameterError, MethodNotApplicableError
 
 

@@ -37,6 +37,7 @@ ADJUSTABLE = {"resume_may_change": True}
 PER_COMMAND = {"resume_may_change": True, "per_command": True}
 
 PACKINGS = ("joined", "documents")   # data.packing
+ATTENTIONS = ("full", "s2")   # train.attention
 
 
 def _need(ok: bool, message: str) -> None:
@@ -225,9 +226,17 @@ class TrainArgs:
                                               f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
-        from .finetune_long import check_fields
+        _need(self.attention in ATTENTIONS, f"train.attention must be one of {', '.join(ATTENTIONS)} (s2: LongLoRA's "
+                                            f"shifted sparse attention in training), got {self.attention!r}")
+        from ..train.losses import LOSSES
 
-        check_fields(self)
+        _need(self.loss in LOSSES, f"train.loss must be one of {', '.join(LOSSES)} (docs/finetune.md's table of "
+                                   f"train.loss), got {self.loss!r}")
+        _need(self.s2_group is None or (isinstance(self.s2_group, int) and not isinstance(self.s2_group, bool)
+                                        and self.s2_group >= 2),
+              f"train.s2_group must be an int >= 2 (tokens per attention group) or null (a quarter of data.seq_len), "
+              f"got {self.s2_group!r}")
+        _need(isinstance(self.s2_shift, bool), f"train.s2_shift must be true or false, got {self.s2_shift!r}")
         from ..train.positions import scheme
 
         try:

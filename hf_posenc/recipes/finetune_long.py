@@ -2,7 +2,7 @@
 (`train.attention: s2`, hf_posenc/train/s2_attention.py; Chen et al., ICLR 2024, "LongLoRA") and the long-context
 loss (`train.loss`: a loss of hf_posenc.train.losses.LOSSES, `ce` or `longce`: LongCE, Fang et al., ICLR 2025), mixed
 context windows (`train.mixed_windows`, hf_posenc/train/mixed_windows.py) and documents kept apart (`data.packing:
-documents`, hf_posenc/train/documents.py). Their names are checked with the config (`check_fields`), the loss's settings
+documents`, hf_posenc/train/documents.py). Their names are checked with the config (TrainArgs), the loss's settings
 (`train.<loss>_<parameter>`) by the loss itself against the model's skeleton and the run's windows before anything
 loads (`check_long_training`, `check_mixed_windows`, `check_documents`, called by finetune_checks.check_config),
 and what they resolve to (`LongTraining`, kept in the Preflight) sets up the model
@@ -23,29 +23,6 @@ if TYPE_CHECKING:
     from ..train.losses import TrainLoss
     from ..train.positions import PositionScheme
     from .finetune_config import FinetuneConfig, TrainArgs
-
-ATTENTIONS = ("full", "s2")
-
-
-def _int_at_least(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def check_fields(train: TrainArgs) -> None:
-    """The values alone (TrainArgs.__post_init__)."""
-    if train.attention not in ATTENTIONS:
-        raise ConfigError(f"train.attention must be one of {', '.join(ATTENTIONS)} (s2: LongLoRA's shifted sparse "
-                          f"attention in training), got {train.attention!r}")
-    from ..train.losses import LOSSES
-
-    if train.loss not in LOSSES:
-        raise ConfigError(f"train.loss must be one of {', '.join(LOSSES)} (docs/finetune.md's table of train.loss), "
-                          f"got {train.loss!r}")
-    if not (train.s2_group is None or _int_at_least(train.s2_group, 2)):
-        raise ConfigError(f"train.s2_group must be an int >= 2 (tokens per attention group) or null (a quarter "
-                          f"of data.seq_len), got {train.s2_group!r}")
-    if not isinstance(train.s2_shift, bool):
-        raise ConfigError(f"train.s2_shift must be true or false, got {train.s2_shift!r}")
 
 
 def loss_settings(train: TrainArgs, loss: type[TrainLoss]) -> dict:
@@ -121,7 +98,7 @@ def check_long_training(cfg: FinetuneConfig, model, ref: str, original: int, seq
             raise ConfigError(f"{where} trains a causal LM on long sequences (objective lm); distill matches the "
                               f"unpatched model inside its original context")
         if cfg.posenc:
-            from ..config import AttentionMethodConfig
+            from ..attention import AttentionMethodConfig
             from ..registry import get_method
 
             method = cfg.posenc["method"]
@@ -212,7 +189,7 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
         raise ConfigError(f"{where} needs the attention to mask documents; train.attention=s2 computes grouped "
                           f"attention of its own: use train.attention=full")
     if cfg.posenc:
-        from ..config import AttentionMethodConfig
+        from ..attention import AttentionMethodConfig
         from ..registry import get_method
 
         if issubclass(get_method(cfg.posenc["method"]), AttentionMethodConfig):

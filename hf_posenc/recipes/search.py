@@ -139,7 +139,7 @@ def settings(args: SearchConfig, ref: str, original: int, dtype: str):
 def original_context(ref: str) -> int:
     """The model's context before any patch, from its config alone; a model the search cannot take is refused."""
     from hf_posenc import _compat, loading
-    from hf_posenc.record import read_record
+    from hf_posenc.record_reader import read_record
 
     user_input.model_mechanism(ref, methods=["longrope"])   # a learned table or a bias model: refused here
     config = loading.load_config(ref)

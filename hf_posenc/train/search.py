@@ -53,7 +53,7 @@ from ..errors import ConfigError, InvalidInputError, InvalidParameterError
 from ..eval import recall, stats
 from ..eval.perplexity import as_token_ids, pass_progress, token_nll
 from ..export.serving import whole_file
-from ..record import read_record
+from ..record_reader import read_record
 
 SEEDS = ("linear", "ntk", "yarn", "llama3", "longrope")   # the closed forms the population starts from
 SEED_NAMES = {"linear": "PI", "ntk": "NTK", "yarn": "YaRN", "llama3": "llama3", "longrope": "ramp"}

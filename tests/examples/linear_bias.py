@@ -9,8 +9,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from hf_posenc.attention import AttentionSite, PositionalAttention, ScoreBias, distances
-from hf_posenc.config import AttentionMethodConfig, Contract, Refused, register_method
+from hf_posenc.attention import AttentionMethodConfig, AttentionSite, PositionalAttention, ScoreBias, distances
+from hf_posenc.config import Contract, Refused, register_method
 
 
 class SlopeBias(ScoreBias):
