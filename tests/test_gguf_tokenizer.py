@@ -45,11 +45,12 @@ def test_smollm2s_tokenizer_is_written_as_llama_cpps_converter_wrote_it(smollm2)
 
 
 def byte_bpe(pre_tokenizer=None, normalizer=None, clean_up: bool = False, special: bool = True):
-    """A byte-level BPE with two merges, an <eos> (special or not) and the given pre-tokenizer."""
+    """A byte-level BPE with four merges, an <eos> (special or not) and the given pre-tokenizer."""
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    for merged in ("ab", "abc"):
-        vocab[merged] = len(vocab)
-    raw = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("ab", "c")]))
+    merges = [("a", "b"), ("ab", "c"), ("Ġ", "1"), ("1", "2")]   # "Ġ1": a space and a digit, which "smollm" splits
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     raw.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
     if normalizer is not None:
@@ -77,7 +78,8 @@ def test_a_byte_level_bpe_is_written_under_the_pre_tokenizer_llama_cpp_splits_th
     assert keys["tokenizer.ggml.pre"] == name and keys["tokenizer.ggml.model"] == "gpt2"
     tokens = keys["tokenizer.ggml.tokens"]
     assert len(tokens) == size and tokens[-3:] == [f"[PAD{i}]" for i in range(size - 3, size)]
-    assert tokens[tokenizer.convert_tokens_to_ids("abc")] == "abc" and keys["tokenizer.ggml.merges"] == ["a b", "ab c"]
+    assert tokens[tokenizer.convert_tokens_to_ids("abc")] == "abc"
+    assert keys["tokenizer.ggml.merges"] == ["a b", "ab c", "Ġ 1", "1 2"]
     types = keys["tokenizer.ggml.token_type"]
     eos = tokenizer.convert_tokens_to_ids("<eos>")
     assert types[eos] == 3 and types[0] == 1 and types[-1] == 5   # control, normal, unused
@@ -108,5 +110,23 @@ def test_a_tokenizer_that_is_not_a_byte_level_bpe_or_not_the_models_is_refused()
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
     with pytest.raises(hp.PosEncError, match="its model is Unigram"):
         tokenizer_fields(PreTrainedTokenizerFast(tokenizer_object=unigram), 2)
-    with pytest.raises(hp.PosEncError, match="ids up to 258, past the model's vocab_size 128"):
+    with pytest.raises(hp.PosEncError, match="ids up to 260, past the model's vocab_size 128"):
         tokenizer_fields(byte_bpe(), 128)
+
+
+@pytest.mark.parametrize("pre", [None, DIGITS_THEN_GPT2], ids=["gpt-2", "smollm"])
+def test_llama_cpp_splits_text_with_the_written_tokenizer_as_the_tokenizer_does(pre, tmp_path):
+    """The engine tier: the whole file written with the tokenizer, its vocabulary read by llama.cpp, a text whose
+    ids differ between the two splits (" 12": "Ġ1" "2" under GPT-2's, "Ġ" "1" "2" with digits apart) tokenized
+    the same by both."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: scripts/build_engines.sh")
+    from tiny import tiny_model
+
+    tokenizer = byte_bpe(pre)
+    hp.write_gguf_model(tiny_model(vocab_size=len(tokenizer)), tmp_path / "m.gguf", tokenizer=tokenizer)
+    engine = llama_cpp.Llama(str(tmp_path / "m.gguf"), vocab_only=True, verbose=False)
+    text = "ab 12 abc 112, 3x 1212<eos> ab"
+    want = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert engine.tokenize(text.encode(), add_bos=False, special=True) == want
+    other = byte_bpe(DIGITS_THEN_GPT2 if pre is None else None)(text, add_special_tokens=False)["input_ids"]
+    assert other != want   # the text tells the two splits apart
