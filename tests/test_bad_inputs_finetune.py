@@ -189,7 +189,7 @@ CASES = [
     ("lora-targets-nosuch", {"train": {"lora": {"target_modules": ["nosuch_proj"]}}}, [],
      r"target_modules entry 'nosuch_proj' names no module"),
     ("lora-targets-number", {"train": {"lora": {"target_modules": 3}}}, [], r"target_modules must be"),
-    ("dtype-float8", {"model": {"dtype": "float8"}}, [], r"model\.dtype must be auto, bfloat16, float16 or float32"),
+    ("dtype-float8", {"model": {"dtype": "float8"}}, [], r"model\.dtype must be one of auto, float32, bfloat16, float16"),
     ("model-missing", {"model": {"name": "{w}/nope"}}, [], r"cannot read the model config of '.*nope'"),
     ("model-empty-name", {"model": {"name": ""}}, [], r"model\.name must name"),
     ("model-without-weights", {"model": {"name": "{w}/noweights"}}, [], r"holds a config but no weights"),

@@ -33,18 +33,10 @@ from hf_posenc import user_input
 from hf_posenc.config import MAX_POSITIONS
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
+from hf_posenc.recipes.recipe_config import need
 
 # torch, transformers and the measures (hf_posenc.eval) load inside the functions that use them, once the
 # config is read: `--help` answers without them (tests/test_help_speed.py).
-
-
-@dataclass
-class ModelArgs:
-    name: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where the hardware runs it natively, "
-                                                         "else float32), float32, bfloat16 or float16"})
-    attn_implementation: str = field(default="sdpa", metadata={
-        "help": "transformers' attention implementation: sdpa, eager, flash_attention_2, ..."})
 
 
 @dataclass
@@ -113,7 +105,7 @@ class EvalArgs:
 
 @dataclass
 class EvalConfig:
-    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the model and how it loads"})
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs, metadata={"help": "the model and how it loads"})
     data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the text scored, and how inputs start"})
     eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "the variants, and what is measured"})
     output_dir: str = field(default="runs/eval", metadata={"help": "results.json, summary.md and the figures"})
@@ -123,7 +115,6 @@ class EvalConfig:
 
 
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid",
             "recall_lengths", "task_lengths")
@@ -136,6 +127,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalCo
     args = recipe_config.parse(EvalConfig, argv, usage=f"{recipe_config.program('evaluate', prog)} {USAGE}", about=(__doc__ or "").split("\n\n")[0],
                                shipped=lambda name: name.startswith("eval_"))
     check_args(args)
+    args.model.attn_implementation = args.model.attention()   # "auto" is sdpa here, and is saved as such
     return args
 
 
@@ -143,12 +135,7 @@ def check_args(args: EvalConfig) -> None:
     """Every value in range, before anything is loaded or written."""
     from hf_posenc import eval as hpe
 
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
     model, text, ev = args.model, args.data, args.eval
-    need(model.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {model.dtype!r}")
     need(text.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {text.framing!r}")
     for name, value in (("model.name", model.name), ("model.attn_implementation", model.attn_implementation),
                         ("data.corpus", text.corpus), ("data.split", text.split),
@@ -710,7 +697,7 @@ def run(args: EvalConfig) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype, why = loading.resolve_dtype(args.model.dtype, device)
     print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
-    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation)
+    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attention())
     model = model.to(device).eval()
     targets = args.eval.max_position_embeddings
     grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]

@@ -12,6 +12,7 @@ from typing import Optional, Union
 
 from ..errors import ConfigError, PosEncError
 from . import recipe_config
+from .recipe_config import ADJUSTABLE, FIXED, need
 
 # Plain Python only at import (torch, the position schemes and accelerate load inside the checks that need
 # them): `--help` reads these dataclasses and answers without torch (tests/test_help_speed.py).
@@ -32,17 +33,10 @@ GROUPS = {
 # ones change how the run is watched, saved or computed, not what it trains (steps to extend it, the save and
 # evaluation cadence, logging, memory knobs): a resume takes them and says which changed. PER_COMMAND ones say
 # how this command starts (output_dir, --resume, --overwrite_output_dir): not settings of the run, not compared.
-FIXED = {"resume_may_change": False}
-ADJUSTABLE = {"resume_may_change": True}
 PER_COMMAND = {"resume_may_change": True, "per_command": True}
 
 PACKINGS = ("joined", "documents")   # data.packing
 ATTENTIONS = ("full", "s2")   # train.attention
-
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def _is_number(value) -> bool:
@@ -50,22 +44,13 @@ def _is_number(value) -> bool:
 
 
 @dataclasses.dataclass
-class ModelArgs:
-    name: str = field(default="smollm2", metadata={**FIXED,
-        "help": "hub id, folder, .gguf file, or the aliases smollm2 / minilm"})
+class ModelArgs(recipe_config.ModelArgs):
+    """The model section every recipe has, and what only training reads."""
+
     gguf_file: Optional[str] = field(default=None, metadata={**FIXED,
         "help": "the .gguf file inside a hub repo or folder named by name"})
-    attn_implementation: str = field(default="auto", metadata={**ADJUSTABLE,
-        "help": "auto: flash_attention_2 when installed on a GPU, else sdpa; or any transformers implementation"})
-    dtype: str = field(default="auto", metadata={**FIXED,
-        "help": "auto: float32 weights, bf16 mixed precision where supported; or bfloat16, float16, float32"})
     gradient_checkpointing: bool = field(default=False, metadata={**ADJUSTABLE,
         "help": "recompute activations in the backward pass (less memory, more time)"})
-
-    def __post_init__(self):
-        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(f"model.dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
-        _need(bool(self.name.strip()), "model.name must name a hub id, a folder or a .gguf file, got ''")
 
 
 @dataclasses.dataclass
@@ -101,17 +86,17 @@ class DataArgs:
             raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
         if not 0.0 <= self.short_share < 1.0:
             raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
-        _need(self.packing in PACKINGS, f"data.packing must be one of {', '.join(PACKINGS)} (documents: attention "
+        need(self.packing in PACKINGS, f"data.packing must be one of {', '.join(PACKINGS)} (documents: attention "
                                         f"kept inside each document), got {self.packing!r}")
         if not (isinstance(self.bos, bool) or self.bos == "auto"):
             raise ConfigError(f"data.bos must be auto, true or false, got {self.bos!r}")
         if self.streaming and not self.max_documents:
             raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
-        _need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
+        need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
                                          "got ''")
-        _need(self.max_documents is None or self.max_documents >= 1,
+        need(self.max_documents is None or self.max_documents >= 1,
               f"data.max_documents must be >= 1 (or null), got {self.max_documents}")
-        _need(self.short_len is None or self.short_len >= 2, f"data.short_len must be >= 2 (or null), got {self.short_len}")
+        need(self.short_len is None or self.short_len >= 2, f"data.short_len must be >= 2 (or null), got {self.short_len}")
 
 
 @dataclasses.dataclass
@@ -197,46 +182,46 @@ class TrainArgs:
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
         for name in ("weight_decay", "eps", "warmup_steps", "seed"):
-            _need(0 <= getattr(self, name) < math.inf, f"train.{name} must be >= 0, got {getattr(self, name)}")
-        _need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
+            need(0 <= getattr(self, name) < math.inf, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
               f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
-        _need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
+        need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
         from . import finetune_teacher
 
-        _need(self.objective == "distill" or finetune_teacher.parse(self.teacher)[0] == "unpatched",
+        need(self.objective == "distill" or finetune_teacher.parse(self.teacher)[0] == "unpatched",
               f"train.teacher={self.teacher!r} is the model train.objective=distill matches; this run's objective is "
               f"{self.objective!r}")
-        _need(_is_number(self.mixed_windows) and 0 <= self.mixed_windows < 1,
+        need(_is_number(self.mixed_windows) and 0 <= self.mixed_windows < 1,
               f"train.mixed_windows must be a share in [0, 1) (0: off; the rest are long windows), "
               f"got {self.mixed_windows!r}")
-        _need(self.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: the full logits at once), got {self.loss_chunk}")
-        _need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
+        need(self.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: the full logits at once), got {self.loss_chunk}")
+        need(self.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1 (--resume needs one), "
                                           f"got {self.keep_checkpoints}")
-        _need(self.stop_after_steps is None or self.stop_after_steps >= 1,
+        need(self.stop_after_steps is None or self.stop_after_steps >= 1,
               f"train.stop_after_steps must be >= 1 (or null), got {self.stop_after_steps}")
         trainable = [self.trainable] if isinstance(self.trainable, str) else self.trainable
-        _need(isinstance(trainable, list) and trainable and all(isinstance(t, str) and t for t in trainable),
+        need(isinstance(trainable, list) and trainable and all(isinstance(t, str) and t for t in trainable),
               f"train.trainable must be 'all', a group ({', '.join(GROUPS)}) or a regex, or a list of them; "
               f"got {self.trainable!r}")
         if self.report_to is not None:
             from accelerate.utils import LoggerType
 
             trackers = [t.value for t in LoggerType]
-            _need(self.report_to in trackers, f"train.report_to={self.report_to!r} is not one of {', '.join(trackers)}"
+            need(self.report_to in trackers, f"train.report_to={self.report_to!r} is not one of {', '.join(trackers)}"
                                               f" (or null)")
         if self.lora is not None:
             self.lora = check_lora(self.lora)
-        _need(self.attention in ATTENTIONS, f"train.attention must be one of {', '.join(ATTENTIONS)} (s2: LongLoRA's "
+        need(self.attention in ATTENTIONS, f"train.attention must be one of {', '.join(ATTENTIONS)} (s2: LongLoRA's "
                                             f"shifted sparse attention in training), got {self.attention!r}")
         from ..train.losses import LOSSES
 
-        _need(self.loss in LOSSES, f"train.loss must be one of {', '.join(LOSSES)} (docs/finetune.md's table of "
+        need(self.loss in LOSSES, f"train.loss must be one of {', '.join(LOSSES)} (docs/finetune.md's table of "
                                    f"train.loss), got {self.loss!r}")
-        _need(self.s2_group is None or (isinstance(self.s2_group, int) and not isinstance(self.s2_group, bool)
+        need(self.s2_group is None or (isinstance(self.s2_group, int) and not isinstance(self.s2_group, bool)
                                         and self.s2_group >= 2),
               f"train.s2_group must be an int >= 2 (tokens per attention group) or null (a quarter of data.seq_len), "
               f"got {self.s2_group!r}")
-        _need(isinstance(self.s2_shift, bool), f"train.s2_shift must be true or false, got {self.s2_shift!r}")
+        need(isinstance(self.s2_shift, bool), f"train.s2_shift must be true or false, got {self.s2_shift!r}")
         from ..train.positions import scheme
 
         try:
@@ -257,13 +242,13 @@ class EvalArgs:
 
     def __post_init__(self):
         lengths = [self.lengths] if _is_number(self.lengths) else self.lengths   # `lengths: 512` means [512]
-        _need(isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 2
+        need(isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 2
                                                  for n in lengths),
               f"eval.lengths must be a list of token counts >= 2 (e.g. [512, 1024]), got {self.lengths!r}")
         self.lengths = lengths
-        _need(self.documents >= 1, f"eval.documents must be >= 1, got {self.documents}")
-        _need(self.every is None or self.every >= 1, f"eval.every must be >= 1 (or null), got {self.every}")
-        _need(self.corpus is None or bool(self.corpus.strip()), "eval.corpus must name a corpus or be null, got ''")
+        need(self.documents >= 1, f"eval.documents must be >= 1, got {self.documents}")
+        need(self.every is None or self.every >= 1, f"eval.every must be >= 1 (or null), got {self.every}")
+        need(self.corpus is None or bool(self.corpus.strip()), "eval.corpus must name a corpus or be null, got ''")
 
 
 @dataclasses.dataclass
@@ -317,16 +302,16 @@ LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 
 
 def check_lora(lora) -> dict:
-    _need(isinstance(lora, dict), f"train.lora must be a mapping ({', '.join(LORA_KEYS)}), got {lora!r}")
+    need(isinstance(lora, dict), f"train.lora must be a mapping ({', '.join(LORA_KEYS)}), got {lora!r}")
     unknown = sorted(set(lora) - set(LORA_KEYS))
-    _need(not unknown, f"unknown key(s) {unknown} in train.lora; allowed: {', '.join(LORA_KEYS)}")
+    need(not unknown, f"unknown key(s) {unknown} in train.lora; allowed: {', '.join(LORA_KEYS)}")
     r, alpha, dropout = lora.get("r", 8), lora.get("alpha", 16), lora.get("dropout", 0.0)
-    _need(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"train.lora.r must be an int >= 1, got {r!r}")
-    _need(isinstance(alpha, int) and not isinstance(alpha, bool) and alpha >= 1,
+    need(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"train.lora.r must be an int >= 1, got {r!r}")
+    need(isinstance(alpha, int) and not isinstance(alpha, bool) and alpha >= 1,
           f"train.lora.alpha must be an int >= 1, got {alpha!r}")
-    _need(_is_number(dropout) and 0 <= dropout < 1, f"train.lora.dropout must be in [0, 1), got {dropout!r}")
+    need(_is_number(dropout) and 0 <= dropout < 1, f"train.lora.dropout must be in [0, 1), got {dropout!r}")
     targets = lora.get("target_modules", "all-linear")
-    _need(isinstance(targets, str) and targets or isinstance(targets, list) and targets
+    need(isinstance(targets, str) and targets or isinstance(targets, list) and targets
           and all(isinstance(t, str) and t for t in targets),
           f"train.lora.target_modules must be 'all-linear', a regex or a list of module names, got {targets!r}")
     return lora

@@ -1,6 +1,7 @@
-"""The one config system of the recipes (recipes/finetune.py, recipes/evaluate.py). In the recipes, "config"
-means this alone: a recipe's run configuration, its YAML file and `--section.field` flags read into the
-recipe's dataclass (FinetuneConfig, EvalConfig).
+"""The one config system of the recipes (recipes/finetune.py, recipes/evaluate.py, recipes/search.py). In the
+recipes, "config" means this alone: a recipe's run configuration, its YAML file and `--section.field` flags read
+into the recipe's dataclass (FinetuneConfig, EvalConfig, SearchConfig), and what their sections share (the
+`model` section, `ModelArgs`; `need`, the one check of a value).
 
 A recipe declares its config as a dataclass whose fields are sections (dataclasses of their own) or plain
 values, each with a default and a one-line doc: `field(default=..., metadata={"help": "..."})`. Then
@@ -57,6 +58,44 @@ def parse(schema: type, argv: list[str] | None = None, *, usage: str, about: str
     for key, texts in flags:
         set_flag(schema, values, key, texts)
     return build(schema, values)
+
+
+# -- what every recipe's config shares -----------------------------------------------------------------------
+# A field's metadata says whether a resumed fine-tune may change it (the other recipes do not resume).
+FIXED = {"resume_may_change": False}
+ADJUSTABLE = {"resume_may_change": True}
+DTYPES = ("auto", "float32", "bfloat16", "float16")   # model.dtype
+
+
+def need(ok: bool, message: str) -> None:
+    """A config value's check: `message` as the one ConfigError when it fails."""
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass
+class ModelArgs:
+    """The model a recipe runs (the `model` section of every recipe; the fine-tune's extends it)."""
+
+    name: str = dataclasses.field(default="smollm2", metadata={**FIXED,
+        "help": "hub id, folder, .gguf file, or the aliases smollm2 / minilm"})
+    dtype: str = dataclasses.field(default="auto", metadata={**FIXED,
+        "help": "auto: bfloat16 where the hardware runs it natively, else float32 (the fine-tune keeps float32 "
+                "weights there and trains in bfloat16 mixed precision); or bfloat16, float16, float32"})
+    attn_implementation: str = dataclasses.field(default="auto", metadata={**ADJUSTABLE,
+        "help": "auto: sdpa (the fine-tune: flash_attention_2 where installed on a GPU, else sdpa); or any "
+                "transformers implementation: sdpa, eager, flash_attention_2, ..."})
+
+    def __post_init__(self):
+        need(isinstance(self.name, str) and bool(self.name.strip()),
+             f"model.name must name a hub id, a folder or a .gguf file, got {self.name!r}")
+        need(self.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        need(isinstance(self.attn_implementation, str) and bool(self.attn_implementation.strip()),
+             "model.attn_implementation is empty")
+
+    def attention(self) -> str:
+        """The implementation to load with where the recipe does not choose its own for "auto": sdpa."""
+        return "sdpa" if self.attn_implementation == "auto" else self.attn_implementation
 
 
 def program(script: str, prog: str | None = None) -> str:

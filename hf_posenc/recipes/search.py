@@ -23,16 +23,9 @@ from pathlib import Path
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
+from hf_posenc.recipes.recipe_config import need
 
 # torch, transformers and the search load once the config is read: `--help` answers without them.
-
-
-@dataclass
-class ModelArgs:
-    name: str = field(default="smollm2", metadata={"help": "hub id, folder, .gguf file, or 'smollm2' (embedded)"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where the hardware runs it natively, "
-                                                         "else float32), float32, bfloat16 or float16"})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "transformers' attention implementation"})
 
 
 @dataclass
@@ -79,7 +72,7 @@ class SearchArgs:
 
 @dataclass
 class SearchConfig:
-    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the model and how it loads"})
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs, metadata={"help": "the model and how it loads"})
     data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the tuning text"})
     search: SearchArgs = field(default_factory=SearchArgs, metadata={"help": "the search space and its budget"})
     output_dir: str = field(default="runs/search", metadata={
@@ -88,7 +81,6 @@ class SearchConfig:
     plots: bool = field(default=True, metadata={"help": "draw convergence.png"})
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...]"
 
@@ -97,16 +89,12 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Search
     args = recipe_config.parse(SearchConfig, argv, usage=f"{recipe_config.program('search', prog)} {USAGE}",
                                about=(__doc__ or "").split("\n\n")[0], shipped=lambda name: "_search_" in name)
     check_args(args)
+    args.model.attn_implementation = args.model.attention()   # "auto" is sdpa here, and is saved as such
     return args
 
 
 def check_args(args: SearchConfig) -> None:
     """The values alone, before anything loads (the model's own limits: `settings`)."""
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
-    need(args.model.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {args.model.dtype!r}")
     need(args.data.framing in FRAMINGS,
          f"data.framing must be one of {', '.join(FRAMINGS)}, got {args.data.framing!r}")
     for name, value in (("model.name", args.model.name), ("data.corpus", args.data.corpus),
@@ -207,7 +195,7 @@ def run(args: SearchConfig) -> dict:
     bands = f" in {len(s.bands)} bands of {s.band_width}" if s.band_width else ""
     print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}{bands}; "
           f"{5 + s.budget} candidates{', raced' if s.race else ''}", file=sys.stderr)
-    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attn_implementation).to(device).eval()
+    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attention()).to(device).eval()
     runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix, sets=sets)
     print(f"critical pair: {runner.critical} of {runner.pairs} (pairs from it on never turned a full period in "
           f"{original} tokens){'; their factors held >= ' + format(s.target / original, 'g') if s.critical_floor else ''}",
