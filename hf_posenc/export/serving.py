@@ -343,7 +343,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     return out
 
 
-def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "np.ndarray"]:
+def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "numpy.ndarray"]:
     """The per-pair factor tensors a GGUF file needs for the patch (F32, one value per rotary pair): LongRoPE's
     `rope_factors_long.weight` / `rope_factors_short.weight`, llama3's `rope_freqs.weight`; {} for the others.
     llama.cpp takes the long set whenever its context (-c) is longer than the original, for every sequence, where

@@ -21,8 +21,9 @@ from ..errors import ConfigError, PosEncError
 from ..train.positions import Contiguous, PositionScheme, scheme
 from ..train.data import load_documents
 from .recipe_config import differences, one_line, plain, shown_setting
-from .finetune_config import GROUPS, DataArgs, FinetuneConfig, ModelArgs, TrainArgs
-from .finetune_model import _model_ref, choose_attention, select_trainable
+from ..train.trainable import GROUPS, select_trainable
+from .finetune_config import DataArgs, FinetuneConfig, ModelArgs, TrainArgs
+from .finetune_model import _model_ref, choose_attention
 from . import finetune_teacher
 from .finetune_long import LongTraining, check_documents, check_long_training, check_mixed_windows
 

@@ -12,19 +12,12 @@ from typing import Optional, Union
 
 from ..errors import ConfigError, PosEncError
 from . import recipe_config
+from ..train.trainable import GROUPS
 from .recipe_config import ADJUSTABLE, FIXED, need
 
 # Plain Python only at import (torch, the position schemes and accelerate load inside the checks that need
 # them): `--help` reads these dataclasses and answers without torch (tests/test_help_speed.py).
 
-# the groups train.trainable names, as regexes over parameter names (finetune_model.select_trainable)
-GROUPS = {
-    "embeddings": r"embed|wte|wpe|position|word_embeddings|token_type",
-    "norms": r"norm|ln_|layernorm",
-    "attention": r"attn|attention|q_proj|k_proj|v_proj|o_proj",
-    "mlp": r"mlp|intermediate|\.output\.dense|fc\d|gate_proj|up_proj|down_proj",
-    "head": r"lm_head|score|classifier",
-}
 
 
 # What --resume may change, declared on every field (tests/test_finetune_phases.py checks each has it):

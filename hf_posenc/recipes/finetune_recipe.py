@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Iterator, Optional
 
@@ -51,9 +50,8 @@ from hf_posenc.recipes import finetune_teacher  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
 from hf_posenc.recipes.finetune_long import disable_s2, enable_s2, unused_settings  # noqa: E402
-from hf_posenc.recipes.finetune_model import (apply_lora, disable_dropout, load_model,  # noqa: E402
-                                              load_tokenizer, mixed_precision, select_trainable)
-from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
+from hf_posenc.recipes.finetune_model import load_model, load_tokenizer, mixed_precision  # noqa: E402
+from hf_posenc.train.trainable import apply_lora, disable_dropout, select_trainable  # noqa: E402
 
 
 class FinetuneRecipe:
@@ -217,7 +215,7 @@ class FinetuneRecipe:
         Once, after setup: a second resume would rewind the data but not the weights."""
         self._expect("resume()", "setup")
         cfg, accelerator = self.cfg, self.accelerator
-        self.start_step = self.step = resume(accelerator, cfg.output_dir) if cfg.resume else 0
+        self.start_step = self.step = ckpt.resume(accelerator, cfg.output_dir) if cfg.resume else 0
         self.log = ckpt.LossLog(cfg.output_dir, self.start_step, accelerator.is_main_process)
         left = cfg.train.steps - self.start_step
         if self.start_step and left > 0:
@@ -529,35 +527,6 @@ def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teache
     finally:
         model.train(was_training)
     return results
-
-
-def resume(accelerator, output_dir) -> int:
-    """Load the newest checkpoint that is whole; returns its step (0: none, start from the beginning). A
-    newer one left half-written (the run stopped while saving it: no `done` mark) is named."""
-    incomplete = ckpt.incomplete_checkpoints(output_dir)
-    for path in reversed(ckpt.complete_checkpoints(output_dir)):
-        step = int(path.name.split("_")[1])
-        problem = ckpt.checkpoint_problem(path)
-        if problem is None:
-            try:
-                accelerator.load_state(str(path))
-            except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
-                problem = f"{path} cannot be loaded ({type(err).__name__}: {one_line(err)[:300]})"
-        if problem is None:
-            skipped = [n for n in incomplete if n > step]
-            if skipped:
-                accelerator.print(f"step {', '.join(map(str, skipped))} incomplete (the run stopped while saving "
-                                  f"it), resuming from step {step}")
-            accelerator.print(f"resumed from {path} (step {step})")
-            return step
-        message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
-        accelerator.print(message)
-        print(message, file=sys.stderr)
-    if incomplete:
-        accelerator.print(f"step {', '.join(map(str, incomplete))} incomplete (the run stopped while saving it), "
-                          f"resuming from step 0")
-    accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
-    return 0
 
 
 class TrainingDiverged(hp.PosEncError, ValueError):

@@ -8,6 +8,7 @@ factor search are made of.
     mixed_windows.py   windows inside the original context with the short rope, long ones with the long rope
     documents.py       packed documents kept apart (position ids restart, attention stays inside each)
     checkpoints.py     the run's checkpoints, loss log and resume
+    trainable.py       what trains: parameter groups or regexes, LoRA adapters, dropout off for distillation
     search.py          the factor search (LongRoPE's, without gradients): factors scored on far-repeat recall
 
 Nothing is imported here: `from hf_posenc.train import losses` loads what it names.

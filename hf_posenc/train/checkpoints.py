@@ -8,6 +8,7 @@ import hashlib
 import json
 import resource
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -116,3 +117,33 @@ def peak_memory_mb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+def resume(accelerator, output_dir) -> int:
+    """Load into `accelerator` (its model, optimizer, scheduler and random states) the newest checkpoint that is
+    whole; returns its step (0: none, start from the beginning). A newer one left half-written (the run stopped
+    while saving it: no `done` mark) is named; a broken one is said and the one before it tried."""
+    incomplete = incomplete_checkpoints(output_dir)
+    for path in reversed(complete_checkpoints(output_dir)):
+        step = int(path.name.split("_")[1])
+        problem = checkpoint_problem(path)
+        if problem is None:
+            try:
+                accelerator.load_state(str(path))
+            except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {' '.join(str(err).split())[:300]})"
+        if problem is None:
+            skipped = [n for n in incomplete if n > step]
+            if skipped:
+                accelerator.print(f"step {', '.join(map(str, skipped))} incomplete (the run stopped while saving "
+                                  f"it), resuming from step {step}")
+            accelerator.print(f"resumed from {path} (step {step})")
+            return step
+        message = f"warning: checkpoint step {step} is broken: {problem}; falling back to the checkpoint before it"
+        accelerator.print(message)
+        print(message, file=sys.stderr)
+    if incomplete:
+        accelerator.print(f"step {', '.join(map(str, incomplete))} incomplete (the run stopped while saving it), "
+                          f"resuming from step 0")
+    accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
+    return 0
