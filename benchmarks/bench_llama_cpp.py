@@ -6,10 +6,12 @@ show), in each weight format. Needs llama-cpp-python (scripts/build_engines.sh) 
     python benchmarks/bench_llama_cpp.py                  # the tiny wide Llama of tests/test_llama_cpp.py, 8x
     python benchmarks/bench_llama_cpp.py --tokens 500 --formats f32 f16 bf16 q8_0
     python benchmarks/bench_llama_cpp.py --model smollm2 --tokens 12288 --formats f32   # SmolLM2 on the KJV, x4
+    python benchmarks/bench_llama_cpp.py --model smollm2 --tokens 12288 --formats f32 --methods none \
+        --folders banded_ft150=outputs/smollm2_search_32k_banded_cpu
 
 With `--model smollm2`: SmolLM2-135M (float32 weights of the embedded file) patched to 32768 with YaRN, NTK and the
 static searched longrope set (recipes/configs/smollm2_search_32k_cpu_finetune.yaml's), linear, llama3 and base
-(theta x4; `--methods` picks among them), on the first --tokens tokens
+(theta x4; `--methods` picks among them), and saved folders (`--folders NAME=FOLDER`), on the first --tokens tokens
 of the King James Bible; the differences inside the original 8192 tokens and past them are given apart (a rope
 error grows with the position).
 """
@@ -86,11 +88,21 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
                         help="with --model smollm2: the methods to run (default all: none yarn ntk linear llama3 base "
                              "longrope)")
+    parser.add_argument("--folders", nargs="+", metavar="NAME=FOLDER", default=[],
+                        help="with --model smollm2: saved SmolLM2 folders (a search's best, a fine-tune's output) run "
+                             "as hf-posenc export writes them (their own tokenizer), after the methods")
     args = parser.parse_args()
     if args.model == "tiny" and args.tokens > 4096:
         common.refuse(f"--tokens {args.tokens}: the tiny model's runs take at most 4096 (--model smollm2 for more)")
-    if args.methods and args.model != "smollm2":
-        common.refuse("--methods chooses among --model smollm2's cases; the tiny model runs all of its own")
+    if (args.methods or args.folders) and args.model != "smollm2":
+        common.refuse("--methods and --folders are --model smollm2's; the tiny model runs all of its own cases")
+    folders = {}
+    for spec in args.folders:
+        name, _, folder = spec.partition("=")
+        if not name or not folder or not Path(folder, "config.json").is_file():
+            common.refuse(f"--folders {spec}: give NAME=FOLDER, a saved folder with its config.json")
+        folders[name] = folder
+    args.folders = folders
     try:   # both models run in llama.cpp: refused before anything loads
         import llama_cpp
     except ImportError:
@@ -140,15 +152,20 @@ def main_smollm2(args) -> None:
     print(common.machine())
     print(f"llama-cpp-python {llama_cpp.__version__}; SmolLM2-135M, {args.tokens} KJV tokens, n_ctx {context}, "
           f"F32 KV cache; | format | method | mean abs diff | max inside 8192 | max past 8192 | seconds |")
+    cases = [(method, params, None) for method, params in smollm2_cases()
+             if not args.methods or method in args.methods]
+    cases += [(name, {}, folder) for name, folder in args.folders.items()]
     with tempfile.TemporaryDirectory() as folder:
         for fmt in args.formats:
-            for method, params in smollm2_cases():
-                if args.methods and method not in args.methods:
-                    continue
+            for method, params, saved in cases:
                 start = time.perf_counter()
-                m = smollm2(method, params)
                 path = Path(folder) / "m.gguf"
-                write_gguf_model(m, path, vocab_from=vocab, dtype=fmt, overwrite=True)
+                if saved is None:
+                    m = smollm2(method, params)
+                    write_gguf_model(m, path, vocab_from=vocab, dtype=fmt, overwrite=True)
+                else:   # as hf-posenc export writes a folder: its patch as loaded, its own tokenizer
+                    m = hp.load_model(saved, dtype=torch.float32).eval()
+                    write_gguf_model(m, path, tokenizer=hp.load_tokenizer(saved), dtype=fmt, overwrite=True)
                 llm = llama_cpp.Llama(str(path), n_ctx=context, n_batch=512, n_ubatch=512, logits_all=True,
                                       verbose=False, type_k=0, type_v=0, n_threads=torch.get_num_threads())
                 llm.eval(ids)

@@ -31,6 +31,7 @@ import copy
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,9 @@ from ..methods.yarn import default_attention_factor
 from ..record import PatchRecord
 from ..record_reader import method_class, read_record
 from ..registry import METHODS, as_model
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # the rope types each engine computes as transformers does, from a config: vLLM builds every stock transformers
 # type; llama.cpp's rope options say a base, linear or YaRN scaling (llama3 / longrope need per-frequency tensors)
@@ -343,7 +347,7 @@ def gguf_rope_metadata(model: torch.nn.Module, arch: str) -> dict[str, object]:
     return out
 
 
-def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, "numpy.ndarray"]:
+def gguf_rope_tensors(model: torch.nn.Module, arch: str) -> dict[str, np.ndarray]:
     """The per-pair factor tensors a GGUF file needs for the patch (F32, one value per rotary pair): LongRoPE's
     `rope_factors_long.weight` / `rope_factors_short.weight`, llama3's `rope_freqs.weight`; {} for the others.
     llama.cpp takes the long set whenever its context (-c) is longer than the original, for every sequence, where
