@@ -92,27 +92,13 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     leave room for it, so that the demo ends within TARGET_SECONDS; `long_tokens=None` alone is twice the context, `long_variants=None`
     alone `default_long_variants` for the dtype. Everything is checked (the model's config, the text, the
     retrieval prompt) before the weights load."""
-    from .registry import get_method
-
     # the demo runs on the CPU: auto asks the CPU (not a GPU beside it) whether it runs bfloat16 natively
     torch_dtype, why = loading.resolve_dtype(dtype, "cpu")
     by_cpu = long_tokens is None and long_variants is None   # part 2 sized to this CPU, once it is timed
     defaulted = long_variants is None
     if defaulted:
         long_variants = default_long_variants(torch_dtype)
-    for spec in (*methods, *long_variants):  # unknown methods stop here, before loading
-        name = hpe.parse_variant(spec)[0]
-        if name != hpe.variants.NONE and "rope" not in get_method(name).mechanisms:
-            raise ValueError(f"the demo compares RoPE methods; {name!r} applies to "
-                             f"{'/'.join(get_method(name).mechanisms)} positions")
-    if tokens < 2:
-        raise ValueError(f"tokens must be >= 2 (the comparison inside the context), got {tokens}")
-    if long_tokens is not None and (long_tokens < 0 or long_tokens == 1):
-        raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
-    if long_tokens == 0 and passkey:
-        raise ValueError("passkey hides a key in part 2's tokens, and long_tokens=0 skips part 2: give one of them")
-    if long_tokens and not long_variants:
-        raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
+    _check_request(methods, long_variants, tokens, long_tokens, passkey)
     started = time.perf_counter()
     ref = assets.resolve_alias(model)
     info = _demo_model(ref, model)
@@ -139,20 +125,11 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
 
     deadline, optional = None, ()
     if by_cpu and long_tokens:
-        goal = TARGET_SECONDS["native bfloat16" if torch_dtype == torch.bfloat16 else "float32"]
-        cost = pass_cost(lm, lm.config.get_text_config().vocab_size, (min(2048, context // 4), min(4096, context // 2)))
-        part1 = (len(methods) + 1) * cost(tokens)
-        deadline = started + goal - 10   # 10 s: the figure, the tables
-        budget = deadline - time.perf_counter() - part1
-        long_tokens, long_variants = plan_long_part(cost, budget, context)
-        optional = tuple(v for v in LONG_VARIANTS if v not in long_variants) if torch_dtype == torch.bfloat16 else ()
-        defaulted = False   # the line below says why part 2 runs what it runs
+        long_tokens, long_variants, optional, deadline = _size_part2(lm, torch_dtype, started, tokens, methods,
+                                                                     context, print_fn)
+        defaulted = False   # the line it printed says why part 2 runs what it runs
         if passkey:   # the passkey at the length chosen
             trials = hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)
-        print_fn(f"part 2 sized to this CPU (a {long_tokens}-token pass ~{cost(long_tokens):.0f} s here, guessed from "
-                 f"two short ones): {', '.join(long_variants)} up to {long_tokens} tokens"
-                 + (f", then {', '.join(optional)} if the passes timed leave room" if optional else "")
-                 + f", to end within {goal / 60:.0f} minutes (--long-tokens and --long-variants choose)")
     inside = _inside_context(lm, ids[:tokens], methods, target)
     print_fn(f"\n1. Inside the original context: the first {tokens} tokens of {corpus}\n")
     print_fn(format_inside(inside))
@@ -161,23 +138,11 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
 
     past = {}
     if long_tokens:
-        lengths = sorted({n for n in (context // 4, context // 2, context, long_tokens) if 1 < n <= long_tokens})
         if defaulted and long_variants == LONG_VARIANTS_FLOAT32_CPU:
             print_fn(f"\npart 2 runs {', '.join(long_variants)}: in float32 on a CPU each {long_tokens}-token pass "
                      f"takes minutes (--long-variants {','.join(LONG_VARIANTS)} adds YaRN)")
-        past = _past_context(lm, ids[:long_tokens].tolist(), long_variants, target, lengths, trials, context,
-                             optional, deadline)
-        left_out = [v for v in optional if v not in past]
-        if left_out:
-            print_fn(f"\n{', '.join(left_out)} left out: a {long_tokens}-token pass took "
-                     f"{max(r['seconds'] for r in past.values()):.0f} s here, past the time left "
-                     f"(--long-variants {','.join(LONG_VARIANTS)} runs it)")
-        print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}"
-                 + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
-        print_fn(format_past(past, context))
-        if any(r.get("past_only") is not None for r in past.values()):
-            print_fn(f"\nThe first n tokens' perplexity averages in the {context} tokens inside the context; the "
-                     f"tokens past it, on their own, are where a model that cannot extend breaks.")
+        past = _part2(lm, ids[:long_tokens].tolist(), long_variants, target, trials, context, optional, deadline,
+                      corpus, passkey, print_fn)
         if out is not None:
             _figure(past, Path(out) / "perplexity_by_length.png", context,
                     f"{info['model_type']}, {corpus}; every method patched to {target}", print_fn)
@@ -186,6 +151,61 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
              + ("" if passkey else ", --passkey (retrieval at the longest length, a second pass per variant)")
              + "; hf-posenc evaluate --config eval_smollm2 (perplexity curves, passkey, needle)")
     return {"inside": inside, "past": past}
+
+
+def _check_request(methods, long_variants, tokens: int, long_tokens: int | None, passkey: bool) -> None:
+    """`run`'s arguments, before anything loads: RoPE methods only, lengths that can run."""
+    from .registry import get_method
+
+    for spec in (*methods, *long_variants):
+        name = hpe.parse_variant(spec)[0]
+        if name != hpe.variants.NONE and "rope" not in get_method(name).mechanisms:
+            raise ValueError(f"the demo compares RoPE methods; {name!r} applies to "
+                             f"{'/'.join(get_method(name).mechanisms)} positions")
+    if tokens < 2:
+        raise ValueError(f"tokens must be >= 2 (the comparison inside the context), got {tokens}")
+    if long_tokens is not None and (long_tokens < 0 or long_tokens == 1):
+        raise ValueError(f"long_tokens must be 0 (skip part 2) or >= 2, got {long_tokens}")
+    if long_tokens == 0 and passkey:
+        raise ValueError("passkey hides a key in part 2's tokens, and long_tokens=0 skips part 2: give one of them")
+    if long_tokens and not long_variants:
+        raise ValueError("long_variants is empty; part 2 needs at least one variant (or long_tokens=0)")
+
+
+def _size_part2(lm, torch_dtype, started: float, tokens: int, methods, context: int, print_fn):
+    """Part 2 sized to this CPU from two timed forwards: (its length, its variants, the optional ones run if time
+    is left, the deadline), and the line that says so."""
+    goal = TARGET_SECONDS["native bfloat16" if torch_dtype == torch.bfloat16 else "float32"]
+    cost = pass_cost(lm, lm.config.get_text_config().vocab_size, (min(2048, context // 4), min(4096, context // 2)))
+    part1 = (len(methods) + 1) * cost(tokens)
+    deadline = started + goal - 10   # 10 s: the figure, the tables
+    long_tokens, long_variants = plan_long_part(cost, deadline - time.perf_counter() - part1, context)
+    optional = tuple(v for v in LONG_VARIANTS if v not in long_variants) if torch_dtype == torch.bfloat16 else ()
+    print_fn(f"part 2 sized to this CPU (a {long_tokens}-token pass ~{cost(long_tokens):.0f} s here, guessed from "
+             f"two short ones): {', '.join(long_variants)} up to {long_tokens} tokens"
+             + (f", then {', '.join(optional)} if the passes timed leave room" if optional else "")
+             + f", to end within {goal / 60:.0f} minutes (--long-tokens and --long-variants choose)")
+    return long_tokens, long_variants, optional, deadline
+
+
+def _part2(lm, ids: list[int], variants, target: int, trials, context: int, optional, deadline, corpus: str,
+           passkey: bool, print_fn) -> dict:
+    """Part 2 run and printed: perplexity of the first n tokens up to len(ids) (and the passkey), by variant."""
+    long_tokens = len(ids)
+    lengths = sorted({n for n in (context // 4, context // 2, context, long_tokens) if 1 < n <= long_tokens})
+    past = _past_context(lm, ids, variants, target, lengths, trials, context, optional, deadline)
+    left_out = [v for v in optional if v not in past]
+    if left_out:
+        print_fn(f"\n{', '.join(left_out)} left out: a {long_tokens}-token pass took "
+                 f"{max(r['seconds'] for r in past.values()):.0f} s here, past the time left "
+                 f"(--long-variants {','.join(LONG_VARIANTS)} runs it)")
+    print_fn(f"\n2. Up to {long_tokens} tokens: perplexity of the first n tokens of {corpus}"
+             + (f", and a passkey hidden halfway through {long_tokens} tokens of filler\n" if passkey else "\n"))
+    print_fn(format_past(past, context))
+    if any(r.get("past_only") is not None for r in past.values()):
+        print_fn(f"\nThe first n tokens' perplexity averages in the {context} tokens inside the context; the "
+                 f"tokens past it, on their own, are where a model that cannot extend breaks.")
+    return past
 
 
 def _demo_model(ref: str, name: str) -> dict:
