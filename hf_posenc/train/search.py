@@ -620,8 +620,9 @@ class FactorSearch:
         with _only_search(self.out):
             return self._run(CMA)
 
-    def _run(self, CMA) -> dict:
-        settings_path, path = self.out / "search.json", self.out / "candidates.jsonl"
+    def _reference(self, settings_path: Path) -> float:
+        """The unpatched model's guard perplexity: the saved search's, once its settings, text, weights and
+        passages are checked to be this run's (a resume), or measured now and written with the settings."""
         if settings_path.exists():
             saved = read_search(settings_path)
             check_resume(saved["settings"], self.record["settings"], settings_path)
@@ -635,15 +636,19 @@ class FactorSearch:
             if saved.get("passages") != self.record["passages"]:
                 raise ConfigError(f"{settings_path} used other passages of the text (a changed corpus or "
                                   f"tokenizer); name another output folder")
-            reference = saved["unpatched_guard_perplexity"]
-        else:
-            reference = self.guard_perplexity()
-            if not math.isfinite(reference) or reference <= 0:
-                raise InvalidInputError(f"the unpatched model's guard perplexity is {reference} on the first "
-                                        f"{self.settings.guard_length} tokens: no candidate can be measured against "
-                                        f"it (a model whose outputs are not finite in {self.settings.dtype}?)")
-            self.record |= {"unpatched_guard_perplexity": reference, "started": time.strftime("%Y-%m-%d %H:%M")}
-            write_whole(settings_path, json.dumps(self.record, indent=1))
+            return saved["unpatched_guard_perplexity"]
+        reference = self.guard_perplexity()
+        if not math.isfinite(reference) or reference <= 0:
+            raise InvalidInputError(f"the unpatched model's guard perplexity is {reference} on the first "
+                                    f"{self.settings.guard_length} tokens: no candidate can be measured against "
+                                    f"it (a model whose outputs are not finite in {self.settings.dtype}?)")
+        self.record |= {"unpatched_guard_perplexity": reference, "started": time.strftime("%Y-%m-%d %H:%M")}
+        write_whole(settings_path, json.dumps(self.record, indent=1))
+        return reference
+
+    def _run(self, CMA) -> dict:
+        path = self.out / "candidates.jsonl"
+        reference = self._reference(self.out / "search.json")
         done = read_candidates(path)
         keep_finished(path, done)
         seeds = closed_forms(self.model, self.settings.target)
