@@ -147,11 +147,23 @@ class FinetuneRecipe:
         """The model, the unpatched teacher (distill), the patch, what trains, and the objective inside the
         module accelerate wraps: the loss, a block of logits at a time (train.loss_chunk)."""
         self._expect("setup_model()", "data")
-        cfg, preflight, accelerator = self.cfg, self.preflight, self.accelerator
+        accelerator = self.accelerator
+        self.model = self._patched_model()
+        self.objective = self._objective(self.model)
+        n_train, n_total = select_trainable(self.model, "all")
+        processes = (f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes"
+                     if accelerator.num_processes > 1 else f"1 process on {accelerator.device}")
+        accelerator.print(f"{processes}; trainable parameters: {n_train:,} of {n_total:,}")
+        self.phase = "model"
+
+    def _patched_model(self) -> torch.nn.Module:
+        """The model loaded (the teacher taken from its weights first), patched, with what trains selected (LoRA
+        adapters added) and S2-Attn on for training."""
+        cfg, preflight = self.cfg, self.preflight
         model = load_model(cfg)
         if cfg.train.objective == "distill":   # before the student's patch: the loaded weights
             self.teacher = finetune_teacher.build(model, cfg.train.teacher, preflight.target_context,
-                                                  accelerator.device)
+                                                  self.accelerator.device)
             disable_dropout(model)
         long = preflight.long_training
         if long.switched:   # mixed windows: the patch as the rope that switches with the window's length
@@ -165,30 +177,32 @@ class FinetuneRecipe:
         select_trainable(model, cfg.train.trainable)
         if cfg.train.lora:
             model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
-        enable_s2(model, preflight.long_training)   # train.attention=s2: grouped in training mode only
+        enable_s2(model, long)   # train.attention=s2: grouped in training mode only
+        return model
+
+    def _objective(self, model: torch.nn.Module) -> TrainingLoss:
+        """The training loss around `model` (what accelerate wraps); under DDP, the parameters it never reaches
+        frozen."""
+        cfg, preflight, accelerator = self.cfg, self.preflight, self.accelerator
         chunk = cfg.train.loss_chunk if preflight.causal else 0
         why = chunk and output_logits_mismatch(model)
         if why:
             accelerator.print(f"warning: train.loss_chunk off for this model ({why}): the full logits are used")
             chunk = 0
-        self.model = model
-        self.objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
-                                      temperature=cfg.train.temperature, loss=long.loss,
-                                      documents=bool(long.document_mask),
-                                      teacher_reads_ids=finetune_teacher.reads_position_ids(cfg.train.teacher))
+        long = preflight.long_training
+        objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
+                                 temperature=cfg.train.temperature, loss=long.loss,
+                                 documents=bool(long.document_mask),
+                                 teacher_reads_ids=finetune_teacher.reads_position_ids(cfg.train.teacher))
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
-            unreached = freeze_unreached(self.objective, accelerator.device, probe, self.teacher)
+            unreached = freeze_unreached(objective, accelerator.device, probe, self.teacher)
             if unreached:
                 accelerator.print(f"not trained: {len(unreached)} parameter(s) the {cfg.train.objective} objective "
                                   f"never reaches ({', '.join(unreached[:4])}{', ...' if len(unreached) > 4 else ''}), "
                                   f"frozen (DDP needs a gradient for every trained parameter; one process skips them "
                                   f"alike)")
-        n_train, n_total = select_trainable(model, "all")
-        processes = (f"{accelerator.distributed_type.value} on {accelerator.num_processes} processes"
-                     if accelerator.num_processes > 1 else f"1 process on {accelerator.device}")
-        accelerator.print(f"{processes}; trainable parameters: {n_train:,} of {n_total:,}")
-        self.phase = "model"
+        return objective
 
     def setup_optimizer(self) -> None:
         """AdamW (YaRN's defaults in the example configs), the scheduler, accelerate's prepare, trackers."""
