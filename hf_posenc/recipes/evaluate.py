@@ -681,62 +681,87 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
 
 def run(args: EvalConfig) -> dict:
-    import torch
-    import transformers
+    """The recipe's phases in order; returns the results (as results.json holds them)."""
+    recipe = EvaluateRecipe(args)
+    recipe.setup()
+    recipe.run()
+    return recipe.save()
 
-    from hf_posenc import eval as hpe
-    from hf_posenc import loading
-    from hf_posenc.eval import report
 
-    ref = check_model_and_paths(args)
-    out = Path(args.output_dir)
-    results_path = out / "results.json"
-    config = dataclasses.asdict(args)
-    saved = previous_results(results_path, config, args)
+class EvaluateRecipe:
+    """One evaluation of `args`, in the fine-tune recipe's shape: the constructor checks the model and the paths
+    and reads what a previous run saved (resume), `setup` loads the model and builds every input, `run` evaluates
+    the grids and the variants (results.json written after each), `save` writes summary.md and the figures."""
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype, why = loading.resolve_dtype(args.model.dtype, device)
-    print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
-    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attention())
-    model = model.to(device).eval()
-    targets = args.eval.max_position_embeddings
-    grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
-    # before the inputs are built: a length past a table would otherwise be found out after them
-    check_lengths(model, args, variant_runs(args) + [(label, point, target) for label, spec, target in grids
-                                                       for point in hpe.expand_grid(spec)])
-    tokenizer = hp.load_tokenizer(ref)
-    context = model.config.get_text_config().max_position_embeddings
-    inputs = prepare_data(args, tokenizer)
+    def __init__(self, args: EvalConfig):
+        self.args = args
+        self.ref = check_model_and_paths(args)
+        self.out = Path(args.output_dir)
+        self.results_path = self.out / "results.json"
+        self.config = dataclasses.asdict(args)
+        self.saved = previous_results(self.results_path, self.config, args)
 
-    results = {"config": config, "model": describe(model), "framing": inputs["framing"],
-               "grid": saved.get("grid", {}), "variants": saved.get("variants", {}),
-               "partial": saved.get("partial", {})}
-    results["dtype"] = {"used": str(dtype).removeprefix("torch."), "why": why}
-    results["machine"] = {"date": datetime.date.today().isoformat(), "device": device, "python": platform.python_version(),
-                          "torch": torch.__version__, "transformers": transformers.__version__,
-                          "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
+    def setup(self) -> None:
+        """The model on its device in the resolved dtype, the lengths checked against it (before the inputs are
+        built), the tokenizer, every input, and the results so far."""
+        import torch
+        import transformers
 
-    def save():  # the folder appears with the first result, never empty
-        out.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(strict_json(results))
+        from hf_posenc import eval as hpe
+        from hf_posenc import loading
 
-    runs = variant_runs(args)
-    print(estimate_line(model, args, inputs, results, runs, grids), file=sys.stderr)
-    try:
-        evaluate_all(model, args, inputs, results, runs, grids, save, device)
-    except KeyboardInterrupt:
-        done = [*results["variants"], *(f"grid {label}" for label in results["grid"]),
-                *(f"{label}: {cell}" for label, cells in results["partial"].items() for cell in cells)]
-        raise Interrupted(
-            f"interrupted: {results_path} holds {len(done)} finished evaluation(s) ({', '.join(done)}); run the "
-            f"same command again to do the rest (resume: true skips what is saved)" if done else
-            "interrupted during the first evaluation: nothing was saved") from None
-    save()
-    (out / "summary.md").write_text(report.summary(results, context))
-    drawn = report.figures(results, out, context) if args.plots else []
-    print((out / "summary.md").read_text())
-    print(report.written_line(out, drawn))
-    return results
+        args, saved = self.args, self.saved
+        self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype, why = loading.resolve_dtype(args.model.dtype, device)
+        print(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
+        model = hp.load_model(self.ref, dtype=dtype, attn_implementation=args.model.attention())
+        self.model = model = model.to(device).eval()
+        targets = args.eval.max_position_embeddings
+        self.grids = [(f"{spec} @{target}", spec, target) for spec in args.eval.grid for target in targets]
+        # before the inputs are built: a length past a table would otherwise be found out after them
+        check_lengths(model, args, variant_runs(args) + [(label, point, target) for label, spec, target in self.grids
+                                                           for point in hpe.expand_grid(spec)])
+        tokenizer = hp.load_tokenizer(self.ref)
+        self.context = model.config.get_text_config().max_position_embeddings
+        self.inputs = prepare_data(args, tokenizer)
+        self.results = {"config": self.config, "model": describe(model), "framing": self.inputs["framing"],
+                        "grid": saved.get("grid", {}), "variants": saved.get("variants", {}),
+                        "partial": saved.get("partial", {})}
+        self.results["dtype"] = {"used": str(dtype).removeprefix("torch."), "why": why}
+        self.results["machine"] = {"date": datetime.date.today().isoformat(), "device": device,
+                                   "python": platform.python_version(), "torch": torch.__version__,
+                                   "transformers": transformers.__version__, "platform": platform.platform(),
+                                   "cpu_threads": torch.get_num_threads()}
+
+    def _write(self) -> None:   # the folder appears with the first result, never empty
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results_path.write_text(strict_json(self.results))
+
+    def run(self) -> None:
+        """The grids, then every variant, each saved as it finishes; Ctrl-C says what was saved (Interrupted)."""
+        results, runs = self.results, variant_runs(self.args)
+        print(estimate_line(self.model, self.args, self.inputs, results, runs, self.grids), file=sys.stderr)
+        try:
+            evaluate_all(self.model, self.args, self.inputs, results, runs, self.grids, self._write, self.device)
+        except KeyboardInterrupt:
+            done = [*results["variants"], *(f"grid {label}" for label in results["grid"]),
+                    *(f"{label}: {cell}" for label, cells in results["partial"].items() for cell in cells)]
+            raise Interrupted(
+                f"interrupted: {self.results_path} holds {len(done)} finished evaluation(s) ({', '.join(done)}); run "
+                f"the same command again to do the rest (resume: true skips what is saved)" if done else
+                "interrupted during the first evaluation: nothing was saved") from None
+
+    def save(self) -> dict:
+        """results.json, summary.md and the figures; the summary printed. Returns the results."""
+        from hf_posenc.eval import report
+
+        self._write()
+        out = self.out
+        (out / "summary.md").write_text(report.summary(self.results, self.context))
+        drawn = report.figures(self.results, out, self.context) if self.args.plots else []
+        print((out / "summary.md").read_text())
+        print(report.written_line(out, drawn))
+        return self.results
 
 
 def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: list, grids: list, save,

@@ -157,62 +157,92 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
 
 def run(args: SearchConfig) -> dict:
-    import torch
-
-    import hf_posenc as hp
-    from hf_posenc import data, loading
-    from hf_posenc.train import search
-
-    ref = user_input.model_ref(args.model.name)
-    inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.exists()]
-    out = user_input.output_folder(args.output_dir, "output_dir", inputs)
-    original = original_context(ref)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype, why = loading.resolve_dtype(args.model.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    s = settings(args, args.model.name, original, dtype_name)
-    saved = out / "search.json"
-    if saved.exists():   # before the text and the model load
-        search.check_resume(search.read_search(saved)["settings"], dataclasses.asdict(s), saved)
-    search.read_candidates(out / "candidates.jsonl")   # a damaged file refused before the model loads
-
-    tokenizer = hp.load_tokenizer(ref)
-    prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
-    corpus = data.load_corpus(args.data.corpus)
-    ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
-    try:
-        s.layout(head=len(prefix))
-    except ValueError as err:
-        raise ConfigError(f"search: {err}") from None
-    try:   # the text long enough for its passages: refused before the weights load
-        sets = s.recall_sets(tokenizer, ids, prefix)
-    except ValueError as err:
-        raise ConfigError(f"data.corpus {args.data.corpus!r}: {err}") from None
-    if len(ids) + len(prefix) < s.guard_length:
-        raise ConfigError(f"data.corpus {args.data.corpus!r} has {len(ids)} tokens, fewer than "
-                          f"search.guard_length {s.guard_length}")
-
-    bands = f" in {len(s.bands)} bands of {s.band_width}" if s.band_width else ""
-    print(f"dtype: {dtype_name} ({why}); {s.passages} passages at {s.target}, far from {s.far}{bands}; "
-          f"{5 + s.budget} candidates{', raced' if s.race else ''}", file=sys.stderr)
-    model = hp.load_model(ref, dtype=dtype, attn_implementation=args.model.attention()).to(device).eval()
-    runner = search.FactorSearch(model, tokenizer, ids, s, out, prefix=prefix, sets=sets)
-    print(f"critical pair: {runner.critical} of {runner.pairs} (pairs from it on never turned a full period in "
-          f"{original} tokens){'; their factors held >= ' + format(s.target / original, 'g') if s.critical_floor else ''}",
-          file=sys.stderr)
-    best = runner.run()
-    rows = search.read_candidates(out / "candidates.jsonl")
-    if args.plots:
-        search.convergence_figure(rows, out / "convergence.png",
-                                  f"{args.model.name}: factor search to {s.target} ({s.mode}), {s.passages} passages "
-                                  f"of {args.data.corpus}")
-    record = json.loads((out / "search.json").read_text())   # as first written: the unpatched guard's value
-    (out / "summary.md").write_text(summary(rows, best, s, record))
-    if args.save:
-        save_best(tokenizer, best, s, out / "best", ref)
-    print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "
-          f"{out / 'summary.md'}" + (f"; checkpoint {out / 'best'}" if args.save else ""))
+    """The recipe's phases in order; returns the best candidate."""
+    recipe = SearchRecipe(args)
+    recipe.setup()
+    best = recipe.run()
+    recipe.save(best)
     return best
+
+
+class SearchRecipe:
+    """One factor search of `args`, in the fine-tune recipe's shape: the constructor checks what needs no text and
+    no weights (the paths, the model's context, the settings, a saved search to resume), `setup` the text and then
+    the model, `run` the search (resumable: candidates.jsonl), `save` the figure, summary.md and the best folder."""
+
+    def __init__(self, args: SearchConfig):
+        import torch
+
+        from hf_posenc import loading
+        from hf_posenc.train import search
+
+        self.args = args
+        self.ref = user_input.model_ref(args.model.name)
+        inputs = [p for p in (Path(self.ref), Path(args.data.corpus)) if p.exists()]
+        self.out = user_input.output_folder(args.output_dir, "output_dir", inputs)
+        self.original = original_context(self.ref)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.dtype, self.why = loading.resolve_dtype(args.model.dtype, self.device)
+        self.settings = settings(args, args.model.name, self.original, str(self.dtype).removeprefix("torch."))
+        saved = self.out / "search.json"
+        if saved.exists():   # before the text and the model load
+            search.check_resume(search.read_search(saved)["settings"], dataclasses.asdict(self.settings), saved)
+        search.read_candidates(self.out / "candidates.jsonl")   # a damaged file refused before the model loads
+
+    def setup(self) -> None:
+        """The tokenizer and the text, its passages checked (refused before the weights load), then the model and
+        the search over it."""
+        import hf_posenc as hp
+        from hf_posenc import data
+        from hf_posenc.train import search
+
+        args, s = self.args, self.settings
+        self.tokenizer = tokenizer = hp.load_tokenizer(self.ref)
+        prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
+        corpus = data.load_corpus(args.data.corpus)
+        ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
+        try:
+            s.layout(head=len(prefix))
+        except ValueError as err:
+            raise ConfigError(f"search: {err}") from None
+        try:   # the text long enough for its passages: refused before the weights load
+            sets = s.recall_sets(tokenizer, ids, prefix)
+        except ValueError as err:
+            raise ConfigError(f"data.corpus {args.data.corpus!r}: {err}") from None
+        if len(ids) + len(prefix) < s.guard_length:
+            raise ConfigError(f"data.corpus {args.data.corpus!r} has {len(ids)} tokens, fewer than "
+                              f"search.guard_length {s.guard_length}")
+        bands = f" in {len(s.bands)} bands of {s.band_width}" if s.band_width else ""
+        print(f"dtype: {str(self.dtype).removeprefix('torch.')} ({self.why}); {s.passages} passages at {s.target}, "
+              f"far from {s.far}{bands}; {5 + s.budget} candidates{', raced' if s.race else ''}", file=sys.stderr)
+        model = hp.load_model(self.ref, dtype=self.dtype, attn_implementation=args.model.attention())
+        self.runner = search.FactorSearch(model.to(self.device).eval(), tokenizer, ids, s, self.out, prefix=prefix,
+                                          sets=sets)
+        print(f"critical pair: {self.runner.critical} of {self.runner.pairs} (pairs from it on never turned a full "
+              f"period in {self.original} tokens)"
+              f"{'; their factors held >= ' + format(s.target / self.original, 'g') if s.critical_floor else ''}",
+              file=sys.stderr)
+
+    def run(self) -> dict:
+        """The search: seeds, then CMA-ES, each candidate appended as it completes; the best accepted one."""
+        return self.runner.run()
+
+    def save(self, best: dict) -> None:
+        """The convergence figure, summary.md, and the best candidate as a stock checkpoint (`save`)."""
+        from hf_posenc.train import search
+
+        args, s, out = self.args, self.settings, self.out
+        rows = search.read_candidates(out / "candidates.jsonl")
+        if args.plots:
+            search.convergence_figure(rows, out / "convergence.png",
+                                      f"{args.model.name}: factor search to {s.target} ({s.mode}), {s.passages} "
+                                      f"passages of {args.data.corpus}")
+        record = json.loads((out / "search.json").read_text())   # as first written: the unpatched guard's value
+        (out / "summary.md").write_text(summary(rows, best, s, record))
+        if args.save:
+            save_best(self.tokenizer, best, s, out / "best", self.ref)
+        print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "
+              f"{out / 'summary.md'}" + (f"; checkpoint {out / 'best'}" if args.save else ""))
 
 
 def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
