@@ -1,7 +1,7 @@
 """A whole GGUF file written from a model in memory (a fine-tune's or a search's folder, safetensors): the weights in
 F32 / F16 / BF16 / Q8_0 under llama.cpp's tensor names, the model's hyperparameters, its tokenizer (written from
-the model's own, gguf_tokenizer.py, or copied from a GGUF file that holds the same vocabulary), and the patch's rope metadata and factor tensors (`serving.gguf_rope_metadata` /
-`gguf_rope_tensors`: what llama.cpp reads).
+the model's own, gguf_tokenizer.py, or copied from a GGUF file that holds the same vocabulary), and the patch's rope
+metadata and factor tensors (`serving.gguf_rope_metadata` / `gguf_rope_tensors`: what llama.cpp reads).
 
     hp.write_gguf_model(model, "smollm2-32k-f16.gguf", tokenizer=tokenizer, dtype="f16")
 
@@ -78,9 +78,9 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path | None, d
     read; with `tokenizer`, vocab_from's tokens against it). Returns llama.cpp's architecture and, without
     vocab_from, the tokenizer's GGUF keys (gguf_tokenizer.tokenizer_fields)."""
     for name, value in (("target", target), ("vocab_from", vocab_from)):
+        if value is None and name == "vocab_from":   # the tokenizer is written instead
+            continue
         if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-            if value is None and name == "vocab_from":
-                continue
             raise ExportError(f"{name} must be a path (str or os.PathLike), got {value!r:.60}")
     check_bool("overwrite", overwrite)
     if vocab_from is None and tokenizer is None:
