@@ -99,8 +99,22 @@ def test_llama_cpp_runs_the_written_patch_as_hf_posenc_does(method, params, voca
     assert float((hf_log_probs(wide_model()) - ours).abs().mean()) > 100 * float(delta.mean())
 
 
+def _amx() -> bool:
+    try:
+        return "amx_int8" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+# llama-cpp-python 0.3.36 (built by scripts/build_engines.sh for the CPU it runs on) ends in SIGSEGV running any q8_0
+# file on a CPU with AMX: its own quantizer's file of the same model and SmolLM2 in q8_0 alike (machine E,
+# benchmarks/RESULTS.md, 2026-11-29). Skipped there, rather than taking the test run down with it.
+Q8_0_ENGINE = pytest.param("q8_0", 0.3, marks=pytest.mark.skipif(
+    _amx(), reason="llama.cpp 0.3.36 crashes (SIGSEGV) on any q8_0 file on an AMX CPU, its own quantizer's too"))
+
+
 @pytest.mark.engines
-@pytest.mark.parametrize("dtype,tolerance", [("f16", 0.05), ("bf16", 0.3), ("q8_0", 0.3)])
+@pytest.mark.parametrize("dtype,tolerance", [("f16", 0.05), ("bf16", 0.3), Q8_0_ENGINE])
 def test_llama_cpp_runs_the_other_formats_within_their_noise(dtype, tolerance, vocab, tmp_path):
     model = wide_model("yarn", factor=8)
     write_gguf_model(model, tmp_path / "model.gguf", vocab_from=vocab, dtype=dtype)
