@@ -33,20 +33,10 @@ from hf_posenc import user_input
 from hf_posenc.config import MAX_POSITIONS
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
-from hf_posenc.recipes.recipe_config import need
+from hf_posenc.recipes.recipe_config import FRAMINGS, need
 
 # torch, transformers and the measures (hf_posenc.eval) load inside the functions that use them, once the
 # config is read: `--help` answers without them (tests/test_help_speed.py).
-
-
-@dataclass
-class DataArgs:
-    corpus: str = field(default="shakespeare", metadata={"help": "a load_corpus spec (see hf_posenc/data.py)"})
-    split: str = field(default="train", metadata={"help": "the split of a hub dataset"})
-    text_column: str = field(default="text", metadata={"help": "the column that holds the text"})
-    framing: str = field(default="auto", metadata={
-        "help": "what starts each document and prompt: auto (as the tokenizer starts an input: BOS for Llama, "
-                "Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
 
 
 @dataclass
@@ -105,8 +95,10 @@ class EvalArgs:
 
 @dataclass
 class EvalConfig:
-    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs, metadata={"help": "the model and how it loads"})
-    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the text scored, and how inputs start"})
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
+                                           metadata={"help": "the model and how it loads"})
+    data: recipe_config.DataArgs = field(default_factory=recipe_config.DataArgs,
+                                         metadata={"help": "the text scored, and how inputs start"})
     eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "the variants, and what is measured"})
     output_dir: str = field(default="runs/eval", metadata={"help": "results.json, summary.md and the figures"})
     resume: bool = field(default=True, metadata={"help": "skip the variants results.json already holds"})
@@ -115,7 +107,6 @@ class EvalConfig:
 
 
 OUTPUT_ONLY = ("output_dir", "resume", "overwrite", "plots")  # fields that do not change what is measured
-FRAMINGS = {"auto": "auto", "bos": True, "none": False}  # -> data.bos_prefix's bos=
 MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_lengths", "needle_lengths", "grid",
             "recall_lengths", "task_lengths")
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # after the command
@@ -136,7 +127,6 @@ def check_args(args: EvalConfig) -> None:
     from hf_posenc import eval as hpe
 
     model, text, ev = args.model, args.data, args.eval
-    need(text.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {text.framing!r}")
     for name, value in (("model.name", model.name), ("model.attn_implementation", model.attn_implementation),
                         ("data.corpus", text.corpus), ("data.split", text.split),
                         ("data.text_column", text.text_column), ("output_dir", args.output_dir)):
@@ -280,7 +270,7 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
     from hf_posenc import data
     from hf_posenc import eval as hpe
 
-    corpus = data.load_corpus(args.data.corpus, split=args.data.split, text_column=args.data.text_column)
+    corpus = args.data.load()
     bos = FRAMINGS[args.data.framing]
     prefix = data.bos_prefix(tokenizer, bos)
     tokenized = data.tokenize(corpus, tokenizer, bos=bos)

@@ -1,7 +1,8 @@
 """The one config system of the recipes (recipes/finetune.py, recipes/evaluate.py, recipes/search.py). In the
 recipes, "config" means this alone: a recipe's run configuration, its YAML file and `--section.field` flags read
 into the recipe's dataclass (FinetuneConfig, EvalConfig, SearchConfig), and what their sections share (the
-`model` section, `ModelArgs`; `need`, the one check of a value).
+`model` section, `ModelArgs`; the `data` section evaluate and search read, `DataArgs`; `need`, the one check of a
+value).
 
 A recipe declares its config as a dataclass whose fields are sections (dataclasses of their own) or plain
 values, each with a default and a one-line doc: `field(default=..., metadata={"help": "..."})`. Then
@@ -96,6 +97,37 @@ class ModelArgs:
     def attention(self) -> str:
         """The implementation to load with where the recipe does not choose its own for "auto": sdpa."""
         return "sdpa" if self.attn_implementation == "auto" else self.attn_implementation
+
+
+FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_posenc.data.bos_prefix's bos=
+
+
+@dataclasses.dataclass
+class DataArgs:
+    """The text a recipe reads (the `data` section of evaluate and search; the fine-tune's packs training
+    windows, hf_posenc/recipes/finetune_config.py)."""
+
+    corpus: str = dataclasses.field(default="shakespeare", metadata={
+        "help": "a load_corpus spec: shakespeare / kjv / stdlib, local .txt/.jsonl/.parquet files, a hub dataset "
+                "NAME[:CONFIG] (hf_posenc/data.py)"})
+    split: str = dataclasses.field(default="train", metadata={"help": "the split of a hub dataset"})
+    text_column: str = dataclasses.field(default="text", metadata={
+        "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
+    framing: str = dataclasses.field(default="auto", metadata={
+        "help": "what starts each document, sequence and prompt: auto (as the tokenizer starts an input: BOS for "
+                "Llama, Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
+
+    def __post_init__(self):
+        for name in ("corpus", "split", "text_column"):
+            value = getattr(self, name)
+            need(isinstance(value, str) and bool(value.strip()), f"data.{name} is empty")
+        need(self.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
+
+    def load(self):
+        """The corpus as hf_posenc.data.load_corpus reads it, with this section's split and column."""
+        from .. import data
+
+        return data.load_corpus(self.corpus, split=self.split, text_column=self.text_column)
 
 
 def program(script: str, prog: str | None = None) -> str:

@@ -23,17 +23,9 @@ from pathlib import Path
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
-from hf_posenc.recipes.recipe_config import need
+from hf_posenc.recipes.recipe_config import FRAMINGS, need
 
 # torch, transformers and the search load once the config is read: `--help` answers without them.
-
-
-@dataclass
-class DataArgs:
-    corpus: str = field(default="shakespeare", metadata={
-        "help": "the tuning text: recall passages and the guard's tokens (a load_corpus spec); judge on another"})
-    framing: str = field(default="auto", metadata={
-        "help": "what starts each sequence: auto (as the tokenizer starts an input), bos, none"})
 
 
 @dataclass
@@ -72,8 +64,10 @@ class SearchArgs:
 
 @dataclass
 class SearchConfig:
-    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs, metadata={"help": "the model and how it loads"})
-    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the tuning text"})
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
+                                           metadata={"help": "the model and how it loads"})
+    data: recipe_config.DataArgs = field(default_factory=recipe_config.DataArgs,
+                                         metadata={"help": "the tuning text: recall passages and the guard's tokens (judge on another)"})
     search: SearchArgs = field(default_factory=SearchArgs, metadata={"help": "the search space and its budget"})
     output_dir: str = field(default="runs/search", metadata={
         "help": "search.json, candidates.jsonl, summary.md, convergence.png, best/"})
@@ -81,7 +75,6 @@ class SearchConfig:
     plots: bool = field(default=True, metadata={"help": "draw convergence.png"})
 
 
-FRAMINGS = {"auto": "auto", "bos": True, "none": False}
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...]"
 
 
@@ -95,8 +88,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Search
 
 def check_args(args: SearchConfig) -> None:
     """The values alone, before anything loads (the model's own limits: `settings`)."""
-    need(args.data.framing in FRAMINGS,
-         f"data.framing must be one of {', '.join(FRAMINGS)}, got {args.data.framing!r}")
     for name, value in (("model.name", args.model.name), ("data.corpus", args.data.corpus),
                         ("output_dir", args.output_dir)):
         need(bool(value.strip()), f"{name} is empty")
@@ -199,7 +190,7 @@ class SearchRecipe:
         args, s = self.args, self.settings
         self.tokenizer = tokenizer = hp.load_tokenizer(self.ref)
         prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
-        corpus = data.load_corpus(args.data.corpus)
+        corpus = args.data.load()
         ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
         try:
             s.layout(head=len(prefix))
