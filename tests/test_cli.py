@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from hf_posenc.cli import main
+from refusals import one_line_refusal
 from tiny import tiny_model, token_ids
 
 
@@ -60,12 +61,7 @@ def test_patch_writes_the_tokenizer_context_and_a_card(checkpoint, tmp_path, cap
 
 def refusal(capsys, argv) -> str:
     """The one-line refusal (exit code 2) of `hf-posenc argv`."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
-    return err[0]
+    return one_line_refusal(capsys, main, argv, alone=True)
 
 
 def test_patch_refuses_before_loading(checkpoint, tmp_path, capsys):

@@ -16,6 +16,7 @@ import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import data
 from hf_posenc import eval as hpe
+from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,12 +132,7 @@ def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(chec
 
 def refusal(capsys, argv) -> str:
     """The recipe's one-line refusal (exit code 2) of argv."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        recipe.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "".join(err)
-    return err[-1]
+    return one_line_refusal(capsys, recipe.main, argv)
 
 
 def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp_path, monkeypatch, capsys):

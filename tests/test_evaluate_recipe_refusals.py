@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel
 
 from hf_posenc.eval import ruler
 from hf_posenc.recipes import evaluate as recipe
+from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 TEXT = "".join(f"Line {i}: the {['king', 'queen', 'fool'][i % 3]} speaks of {i * 7 % 13} ravens.\n" for i in range(60))
@@ -49,13 +50,7 @@ def argv(root, model: str, out, *extra) -> list[str]:
 
 def refusal(capsys, args) -> str:
     """The recipe's one `error:` line (exit code 2, no traceback)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        recipe.main(args)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
-    assert sum(line.startswith("error: ") for line in err) == 1, err
-    return err[-1]
+    return one_line_refusal(capsys, recipe.main, args)
 
 
 def no_loading(monkeypatch):

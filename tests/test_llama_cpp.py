@@ -19,6 +19,7 @@ import hf_posenc as hp
 from hf_posenc.export import serving
 from hf_posenc.export.gguf_writer import reorder_rows, write_gguf_model
 from hf_posenc.registry import METHODS
+from refusals import one_line_refusal
 from tiny import tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -179,11 +180,7 @@ def test_cli_export_writes_a_saved_folder_whole_and_refuses_before_loading(vocab
     capsys.readouterr()
 
     def refusal(argv) -> str:
-        with pytest.raises(SystemExit) as stop:
-            main(argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
-        return err[0]
+        return one_line_refusal(capsys, main, argv, alone=True)
 
     before = sorted(p.name for p in tmp_path.rglob("*"))
     folder = str(tmp_path / "searched")
@@ -234,12 +231,7 @@ def fake_vocab(path, tokens: list[str], model: str | None = "gpt2"):
 def cli_refusal(capsys, argv) -> str:
     from hf_posenc.cli import main
 
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+    return one_line_refusal(capsys, main, argv, alone=True)
 
 
 def test_another_vocabulary_of_the_same_size_is_refused_token_by_token(saved, smollm2_tokenizer, tmp_path, capsys):

@@ -16,6 +16,7 @@ import hf_posenc as hp
 from hf_posenc.train import search
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError
 from hf_posenc.recipes import search as recipe
+from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
 
 TARGET, ORIGINAL = 256, 64
@@ -269,12 +270,7 @@ def test_recipe_saves_the_best_as_a_stock_checkpoint_with_the_same_logits(checkp
 
 
 def refusal(capsys, argv) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        recipe.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
-    return err[-1]
+    return one_line_refusal(capsys, recipe.main, argv)
 
 
 def test_recipe_refuses_bad_input_before_the_model_loads(checkpoint, corpus, tmp_path, monkeypatch, capsys):
