@@ -111,7 +111,7 @@ def cmd_inspect(args) -> None:
 
 def cmd_patch(args) -> None:
     from . import api, loading
-    from .export import card
+    from .recipes import patch_card as card
     from .registry import get_method
 
     params = _method_params(args)

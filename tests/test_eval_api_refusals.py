@@ -17,6 +17,7 @@ from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import eval as hpe
+from hf_posenc import causal_lm
 from hf_posenc.train import losses, mixed_windows
 from hf_posenc.eval import probes, recall, ruler, stats
 from hf_posenc.metrics import longppl as lp
@@ -338,10 +339,10 @@ CASES = [
          "rows[0] is not a row of score_samples: length an int, correct a bool and logprob a number, got 'a'"),
     Case("distill_loss-no-teacher", lambda: losses.distill_loss(llama(), None, IDS, MASK, causal=True),
          hp.InvalidInputError, "distill needs the teacher model (the unpatched model), got None"),
-    Case("output_logits_mismatch-no-model", lambda: losses.output_logits_mismatch(None), hp.InvalidInputError,
+    Case("output_logits_mismatch-no-model", lambda: causal_lm.output_logits_mismatch(None), hp.InvalidInputError,
          "output_logits_mismatch needs a transformers model, got None"),
     Case("next_token_losses-chunk-negative",
-         lambda: losses.next_token_losses(llama(), torch.zeros(1, 4, 64), torch.ones(1, 4, dtype=torch.long), -1),
+         lambda: causal_lm.next_token_losses(llama(), torch.zeros(1, 4, 64), torch.ones(1, 4, dtype=torch.long), -1),
          hp.InvalidParameterError, "chunk must be >= 0, got -1"),
     Case("is_length_dependent-none", lambda: hpe.is_length_dependent(None), hp.InvalidInputError,
          "model must be a transformers model, got None"),

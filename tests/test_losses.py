@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_posenc as hp
+from hf_posenc import causal_lm
 from hf_posenc.train import losses
 from tiny import tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
@@ -50,7 +51,7 @@ def test_chunked_lm_loss_equals_the_full_one(family, chunk):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     ids, mask = batch()
-    assert losses.output_logits_mismatch(model) is None
+    assert causal_lm.output_logits_mismatch(model) is None
     full = losses.lm_loss(model, ids, mask)
     grads_full = gradients(model, full)
     chunked = losses.chunked_lm_loss(model, ids, mask, chunk)
@@ -100,7 +101,7 @@ def test_a_forward_that_does_more_to_its_logits_is_detected():
         return out
 
     model.forward = doubled
-    assert "differ" in losses.output_logits_mismatch(model)
+    assert "differ" in causal_lm.output_logits_mismatch(model)
 
 
 def test_lora_model_chunked_equals_full():
@@ -110,6 +111,6 @@ def test_lora_model_chunked_equals_full():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     ids, mask = batch()
-    assert losses.output_logits_mismatch(model) is None
+    assert causal_lm.output_logits_mismatch(model) is None
     torch.testing.assert_close(losses.chunked_lm_loss(model, ids, mask, 8), losses.lm_loss(model, ids, mask),
                                rtol=1e-5, atol=1e-6)

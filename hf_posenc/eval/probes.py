@@ -18,7 +18,7 @@ import torch
 from .. import _compat
 from ..config import check_bool
 from ..errors import InvalidInputError, InvalidParameterError
-from ..train.losses import check_causal_lm, check_token_ids
+from ..causal_lm import check_causal_lm, check_token_ids
 from .perplexity import check_length, is_length_dependent, token_list
 
 

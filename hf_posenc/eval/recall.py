@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..config import check_bool, check_number
 from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError
-from ..train.losses import check_causal_lm
+from ..causal_lm import check_causal_lm
 from . import stats
 from .perplexity import check_length, token_list, token_nll
 from .retrieval import MAX_LENGTH

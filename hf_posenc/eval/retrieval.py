@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..config import check_number
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError
-from ..train.losses import check_causal_lm, check_token_ids
+from ..causal_lm import check_causal_lm, check_token_ids
 from .perplexity import check_length
 
 TASKS = ("passkey", "needle")

@@ -34,7 +34,7 @@ from ..config import check_number
 from ..named import Registry
 from ..data import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
-from ..train.losses import check_causal_lm
+from ..causal_lm import check_causal_lm
 from . import stats
 from .perplexity import check_length
 from .probes import score_probes

@@ -31,8 +31,8 @@ import torch
 from .. import api
 from ..errors import InvalidInputError, InvalidParameterError
 from ..eval.perplexity import check_length
-from ..train.losses import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
-                            short_context_losses)
+from ..causal_lm import check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses
+from ..train.losses import short_context_losses
 
 
 @torch.no_grad()

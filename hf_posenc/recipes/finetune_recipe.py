@@ -41,11 +41,12 @@ from hf_posenc import data as hdata  # noqa: E402
 from hf_posenc.train import documents  # noqa: E402
 from hf_posenc.train import mixed_windows  # noqa: E402
 from hf_posenc.train import data as train_data  # noqa: E402
-from hf_posenc.export.card import fit_tokenizer  # noqa: E402
+from hf_posenc.recipes.patch_card import fit_tokenizer  # noqa: E402
 from hf_posenc.recipes.finetune_card import write_model_card  # noqa: E402
 from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
-from hf_posenc.train.losses import TrainingLoss, output_logits_mismatch  # noqa: E402
+from hf_posenc.causal_lm import output_logits_mismatch  # noqa: E402
+from hf_posenc.train.losses import TrainingLoss  # noqa: E402
 from hf_posenc.recipes import finetune_teacher  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402

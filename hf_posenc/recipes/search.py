@@ -240,7 +240,7 @@ def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
     """The best candidate as a stock checkpoint: the model as stored (not the search's bfloat16 copy: its weights
     would be rounded), patched with it, saved as `hf-posenc patch` saves."""
     import hf_posenc as hp
-    from hf_posenc.export import card
+    from hf_posenc.recipes import patch_card as card
     from hf_posenc.train import search
 
     method, params = search.best_method(best, s.target, s.original)

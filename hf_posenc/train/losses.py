@@ -17,7 +17,6 @@ one forward that returns the loss, and their hooks stay in charge of the gradien
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -29,12 +28,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import Refused, check_number
+from ..causal_lm import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
+                         output_logits, position_blocks, unwrapped)
 from ..named import Registry
 from ..errors import (ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError,
                       UnsupportedModelError)
 
-# what a class of transformers' causal LMs is named (a PEFT wrapper is looked through first)
-CAUSAL_LM_NAMES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
 def lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -76,44 +75,6 @@ def _check_teacher(teacher) -> None:
         raise InvalidInputError(f"distill needs the teacher model (the unpatched model), got {teacher!r:.60}")
 
 
-# -- the output layer a block at a time -------------------------------------------------------------------
-
-def _inner(model: nn.Module) -> nn.Module:
-    """The transformers model itself (a PEFT wrapper's LoRA layers sit inside it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def check_causal_lm(model, what: str) -> None:
-    """Refuse, before any work, a `model` that does not predict each next token from the ones before it (None,
-    an encoder, a masked LM, an encoder-decoder): `what` scores next tokens, and such a model's output is
-    another thing, or a traceback from deep inside."""
-    inner = _inner(model) if isinstance(model, nn.Module) else model
-    if not isinstance(inner, nn.Module) or not hasattr(inner, "config") or not hasattr(inner, "get_output_embeddings"):
-        raise InvalidInputError(f"{what}: model must be a transformers causal LM (Llama, GPT-2, SmolLM2, ...), got "
-                                f"{model!r:.60} ({type(model).__name__})")
-    config = inner.config
-    if getattr(config, "is_encoder_decoder", False) or inner.get_output_embeddings() is None \
-            or not type(inner).__name__.endswith(CAUSAL_LM_NAMES):
-        raise UnsupportedModelError(
-            f"{what}: model is a {type(inner).__name__} ({getattr(config, 'model_type', '?')}), not a causal LM; it "
-            f"scores each next token from the tokens before it, so it needs a causal LM (Llama, GPT-2, SmolLM2, ...)")
-
-
-def vocabulary_size(model: nn.Module) -> int:
-    """The number of token ids the model's input embedding takes."""
-    embeddings = _inner(model).get_input_embeddings()
-    return getattr(embeddings, "num_embeddings", None) or _inner(model).config.get_text_config().vocab_size
-
-
-def check_token_ids(model: nn.Module, ids: torch.Tensor, name: str = "input_ids") -> None:
-    """Refuse ids outside the model's vocabulary (the embedding's IndexError otherwise), naming them."""
-    if ids.numel() == 0:
-        return
-    vocab, low, high = vocabulary_size(model), int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab:
-        raise InvalidInputError(f"{name} hold token ids {low}..{high}; this model's vocabulary is 0..{vocab - 1}")
-
-
 def _check_batch(model: nn.Module, input_ids, attention_mask, position_ids=None) -> None:
     """input_ids and attention_mask: [batch, n >= 2] integer tensors alike, the ids in the vocabulary; position
     ids (when given) n a row."""
@@ -135,60 +96,6 @@ def _check_batch(model: nn.Module, input_ids, attention_mask, position_ids=None)
     check_token_ids(model, input_ids)
 
 
-def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The last hidden states, before the output layer: the model's base (decoder) module."""
-    extra = {} if position_ids is None else {"position_ids": position_ids}
-    return _inner(model).base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                                    **extra).last_hidden_state
-
-
-def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """What the causal LM's forward makes of `hidden`: the output layer, then the families' own scalings
-    (Gemma 2/3's soft-capping, Cohere's logit_scale, Granite's logits_scaling)."""
-    inner = _inner(model)
-    config = inner.config.get_text_config()
-    logits = inner.get_output_embeddings()(hidden)
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(inner, "logit_scale", None)
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        logits = logits * scale
-    divisor = getattr(config, "logits_scaling", None)
-    if divisor:
-        logits = logits / divisor
-    return logits
-
-
-@torch.no_grad()
-def output_logits_mismatch(model: nn.Module, length: int = 8) -> str | None:
-    """Why `output_logits` does not rebuild this model's logits (a tiny forward compared both ways: its
-    forward does more to them than the scalings known here), or None when it does."""
-    if not isinstance(model, nn.Module):
-        raise InvalidInputError(f"output_logits_mismatch needs a transformers model, got {model!r:.60}")
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
-        vocab = _inner(model).config.get_text_config().vocab_size
-        ids = torch.arange(3, 3 + length, device=device)[None] % vocab
-        mask = torch.ones_like(ids)
-        full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        ours = output_logits(model, hidden_states(model, ids, mask)).float()
-    except (AttributeError, TypeError) as err:  # no base model / output layer where transformers keeps them
-        return f"{type(err).__name__}: {err}"
-    finally:
-        model.train(was_training)
-    if torch.allclose(ours, full, rtol=1e-3, atol=1e-3 * full.abs().max().item()):
-        return None
-    return f"the logits rebuilt from the hidden states differ by up to {(ours - full).abs().max().item():.3g}"
-
-
-def _blocks(length: int, chunk: int) -> list[slice]:
-    return [slice(a, min(a + chunk, length)) for a in range(0, length, chunk)]
-
-
 def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     chunk: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`lm_loss`, `chunk` positions of logits at a time."""
@@ -202,7 +109,7 @@ def chunked_lm_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
         return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
 
     total = sum(checkpoint(block_sum, hidden[:, b], labels[:, b], use_reentrant=False)
-                for b in _blocks(hidden.shape[1], chunk))
+                for b in position_blocks(hidden.shape[1], chunk))
     return total / (labels != -100).sum().clamp(min=1)
 
 
@@ -224,7 +131,7 @@ def chunked_distill_loss(model: nn.Module, teacher: nn.Module, input_ids: torch.
         return F.kl_div(q, p, log_target=True, reduction="sum")
 
     total = sum(checkpoint(block_sum, hidden[:, b], target[:, b], mask[:, b], use_reentrant=False)
-                for b in _blocks(hidden.shape[1], chunk))
+                for b in position_blocks(hidden.shape[1], chunk))
     return total / mask.sum().clamp(min=1) * temperature ** 2
 
 
@@ -295,7 +202,7 @@ class TrainLoss:
             hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
             total = sum(checkpoint(lambda h, y, k: block_sum(next_token_losses(model, h, y, 0), k),
                                    hidden[:, b], labels[:, b], real[:, b], use_reentrant=False)
-                        for b in _blocks(hidden.shape[1], chunk))
+                        for b in position_blocks(hidden.shape[1], chunk))
         else:
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=False).logits[:, :-1].float()
@@ -463,28 +370,6 @@ def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float, floor: 
     return torch.where(has, ratio, torch.ones_like(ratio))
 
 
-@contextlib.contextmanager
-def evaluating(model: nn.Module):
-    """The model in eval mode inside the block (no dropout, no training-only attention), each module's own
-    mode back after it."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for module, mode in modes:
-            module.training = mode
-
-
-def next_token_losses(model: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Per-token cross-entropy of `hidden`'s next tokens `labels` (-100: none, loss 0), `chunk` at a time."""
-    check_number("chunk", chunk, minimum=0, integer=True, optional=False)
-    blocks = _blocks(hidden.shape[1], chunk) if chunk else [slice(None)]
-    out = [F.cross_entropy(output_logits(model, hidden[:, b]).float().flatten(0, 1), labels[:, b].flatten(),
-                           ignore_index=-100, reduction="none").view(labels[:, b].shape) for b in blocks]
-    return torch.cat(out, dim=1)
-
-
 @torch.no_grad()
 def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int,
                          stride: int, position_ids: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
@@ -520,7 +405,7 @@ def rope_follows_length(model: nn.Module) -> bool:
     (short and long factors) and dynamic scaling, hf_posenc's length-dependent methods."""
     from ..methods.rope import LengthDependentRotary
 
-    inner = _inner(model)
+    inner = unwrapped(model)
     if any(isinstance(m, LengthDependentRotary) for m in inner.modules()):
         return True
     params = getattr(inner.config.get_text_config(), "rope_parameters", None) or {}   # none: a bias, a table
@@ -550,7 +435,7 @@ def check_longce(model: nn.Module, longce, chunk: int = 0) -> None:
     from .. import api
 
     try:
-        mechanism = api.describe(_inner(model))["mechanism"]
+        mechanism = api.describe(unwrapped(model))["mechanism"]
     except UnsupportedModelError:   # no family knows where its positions are: nothing to say against it
         return
     if mechanism not in ("rope", "bias"):
@@ -577,7 +462,7 @@ def _longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
             return weighted_sum(next_token_losses(model, h, y, 0), s)
 
         total = sum(checkpoint(block_sum, hidden[:, b], labels[:, b], short[:, b], use_reentrant=False)
-                    for b in _blocks(hidden.shape[1], chunk))
+                    for b in position_blocks(hidden.shape[1], chunk))
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits[:, :-1].float()

@@ -1,6 +1,7 @@
 """What a saved patched folder tells the tools that read it: the tokenizer's `model_max_length` (what
 pipelines, lm-eval and serving front ends truncate to) and a README that says what was patched and how to
-load it. A fine-tuned folder's card: hf_posenc/recipes/finetune_card.py."""
+load it. A fine-tuned folder's card: finetune_card.py beside it. Both are the front ends' (`hf-posenc patch`, the
+search's best folder, the fine-tune's output)."""
 
 from __future__ import annotations
 
