@@ -231,15 +231,15 @@ def default_pairs(cells: dict) -> list[tuple[str, str]]:
 
 
 def paired(cells: dict, pairs: list[tuple[str, str]] | None) -> None:
-    """Print each pair's paired difference over all distances, past 16k and 24k (and by 4k bin for a
-    fine-tuned row against yarn), on the passages both cells hold, in the same order."""
+    """Print each pair's paired difference over all distances, past 16k and 24k (and by 4k bin where the first row
+    is fine-tuned), on the passages both cells hold, in the same order."""
     for length in sorted({int(k.split()[1]) for k in cells}):
         for a, b in pairs or default_pairs(cells):
             ca, cb = cells.get(f"{a} {length}"), cells.get(f"{b} {length}")
             if not (ca and cb):
                 continue
             ranges = [(0, length, "all"), (16384, length, ">=16k"), (24576, length, ">=24k")]
-            if "folder" in ca and b == "yarn":   # issue 30: no fine-tuned row below its untrained start in any bin
+            if "folder" in ca:   # a fine-tuned row, bin by bin against each row it is judged by
                 ranges += [(x["start"], x["end"], f"{x['start'] // 1024}-{x['end'] // 1024}k")
                            for x in ca.get("bins", [])]
             for low, high, label in ranges:
