@@ -458,3 +458,25 @@ def test_a_config_edited_after_the_patch_is_not_exported_as_the_model():
                    lambda m: serving.gguf_rope_metadata(m, "llama")):
         with pytest.raises(hp.PosEncError, match="config was edited after its patch"):
             export(model)
+
+
+@pytest.mark.parametrize("model_type, method", [("gemma3_text", "yarn"), ("gemma3_text", "ntk"), ("olmo3", "yarn")])
+def test_a_rope_per_layer_type_saved_with_4x_keys_reads_back_the_same_in_transformers_5(model_type, method, tmp_path):
+    """The family keys written for transformers 4.x (rope_theta, rope_scaling, rope_local_base_freq) are also read
+    by transformers 5, which takes rope_scaling into the full layers' parameters: the saved folder loads back with
+    the rope_parameters the patch made, each layer type's rotary alike."""
+    import json
+
+    model = tiny_model(model_type, layer_types=["sliding_attention", "full_attention"])
+    hp.patch(model, method, max_position_embeddings=256)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_theta"] == model.config.rope_parameters["full_attention"]["rope_theta"]
+    back = hp.from_pretrained(tmp_path)
+    assert back.config.rope_parameters == model.config.rope_parameters
+    ids = torch.arange(200)[None]
+    for layer_type in ("sliding_attention", "full_attention"):
+        with torch.no_grad():
+            want = model.model.rotary_emb(torch.zeros(1, 1), ids, layer_type)
+            got = back.model.rotary_emb(torch.zeros(1, 1), ids, layer_type)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
