@@ -107,6 +107,8 @@ def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused_naming_what_it_i
 
 
 def test_a_tokenizer_that_is_not_a_byte_level_bpe_or_not_the_models_is_refused():
+    with pytest.raises(hp.PosEncError, match="tokenizer must be the model's transformers tokenizer .*got str"):
+        tokenizer_fields("gpt2", 2)
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
     with pytest.raises(hp.PosEncError, match="its model is Unigram"):
         tokenizer_fields(PreTrainedTokenizerFast(tokenizer_object=unigram), 2)

@@ -53,6 +53,9 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
     """The `tokenizer.*` keys of a GGUF file for `tokenizer` (a transformers tokenizer with a `tokenizers` backend),
     `vocab_size` tokens long (ids the tokenizer lacks are written as unused `[PAD<id>]` tokens, as llama.cpp's
     converter does). Raises ExportError naming what cannot be written."""
+    if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        raise ExportError(f"tokenizer must be the model's transformers tokenizer (hp.load_tokenizer(folder)), got "
+                          f"{type(tokenizer).__name__} {tokenizer!r:.40}")
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise ExportError(f"the model's tokenizer ({type(tokenizer).__name__}) has no tokenizer.json form to write; "
