@@ -205,7 +205,8 @@ def write_legacy_rope_keys(config: PreTrainedConfig) -> None:
                 warnings.warn(
                     f"transformers 4.x (and vLLM 0.11) has no form for this {sub.model_type} RoPE (its sliding layers "
                     f"keep a plain RoPE there{shared}): a folder saved from it is read there as another model "
-                    f"(4.x's default RoPE for the family); serve it with transformers >= 5", stacklevel=user_stacklevel())
+                    f"(4.x's default RoPE for the family); serve it with transformers >= 5",
+                    stacklevel=user_stacklevel())
         else:
             state.update(copy.deepcopy(keys))   # a top-level original_max_position_embeddings: the original context
 

@@ -119,7 +119,8 @@ def describe(model: torch.nn.Module) -> dict:
     info = {
         "model_type": config.model_type,
         "family": family.name,
-        **(attention.describe(model, method_config(record), record.original.max_position_embeddings) if moved else family.describe(model)),
+        **(attention.describe(model, method_config(record), record.original.max_position_embeddings) if moved
+           else family.describe(model)),
         "method": None,
         "max_position_embeddings": config.max_position_embeddings,
     }

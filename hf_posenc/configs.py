@@ -1,5 +1,6 @@
 """Every method's config class by its class name, for `hp.configs.YarnConfig(factor=4)`: the registered
-methods (one module each in hf_posenc/methods/) and the kinds they derive from (hf_posenc/config.py, hf_posenc/attention.py)."""
+methods (one module each in hf_posenc/methods/) and the kinds they derive from (hf_posenc/config.py,
+hf_posenc/attention.py)."""
 
 from .attention import AttentionMethodConfig  # noqa: F401
 from .config import LearnedMethodConfig, MethodConfig, RopeMethodConfig  # noqa: F401

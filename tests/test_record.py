@@ -220,6 +220,7 @@ def test_only_the_record_modules_read_or_write_the_raw_record():
     one touches the dict (plan.py only asks whether a config carries one)."""
     raw_access = re.compile(r"\bRECORD_ATTR\b|\.hf_posenc\s*(\[|=[^=])|\[[\"']hf_posenc[\"']\]")
     offenders = [f"{path.relative_to(PACKAGE)}: {match.group(0)!r}"
-                 for path in sorted(PACKAGE.rglob("*.py")) if path.name not in ("record.py", "record_reader.py", "plan.py")
+                 for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.name not in ("record.py", "record_reader.py", "plan.py")
                  for match in raw_access.finditer(path.read_text())]
     assert not offenders, offenders

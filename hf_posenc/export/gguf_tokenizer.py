@@ -75,7 +75,8 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
                   f"named pre-tokenizers hf_posenc writes (gpt-2; smollm / starcoder: digits apart, then gpt-2)")
     if refuse:
         raise ExportError(f"the model's tokenizer cannot be written as a GGUF tokenizer: {refuse}; give vocab_from "
-                          f"(--vocab-from) a GGUF file of this vocabulary (llama.cpp's convert_hf_to_gguf.py writes one)")
+                          f"(--vocab-from) a GGUF file of this vocabulary (llama.cpp's convert_hf_to_gguf.py "
+                          f"writes one)")
 
     ids = {token: i for token, i in (model.get("vocab") or {}).items()}
     kinds = {}

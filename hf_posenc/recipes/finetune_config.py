@@ -89,7 +89,8 @@ class DataArgs:
                                          "got ''")
         need(self.max_documents is None or self.max_documents >= 1,
               f"data.max_documents must be >= 1 (or null), got {self.max_documents}")
-        need(self.short_len is None or self.short_len >= 2, f"data.short_len must be >= 2 (or null), got {self.short_len}")
+        need(self.short_len is None or self.short_len >= 2,
+             f"data.short_len must be >= 2 (or null), got {self.short_len}")
 
 
 @dataclasses.dataclass

@@ -67,7 +67,8 @@ class SearchConfig:
     model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
                                            metadata={"help": "the model and how it loads"})
     data: recipe_config.DataArgs = field(default_factory=recipe_config.DataArgs,
-                                         metadata={"help": "the tuning text: recall passages and the guard's tokens (judge on another)"})
+                                         metadata={"help": "the tuning text: recall passages and the guard's "
+                                                           "tokens (judge on another)"})
     search: SearchArgs = field(default_factory=SearchArgs, metadata={"help": "the search space and its budget"})
     output_dir: str = field(default="runs/search", metadata={
         "help": "search.json, candidates.jsonl, summary.md, convergence.png, best/"})
