@@ -89,9 +89,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Search
 
 def check_args(args: SearchConfig) -> None:
     """The values alone, before anything loads (the model's own limits: `settings`)."""
-    for name, value in (("model.name", args.model.name), ("data.corpus", args.data.corpus),
-                        ("output_dir", args.output_dir)):
-        need(bool(value.strip()), f"{name} is empty")
+    need(bool(args.output_dir.strip()), "output_dir is empty")   # the model and data sections check their own
     s = args.search
     for name in ("top_range", "attention_range"):
         value = getattr(s, name)
