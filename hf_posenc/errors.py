@@ -64,3 +64,8 @@ class InvalidInputError(PosEncError, ValueError):
 
 class ModelNotFoundError(PosEncError, FileNotFoundError):
     """A model path that does not exist, or a folder that holds no config.json."""
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (a refusal is one `error: ...` line)."""
+    return " ".join(str(err).split()) or type(err).__name__

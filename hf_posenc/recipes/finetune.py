@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from hf_posenc.errors import PosEncError  # noqa: E402
 from hf_posenc.recipes.finetune_config import parse_config  # noqa: E402
-from hf_posenc.recipes.recipe_config import one_line  # noqa: E402
+from hf_posenc.errors import one_line  # noqa: E402
 
 
 def main(argv=None, prog=None):

@@ -20,7 +20,8 @@ from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..train.positions import Contiguous, PositionScheme, scheme
 from ..train.data import load_documents
-from .recipe_config import differences, one_line, plain, shown_setting
+from ..errors import one_line
+from .recipe_config import differences, plain, shown_setting
 from ..train.trainable import GROUPS, select_trainable
 from .finetune_config import DataArgs, FinetuneConfig, ModelArgs, TrainArgs
 from .finetune_model import _model_ref, choose_attention

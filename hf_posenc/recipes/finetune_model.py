@@ -10,7 +10,7 @@ import torch
 
 from .. import loading
 from ..errors import ConfigError
-from .recipe_config import one_line
+from ..errors import one_line
 
 if TYPE_CHECKING:
     from .finetune_config import FinetuneConfig, ModelArgs

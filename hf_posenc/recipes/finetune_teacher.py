@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from ..config import parse_params
 from ..errors import ConfigError, PosEncError
-from .recipe_config import one_line
+from ..errors import one_line
 
 TEACHERS = ("unpatched", "self_extend")
 

@@ -465,10 +465,6 @@ def _shown(default) -> str:
     return json.dumps(default, default=str)
 
 
-def one_line(err: BaseException) -> str:
-    """An error's message on one line (a refusal is one `error: ...` line)."""
-    return " ".join(str(err).split()) or type(err).__name__
-
 
 UNSET = "(not set)"   # how a change shows a key one side lacks
 

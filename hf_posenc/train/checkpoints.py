@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from ..errors import one_line
+
 
 def checkpoint_dir(output_dir: str, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:07d}"
@@ -131,7 +133,7 @@ def resume(accelerator, output_dir) -> int:
             try:
                 accelerator.load_state(str(path))
             except Exception as err:   # a file damaged in place: say which checkpoint, try the one before
-                problem = f"{path} cannot be loaded ({type(err).__name__}: {' '.join(str(err).split())[:300]})"
+                problem = f"{path} cannot be loaded ({type(err).__name__}: {one_line(err)[:300]})"
         if problem is None:
             skipped = [n for n in incomplete if n > step]
             if skipped:
