@@ -78,7 +78,7 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
                           f"(--vocab-from) a GGUF file of this vocabulary (llama.cpp's convert_hf_to_gguf.py "
                           f"writes one)")
 
-    ids = {token: i for token, i in (model.get("vocab") or {}).items()}
+    ids = dict(model.get("vocab") or {})
     kinds = {}
     for added in spec.get("added_tokens") or []:
         ids[added["content"]] = added["id"]
@@ -114,17 +114,3 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
     if isinstance(template, str) and template:
         fields["tokenizer.chat_template"] = template
     return fields
-
-
-def add_tokenizer_fields(writer, fields: dict[str, object]) -> None:
-    """Write `tokenizer_fields` into a gguf.GGUFWriter, each in the type llama.cpp's converter gives it."""
-    import gguf
-
-    kinds = {str: gguf.GGUFValueType.STRING, bool: gguf.GGUFValueType.BOOL, int: gguf.GGUFValueType.UINT32}
-    for key, value in fields.items():
-        if key == "tokenizer.ggml.token_type":
-            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
-        elif isinstance(value, list):
-            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
-        else:
-            writer.add_key_value(key, value, kinds[type(value)])

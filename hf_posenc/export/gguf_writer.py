@@ -210,15 +210,12 @@ def write_gguf_model(model: torch.nn.Module, target: str | os.PathLike, *, token
         writer.add_rope_freq_base(float(_compat.get_rope_parameters(text, None)["rope_theta"]))
         writer.add_vocab_size(text.vocab_size)
         writer.add_file_type(file_type)
-        if tokenizer_keys is not None:
-            gguf_tokenizer.add_tokenizer_fields(writer, tokenizer_keys)
-            tokenizer_fields = []
-        else:   # the tokenizer as the vocab file holds it
-            reader = gguf.GGUFReader(vocab_from)
-            tokenizer_fields = [(k, f) for k, f in reader.fields.items() if k.startswith("tokenizer.")]
-        # the patch's keys but the two written above from the same config
-        add_gguf_fields(writer, tokenizer_fields,
-                        {k: v for k, v in rope.items() if not k.endswith((".context_length", ".rope.freq_base"))})
+        # the tokenizer: the model's own, written, or the vocab file's, copied
+        copied = [] if tokenizer_keys is not None else [
+            (k, f) for k, f in gguf.GGUFReader(vocab_from).fields.items() if k.startswith("tokenizer.")]
+        # then the patch's keys but the two written above from the same config
+        add_gguf_fields(writer, copied, {**(tokenizer_keys or {}), **{
+            k: v for k, v in rope.items() if not k.endswith((".context_length", ".rope.freq_base"))}})
         for name, array in tensors:
             if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(name, array)

@@ -412,16 +412,22 @@ def _running(pid: int) -> bool:
 
 
 def add_gguf_fields(writer, fields, new: dict[str, object]) -> None:
-    """Copy `fields` (a gguf.GGUFReader's, already filtered) into `writer`, then the keys `new` (str, float or int)."""
+    """Copy `fields` (a gguf.GGUFReader's, already filtered) into `writer`, then the keys `new`, each in the type
+    llama.cpp's converter gives it: str, bool, float (float32), int (uint32), a list of str or of int (int32)."""
     import gguf
 
+    kinds = gguf.GGUFValueType
     for key, field in fields:
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        sub = field.types[-1] if field.types[0] == kinds.ARRAY else None
         writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
     for key, value in new.items():
-        kind = (gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
-                if isinstance(value, float) else gguf.GGUFValueType.UINT32)
-        writer.add_key_value(key, value, kind)
+        if isinstance(value, list):
+            sub = kinds.STRING if all(isinstance(v, str) for v in value) else kinds.INT32
+            writer.add_key_value(key, value, kinds.ARRAY, sub_type=sub)
+        else:
+            kind = (kinds.BOOL if isinstance(value, bool) else kinds.STRING if isinstance(value, str)
+                    else kinds.FLOAT32 if isinstance(value, float) else kinds.UINT32)
+            writer.add_key_value(key, value, kind)
 
 
 def check_write_gguf(model: torch.nn.Module, source: str | os.PathLike, target: str | os.PathLike, *,
