@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hf_posenc import cli
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT_VOCAB, save_text_models, tiny_model, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("eval_recipe_bad_inputs", ROOT / "hf_posenc" / "recipes" / "evaluate.py")
@@ -30,13 +30,9 @@ def root(tmp_path_factory):
     """A tiny Llama and a tiny GPT-2 (each with a byte-level tokenizer), a corpus folder, a plain file,
     YAML configs: everything a case may name, in one folder that is snapshotted around each case."""
     path = tmp_path_factory.mktemp("bad_inputs")
-    for name, model in (("llama", tiny_model(vocab_size=TINY_TEXT_VOCAB)),
-                        ("gpt2", tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))):
-        model.save_pretrained(path / name)
-        tiny_tokenizer().save_pretrained(path / name)
-    (path / "corpus").mkdir()
-    (path / "corpus" / "a.txt").write_text(TEXT)
-    (path / "corpus" / "b.txt").write_text(TEXT[::-1])
+    save_text_models(path, llama=tiny_model(vocab_size=TINY_TEXT_VOCAB),
+                     gpt2=tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))
+    write_corpus(path / "corpus", TEXT)
     (path / "afile").write_text("not a model")
     (path / "full").mkdir()
     (path / "full" / "notes.txt").write_text("somebody's notes")

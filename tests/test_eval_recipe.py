@@ -17,7 +17,7 @@ import hf_posenc.metrics
 from hf_posenc import data
 from hf_posenc import eval as hpe
 from refusals import one_line_refusal
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("eval_recipe", ROOT / "hf_posenc" / "recipes" / "evaluate.py")
@@ -37,10 +37,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus")
-    (path / "a.txt").write_text(TEXT)
-    (path / "b.txt").write_text(TEXT[::-1])
-    return path
+    return write_corpus(tmp_path_factory.mktemp("corpus"), TEXT)
 
 
 def run(checkpoint, corpus_dir, out, *extra):

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModel
 from hf_posenc.eval import ruler
 from hf_posenc.recipes import evaluate as recipe
 from refusals import one_line_refusal
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT_VOCAB, save_text_models, tiny_model, write_corpus
 
 TEXT = "".join(f"Line {i}: the {['king', 'queen', 'fool'][i % 3]} speaks of {i * 7 % 13} ravens.\n" for i in range(60))
 
@@ -33,13 +33,9 @@ def root(tmp_path_factory):
     bert = AutoModel.from_config(AutoConfig.for_model(
         "bert", vocab_size=TINY_TEXT_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=64))
-    for name, model in (("llama", tiny_model(vocab_size=TINY_TEXT_VOCAB)), ("nan", nan), ("bert", bert),
-                        ("gpt2", tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))):
-        model.save_pretrained(path / name)
-        tiny_tokenizer().save_pretrained(path / name)
-    (path / "corpus").mkdir()
-    (path / "corpus" / "a.txt").write_text(TEXT)
-    (path / "corpus" / "b.txt").write_text(TEXT[::-1])
+    save_text_models(path, llama=tiny_model(vocab_size=TINY_TEXT_VOCAB), nan=nan, bert=bert,
+                     gpt2=tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))
+    write_corpus(path / "corpus", TEXT)
     return path
 
 

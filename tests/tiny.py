@@ -41,3 +41,19 @@ def tiny_tokenizer():
 
 
 TINY_TEXT_VOCAB = 260
+
+
+def save_text_models(folder, **models) -> None:
+    """Each model saved in folder/NAME with the byte-level tokenizer (`tiny_tokenizer`): checkpoints a recipe or
+    the CLI loads. Build the models with vocab_size=TINY_TEXT_VOCAB."""
+    for name, model in models.items():
+        model.save_pretrained(folder / name)
+        tiny_tokenizer().save_pretrained(folder / name)
+
+
+def write_corpus(folder, text: str):
+    """Two documents, `text` and `text` reversed (a.txt, b.txt), in `folder` (made): a corpus a recipe reads."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.txt").write_text(text)
+    (folder / "b.txt").write_text(text[::-1])
+    return folder
