@@ -176,3 +176,99 @@ def test_an_eos_that_is_not_a_token_id_is_refused(eos):
     ids = torch.tensor([[5, 2, 7, 8]])
     with pytest.raises(InvalidInputError, match="eos_token_id must be the token id"):
         documents.document_position_ids(ids, torch.ones_like(ids), eos_token_id=eos)
+
+
+def spread_ids(n: int, seed: int) -> torch.Tensor:
+    """n ids from 0, strictly increasing with jumps of 1 to 5: a document's spread ids (PoSE, CREAM, ...)."""
+    steps = torch.randint(1, 6, (n - 1,), generator=torch.Generator().manual_seed(seed))
+    return torch.cat([torch.zeros(1, dtype=torch.long), steps.cumsum(0)])
+
+
+@pytest.mark.parametrize("family", PER_DOCUMENT_FAMILIES)
+def test_attention_per_document_keeps_spread_ids_inside_their_document(family):
+    """Ids that jump up stay in their document (its far pairs are what spread ids train); a new document starts
+    where they restart: the documents' own forwards at their own ids. transformers' mask starts a new document at
+    every jump, which is why spread ids inside documents need this attention."""
+    model = build(family)
+    docs = packed_window(model.config.vocab_size)
+    each = [spread_ids(len(d), i) for i, d in enumerate(docs)]
+    ids, position_ids = torch.cat(docs)[None], torch.cat(each)[None]
+    with torch.no_grad():
+        # each alone, with its mask: without one transformers reads a jump in the ids as a new packed sequence
+        apart = torch.cat([model(input_ids=d[None], attention_mask=torch.ones_like(d[None]), position_ids=p[None],
+                                 use_cache=False).logits[0] for d, p in zip(docs, each)])
+        with documents.kept_apart(model):
+            cut = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids).logits[0]
+        assert documents.use_per_document(model)
+        with documents.kept_apart(model):
+            packed = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids).logits[0]
+    torch.testing.assert_close(packed, apart, atol=1e-5, rtol=1e-5)
+    assert (cut - apart).abs().max() > 1e-3
+
+
+def documents_batch(rows: list[list[int]]) -> dict:
+    from hf_posenc.train import data as train_data
+
+    return train_data.collate(0, EOS, document_numbers=True)([{"input_ids": r} for r in rows])
+
+
+def documents_of(tokens: list[int]) -> list[int]:
+    """The document number of each token of a row of documents, each ended by its EOS."""
+    return [sum(t == EOS for t in tokens[:i]) for i in range(len(tokens))]
+
+
+def expected_spread(document: list[int], drawn: list[int]) -> tuple[list[int], list[int]]:
+    """The per-document ids and scored mask of a window whose k-th token is of document `document[k]` at the drawn
+    id `drawn[k]`: each document's ids less its first one here; its first token here unscored."""
+    ids, scored = [], []
+    for k, at in enumerate(drawn):
+        first = document.index(document[k])
+        ids.append(at - drawn[first])
+        scored.append(int(k == 0 or first != k))
+    return ids, scored
+
+
+def test_spread_ids_inside_documents_are_the_schemes_own_less_each_documents_first():
+    from hf_posenc.train.positions import scheme
+
+    rows = [[5, 6, 7, EOS, 8, 9, 10, 11, 12, EOS, 13, 14, 15, 16], [20, 21, EOS, 22, 23]]   # the second padded
+    batch = documents_batch(rows)
+    pose = scheme("pose chunks=3", target=200)
+    out = documents.spread_in_documents(batch, pose, seed=1, first_index=4, window=14)
+    assert "document" not in out and torch.equal(out["input_ids"], batch["input_ids"])
+    drawn = pose.position_ids(14, seed=1, index=4).tolist()
+    ids, scored = expected_spread(documents_of(rows[0]), drawn)
+    assert out["position_ids"][0].tolist() == ids and out["attention_mask"][0].tolist() == scored
+    assert max(b - a for a, b in zip(ids, ids[1:])) > 1   # far pairs inside a document: spread, not 0..n-1
+    # a row shorter than the window keeps 0..n-1, each document from 0; its padding 0, 1, ... after it
+    assert out["position_ids"][1].tolist() == [0, 1, 2, 0, 1] + list(range(9))
+    assert out["attention_mask"][1].tolist() == [1, 1, 1, 0, 1] + [0] * 9
+
+
+def test_spread_ids_from_a_span_keep_a_document_that_ends_between_the_chunks_apart():
+    """text=span: the window's tokens are taken at the drawn offsets of a target-long span; a document that ends in
+    the tokens left out (its EOS not taken) ends there too: the next chunk's document restarts at 0, unscored."""
+    from hf_posenc.train.positions import scheme
+
+    tokens = [10 + i for i in range(40)]
+    for end in (6, 13, 21, 30):
+        tokens[end] = EOS
+    pose = scheme("pose chunks=2 text=span", target=40)
+    batch = documents_batch([tokens])
+    split = 0
+    for index in range(40):
+        out = documents.spread_in_documents(batch, pose, seed=0, first_index=index, window=8)
+        drawn = pose.position_ids(8, seed=0, index=index).tolist()
+        ids, scored = expected_spread([documents_of(tokens)[d] for d in drawn], drawn)
+        assert out["input_ids"][0].tolist() == [tokens[d] for d in drawn]
+        assert out["position_ids"][0].tolist() == ids and out["attention_mask"][0].tolist() == scored
+        split += any(EOS in tokens[a + 1:b] and tokens[a] != EOS for a, b in zip(drawn, drawn[1:]) if b > a + 1)
+    assert split   # some draws left a document's EOS out between their chunks
+
+
+def test_spreading_a_batch_without_documents_is_refused():
+    from hf_posenc.train.positions import scheme
+
+    batch = {"input_ids": torch.ones(1, 8, dtype=torch.long), "attention_mask": torch.ones(1, 8, dtype=torch.long)}
+    with pytest.raises(InvalidInputError, match="no 'document' numbers"):
+        documents.spread_in_documents(batch, scheme("pose", target=64), seed=0, first_index=0, window=8)

@@ -132,7 +132,8 @@ def test_mixed_windows_resume_bit_exact_and_save_a_stock_switched_longrope(tmp_p
       "posenc": {"method": "dynamic_yarn", "max_position_embeddings": 256}}, "fixed long rope"),
     ({"train": {"mixed_windows": 0.5, "positions": "pose"}, "data": {"short_share": 0.25, "short_len": 32}},
      "both set a share of short windows"),
-    ({"data": {"packing": "documents"}, "train": {"positions": "pose"}}, "spreads each window's ids"),
+    ({"data": {"packing": "documents"}, "train": {"positions": "pose"}, "model": {"attn_implementation": "eager"}},
+     "only hf_posenc's attention per document reads as one document"),
     ({"data": {"packing": "documents"}, "train": {"attention": "s2"}}, "train.attention=s2"),
     ({"data": {"packing": "documents"}, "posenc": {"method": "self_extend", "max_position_embeddings": 256}},
      "computes attention itself"),
@@ -176,6 +177,35 @@ def test_the_loss_of_a_packed_window_is_the_documents_own_losses():
     assert abs(float(joined) - float(total / count)) > 1e-3   # joined, the later documents read the earlier ones
 
 
+def test_the_loss_of_spread_ids_inside_documents_is_each_documents_own_at_its_ids():
+    """PoSE ids inside documents kept apart (SDPA per document): the window's loss is, token for token, each
+    document's piece run alone at its own spread ids, its first token here unscored."""
+    from hf_posenc.train.positions import scheme
+
+    model = tiny_model()
+    assert documents.use_per_document(model)
+    eos, g = 3, torch.Generator().manual_seed(1)
+    docs = [torch.randint(4, 128, (n,), generator=g) for n in (30, 9, 40)]
+    row = torch.cat([docs[0], torch.tensor([eos]), docs[1], torch.tensor([eos]), docs[2]])
+    collated = train_data.collate(0, eos, document_numbers=True)([{"input_ids": row.tolist()}])
+    batch = documents.spread_in_documents(collated, scheme("pose chunks=2", target=512), seed=0, first_index=2,
+                                          window=len(row))
+    ids, mask = batch["position_ids"][0], batch["attention_mask"][0]
+    assert ids.max() > len(docs[0])   # the ids jump inside a document: far pairs trained
+    loss = TrainingLoss(model, objective="lm", causal=True, documents=True)(
+        batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    total, count, start = 0.0, 0, 0
+    with torch.no_grad():
+        for end in [*(torch.nonzero(ids[1:] == 0).flatten() + 1).tolist(), len(row)]:   # each document alone
+            piece, at = row[start:end][None], ids[start:end][None]
+            logits = model(input_ids=piece, attention_mask=torch.ones_like(piece), position_ids=at).logits[0, :-1]
+            scored = mask[start + 1:end].bool()
+            total += F.cross_entropy(logits[scored], piece[0, 1:][scored], reduction="sum")
+            count += int(scored.sum())
+            start = end
+    torch.testing.assert_close(loss, total / count, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def short_documents(tmp_path_factory, text_file):
     """30 documents of 20 to 78 bytes: most 64-token windows hold two or three."""
@@ -199,11 +229,38 @@ def test_documents_apart_resume_bit_exact(tmp_path, tiny_dir, short_documents):
     assert any(not torch.equal(a[k], v) for k, v in state(joined).items())
 
 
+def test_spread_ids_inside_documents_resume_bit_exact(tmp_path, tiny_dir, short_documents):
+    """PoSE's spread ids taken from spans (text=span) inside the documents kept apart: the run resumes bit for bit,
+    and trains other weights than the same spans with their documents joined."""
+    def config(name, packing="documents"):
+        return write_config(tmp_path / name / "c.yaml", tiny_dir,
+                            data={"corpus": str(short_documents), "packing": packing},
+                            train={"positions": "pose chunks=2 text=span target=96", "loss": "longce",
+                                   "longce_window": 16})
+
+    a, _ = stopped_and_resumed(tmp_path, config)
+    cfg = FC.parse_config(["--config", str(config("check"))])
+    preflight = checks.check_config(cfg)
+    assert "documents kept apart" in preflight.long_training.describe()
+    span = torch.randint(4, 128, (2, 96), generator=torch.Generator().manual_seed(0))
+    span[:, 40] = 3   # a document ends inside each span
+    batch = train_data.collate(0, 3, document_numbers=True)([{"input_ids": r} for r in span.tolist()])
+    out = window_batch(preflight, batch, cfg, _Process(), 2, 1)   # step 2, micro 1: windows 6 and 7
+    expected = documents.spread_in_documents(batch, preflight.positions, seed=3, first_index=6, window=64)
+    assert all(torch.equal(out[k], v) for k, v in expected.items()) and out.keys() == expected.keys()
+    joined = run_recipe(config("joined", "joined"))
+    assert any(not torch.equal(a[k], v) for k, v in state(joined).items())
+
+
 def test_position_ids_of_the_collate_restart_at_each_document():
     batch = train_data.collate(0, 9)([{"input_ids": [5, 6, 9, 7, 8, 9, 4]}, {"input_ids": [1, 9, 2]}])
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 0], [0, 1, 0, 0, 1, 2, 3]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0]]
     assert documents.document_index(batch["position_ids"]).tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 1, 2, 2, 2, 2]]
+    assert "document" not in batch   # a batch a model takes as it is (model(**batch))
+    numbered = train_data.collate(0, 9, document_numbers=True)([{"input_ids": [5, 6, 9, 7, 8, 9, 4]},
+                                                                {"input_ids": [1, 9, 2]}])
+    assert numbered["document"].tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 1, -1, -1, -1, -1]]   # -1: padding
 
 
 @pytest.mark.parametrize("setting", ["mixed", "documents"])

@@ -182,9 +182,6 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
         raise ConfigError(f"{where} keeps a causal LM's packed documents apart (objective lm); "
                           f"train.objective={cfg.train.objective} of a {'causal LM' if causal else 'non-causal model'} "
                           f"reads its inputs whole: use data.packing=joined")
-    if positions.spreads:
-        raise ConfigError(f"{where} restarts the position ids at each document, but train.positions="
-                          f"{cfg.train.positions!r} spreads each window's ids over the target: give one")
     if cfg.train.attention == "s2":
         raise ConfigError(f"{where} needs the attention to mask documents; train.attention=s2 computes grouped "
                           f"attention of its own: use train.attention=full")
@@ -205,6 +202,13 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
         documents.check_model(model.config.get_text_config().model_type, backend, cfg.train.batch_size)
     except PosEncError as err:
         raise ConfigError(f"{where} with model.attn_implementation={cfg.model.attn_implementation!r}: {err}") from None
+    why = documents.why_not_per_document(model.config, backend)
+    if positions.spreads and why:
+        # transformers' own masks start a document wherever the ids jump: they would cut each document's chunks apart
+        raise ConfigError(f"{where} with train.positions={cfg.train.positions!r} spreads the ids inside each document, "
+                          f"which only hf_posenc's attention per document reads as one document (transformers' "
+                          f"masks start a new one at every jump); here {why}: use model.attn_implementation=sdpa "
+                          f"on a model without sliding windows, or contiguous positions")
     return documents.mask_kind(backend, model.config)
 
 

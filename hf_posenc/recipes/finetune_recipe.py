@@ -133,7 +133,9 @@ class FinetuneRecipe:
         documents_eos = train_data.boundary_ids(tokenizer, False)[0] if cfg.data.packing == "documents" else None
         self.dataloader = torch.utils.data.DataLoader(self.dataset, batch_size=cfg.train.batch_size,
                                                       shuffle=cfg.data.shuffle,
-                                                      collate_fn=train_data.collate(self.pad_id, documents_eos))
+                                                      collate_fn=train_data.collate(
+                                                          self.pad_id, documents_eos,
+                                                          document_numbers=self.preflight.positions.spreads))
         if accelerator.is_main_process:
             prepare_output_dir(cfg)
             # whole or not at all: a later --resume compares its settings with this file (check_resume)
@@ -502,6 +504,9 @@ def window_batch(preflight: Preflight, batch: dict, cfg: FinetuneConfig, acceler
     if not scheme.spreads:
         return batch
     first = (consumed * accelerator.num_processes + accelerator.process_index) * cfg.train.batch_size
+    if long.document_mask:   # the spread ids inside each document kept apart
+        return documents.spread_in_documents(batch, scheme, seed=cfg.train.seed, first_index=first,
+                                             window=preflight.seq_len)
     return scheme.add_position_ids(batch, seed=cfg.train.seed, first_index=first, window=preflight.seq_len)
 
 

@@ -122,10 +122,12 @@ def whole_spans(packed, corpus: str, span: int):
     return packed if len(keep) == len(packed) else packed.select(keep)
 
 
-def collate(pad_id: int, documents_eos: Optional[int] = None):
+def collate(pad_id: int, documents_eos: Optional[int] = None, document_numbers: bool = False):
     """Pads a batch of blocks (only the corpus' last block, or short ones, are shorter): padding gets
     attention 0 and label -100. With `documents_eos` (data.packing=documents), each block's position ids
-    restart after every EOS, and a document's first token is not scored (`hf_posenc.train.documents`)."""
+    restart after every EOS and a document's first token is not scored (`hf_posenc.train.documents`); with
+    `document_numbers` too, `document` numbers the documents of each row (-1: padding), for
+    `documents.spread_in_documents` to keep spread ids inside them (a key no model takes: pop it first)."""
     def fn(rows):
         n = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
@@ -135,9 +137,11 @@ def collate(pad_id: int, documents_eos: Optional[int] = None):
             mask[i, :len(r["input_ids"])] = 1
         batch = {"input_ids": ids, "attention_mask": mask}
         if documents_eos is not None:
-            from .documents import document_position_ids, unscored_starts
+            from .documents import document_index, document_position_ids, unscored_starts
 
             batch["position_ids"] = document_position_ids(ids, mask, eos_token_id=documents_eos)
             batch["attention_mask"] = unscored_starts(mask, batch["position_ids"])
+            if document_numbers:
+                batch["document"] = document_index(batch["position_ids"]).masked_fill(mask == 0, -1)
         return batch
     return fn

@@ -57,8 +57,9 @@ PER_DOCUMENT = "hf_posenc_documents"   # the attention implementation of `attend
 
 
 def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
-    """(start, end) of each document of one row: where the ids do not continue the previous one by 1."""
-    starts = (position_ids[1:] != position_ids[:-1] + 1).nonzero().flatten().add(1).tolist()
+    """(start, end) of each document of one row: where the ids do not increase (they restart). Ids that jump up
+    stay in their document: spread ids inside documents (`spread_in_documents`) keep their far pairs."""
+    starts = (position_ids[1:] <= position_ids[:-1]).nonzero().flatten().add(1).tolist()
     bounds = [0, *starts, int(position_ids.shape[0])]
     return list(zip(bounds, bounds[1:]))
 
@@ -145,6 +146,32 @@ def unscored_starts(attention_mask: torch.Tensor, position_ids: torch.Tensor) ->
     scored = attention_mask.clone()
     scored[:, 1:] = scored[:, 1:] * (position_ids[:, 1:] != 0)
     return scored
+
+
+def spread_in_documents(batch: dict, scheme, *, seed: int, first_index: int, window: int) -> dict:
+    """A batch of documents kept apart (collated by `hf_posenc.train.data.collate(pad, eos, document_numbers=True)`:
+    its `document` numbers, ids restarting at each document, a mask leaving their first tokens unscored) with
+    the spread ids of `scheme` (a `hf_posenc.train.positions` scheme: PoSE, CREAM, ...) inside each document. The
+    scheme draws the window's ids as it does for a joined window (text=span: the rows are target-long spans, cut
+    to `window` tokens at those ids, so a document that ends between two chunks ends there too); then each
+    document's ids are moved down to start at 0 where its first token in the window is, so its distances are the
+    drawn ones and a new document restarts the ids. What the window leaves of a document before its first token
+    here is not its context: that token is not scored (`unscored_starts`). Padding keeps 0, 1, ...: a segment of
+    its own, after the documents."""
+    if "document" not in batch:
+        raise InvalidInputError("spread_in_documents takes a batch collated with documents kept apart and numbered "
+                                "(collate(pad, eos, document_numbers=True)): it has no 'document' numbers to keep "
+                                "the spread ids inside")
+    real = batch["document"] >= 0
+    drawn = scheme.add_position_ids({**batch, "attention_mask": real.long(), "scored": batch["attention_mask"]},
+                                    seed=seed, first_index=first_index, window=window)
+    document, scored, ids = drawn.pop("document"), drawn.pop("scored"), drawn["position_ids"]
+    index = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    starts = torch.ones_like(document, dtype=torch.bool)
+    starts[:, 1:] = document[:, 1:] != document[:, :-1]
+    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values   # its segment's start
+    ids = torch.where(document >= 0, ids - ids.gather(1, first), index - first)
+    return {**drawn, "position_ids": ids, "attention_mask": unscored_starts(scored, ids)}
 
 
 def document_index(position_ids: torch.Tensor) -> torch.Tensor:
