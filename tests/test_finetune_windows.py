@@ -239,6 +239,7 @@ def test_spread_ids_inside_documents_resume_bit_exact(tmp_path, tiny_dir, short_
                                    "longce_window": 16})
 
     a, _ = stopped_and_resumed(tmp_path, config)
+    assert "only a document that spans those ids trains their distance" in (tmp_path / "full/out/README.md").read_text()
     cfg = FC.parse_config(["--config", str(config("check"))])
     preflight = checks.check_config(cfg)
     assert "documents kept apart" in preflight.long_training.describe()

@@ -29,7 +29,7 @@ def positions_line(preflight: Preflight, cfg: FinetuneConfig, steps: int, proces
               f"distances are the text's own)" if scheme.span else "")
     short = ("; the windows data.short_share cut short kept 0..n-1" if cfg.data.short_share and not scheme.span
              else "")
-    if cfg.data.packing == "documents":   # the ids of each document start at 0 in its window
+    if preflight.long_training.document_mask:   # the ids of each document start at 0 in its window
         short += "; documents kept apart: only a document that spans those ids trains their distance"
     return (f"`{scheme.spec}`: windows of {preflight.seq_len} tokens given ids in [0, {scheme.target}) "
             f"(hf_posenc.train.positions){tokens}; the ids drawn for its {windows:,} windows put distances up to "
