@@ -49,8 +49,13 @@ def document_position_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     starts[:, 0] = True
     starts[:, 1:] = (input_ids[:, :-1] == eos_token_id) | (real[:, 1:] != real[:, :-1])
     index = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    last_start = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
-    return index - last_start
+    return index - _segment_starts(starts, index)
+
+
+def _segment_starts(starts: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The column where each token's segment begins, from the [rows, tokens] flags of where segments start
+    (column 0 always one) and each token's column."""
+    return torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
 
 
 PER_DOCUMENT = "hf_posenc_documents"   # the attention implementation of `attend_per_document`
@@ -169,7 +174,7 @@ def spread_in_documents(batch: dict, scheme, *, seed: int, first_index: int, win
     index = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
     starts = torch.ones_like(document, dtype=torch.bool)
     starts[:, 1:] = document[:, 1:] != document[:, :-1]
-    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values   # its segment's start
+    first = _segment_starts(starts, index)
     ids = torch.where(document >= 0, ids - ids.gather(1, first), index - first)
     return {**drawn, "position_ids": ids, "attention_mask": unscored_starts(scored, ids)}
 
