@@ -28,8 +28,9 @@ def epochs(loader):
         yield from loader
 
 
-def tokens(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 and n else str(n)
+def tokens(low: int, high: int) -> str:
+    """A bin's label: 4-8k, or 8-16 for bins that are not whole thousands of 1024."""
+    return f"{low // 1024}-{high // 1024}k" if low % 1024 == high % 1024 == 0 else f"{low}-{high}"
 
 
 def reach(recipe_args: list[str]) -> tuple[np.ndarray, object]:
@@ -62,10 +63,10 @@ def main() -> None:
           f"{cfg.train.steps} steps: {len(reached):,} scored tokens; the share whose context reaches back into each bin")
     print("| bin (tokens back) | share |\n|---|---|")
     for low, high, n in zip(edges[:-1], edges[1:], counts):
-        print(f"| {tokens(low)}-{tokens(high)} | {n / len(reached):.3f} |")
+        print(f"| {tokens(low, high)} | {n / len(reached):.3f} |")
     for far in (16384, 24576):
         if far < edges[-1]:
-            print(f"reaching >= {tokens(far)}: {(reached >= far).mean():.3f}")
+            print(f"reaching >= {far // 1024}k: {(reached >= far).mean():.3f}")
     print(common.machine())
 
 
