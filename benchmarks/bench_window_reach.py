@@ -3,8 +3,9 @@ of scored tokens whose own context reaches back into each distance bin: a token'
 train.positions, which with data.packing=documents counts from its document's first token in the window. A token
 whose context reaches 24k back is one that trains attention across 24k; the rest train nearer distances only.
 
-The windows are the recipe's own (`FinetuneRecipe.setup_data` and `window_batch`, the same ids a run draws), read
-in the data loader's order; no model is loaded, nothing is written but a temporary output folder.
+The windows are the recipe's own (`FinetuneRecipe.setup_data` and `window_batch`): window k gets the ids a run
+draws for window k; the texts are read in the plain data loader's order, not the run's seeded shuffle (the same
+texts over an epoch, so the same shares). No model is loaded; nothing is written but a temporary output folder.
 
     python benchmarks/bench_window_reach.py --config smollm2_search_32k_banded_cpu_finetune
     python benchmarks/bench_window_reach.py --config smollm2_search_32k_banded_cpu_finetune --train.positions 'cream text=span'
