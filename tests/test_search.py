@@ -455,6 +455,20 @@ def test_the_critical_floor_holds_every_pair_past_it_at_s_or_more_and_lets_the_t
     assert min(free.point(np.zeros(5))[0][10:]) < 4.0   # without the floor the same point stays below s
 
 
+def test_a_numeric_critical_floor_holds_the_pairs_past_it_at_that_multiple_of_s():
+    s = banded(critical_floor=4 / 3, top_range=[1.0, 2.0])
+    space = s.space(pairs=16, critical=10)
+    assert space.tops == (pytest.approx(16 / 3), 8.0)
+    rng = np.random.default_rng(2)
+    for x in rng.random((300, space.dims)):
+        factors, _ = space.point(x)
+        assert min(factors[10:]) >= 16 / 3 - 1e-6 and all(b >= f for f, b in zip(factors, factors[1:]))
+    late = space.point([0.9, 0.0, 0.0, 0.0, 0.0])[0]   # a step past pair 13: the floor alone lifts pairs 10-13
+    assert late[9] == 1.0 and late[10:14] == [pytest.approx(16 / 3, abs=1e-6)] * 4
+    assert banded(critical_floor=True).space(16, 10) == banded(critical_floor=1.0).space(16, 10)   # true is 1 x s
+    assert banded(critical_floor=False).space(16, 10).floor_from is None
+
+
 def banded(**overrides) -> search.SearchSettings:
     return settings(**{"far_from": 64, "band_width": 96, "passages": 8, "passage_tokens": 16, **overrides})
 
@@ -528,7 +542,9 @@ def test_a_search_recorded_before_bands_resumes_as_it_ran(tmp_path):
     ({"band_width": 32, "passages": 8}, "6 bands of 32 tokens need 2 passages each in every sequence"),
     ({"race": True, "passages": 4, "band_width": None}, "race scores the first of several sequences"),
     ({"race": "yes"}, "race must be true or false"),
-    ({"critical_floor": 1}, "critical_floor must be true or false"),
+    ({"critical_floor": 0.5}, "critical_floor must be true, false or a multiple of s"),
+    ({"critical_floor": "high"}, "critical_floor must be true, false or a multiple of s"),
+    ({"critical_floor": 2.5}, "floor 2.5 x s is above top_range high 2 x s"),
 ])
 def test_band_and_race_settings_that_cannot_hold_are_refused(overrides, words):
     with pytest.raises(InvalidParameterError, match=words):
@@ -541,6 +557,7 @@ def test_recipe_refuses_band_settings_before_the_model_loads(checkpoint, corpus,
     assert "band_width 1000 is wider" in refusal(capsys, [*base, "--search.band_width", "1000"])
     assert "race scores the first" in refusal(capsys, [*base, "--search.race", "true"])
     assert "top_range is inverted" in refusal(capsys, [*base, "--search.top_range", "[0.9, 0.5]"])
+    assert "above top_range high" in refusal(capsys, [*base, "--search.critical_floor", "3"])
     assert not (tmp_path / "out").exists()
 
 

@@ -19,6 +19,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Union
 
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
@@ -54,9 +55,10 @@ class SearchArgs:
     band_width: int = field(default=0, metadata={
         "help": "spread the passages evenly over distance bands of this width from far_from to the target, every "
                 "band weighing alike in the fitness (0: one pool, the passages where the halves put them)"})
-    critical_floor: bool = field(default=False, metadata={
+    critical_floor: Union[bool, float] = field(default=False, metadata={
         "help": "pairs past the critical one (those that never turned a full period inside the original context) "
-                "get a factor of at least target / original (LongRoPE2)"})
+                "get a factor of at least s = target / original (true, LongRoPE2), or of this multiple of s "
+                "(a number >= 1, at most top_range high)"})
     race: bool = field(default=False, metadata={
         "help": "score each candidate on the first sequence, and the rest only when it is not already clearly "
                 "worse than the best (needs >= 2 sequences of passages)"})
@@ -210,7 +212,7 @@ class SearchRecipe:
                                           sets=sets)
         print(f"critical pair: {self.runner.critical} of {self.runner.pairs} (pairs from it on never turned a full "
               f"period in {self.original} tokens)"
-              f"{'; their factors held >= ' + format(s.target / self.original, 'g') if s.critical_floor else ''}",
+              f"{'; their factors held >= ' + format(s.floor * s.target / self.original, 'g') if s.floor else ''}",
               file=sys.stderr)
 
     def run(self) -> dict:
@@ -297,7 +299,7 @@ def summary(rows: list[dict], best: dict, s, record: dict) -> str:
              "", f"long_factor: {json.dumps(best['long_factor'])}", "",
              f"Critical pair: {record.get('critical_pair', '?')} of {len(best['long_factor'])} (the pairs from it on "
              f"never turned a full period inside the original {s.original} tokens; LongRoPE2's critical dimension)"
-             + (f"; their factors held >= {s.target / s.original:g}." if s.critical_floor else ".")
+             + (f"; their factors held >= {s.floor * s.target / s.original:g}." if s.floor else ".")
              + f" Cost: {cpu_hours:.2f} CPU-hours, {len(rows) / cpu_hours:.1f} candidates a CPU-hour"
              + (f" ({raced} raced out after their first sequence)" if s.race else "") + ".", "",
              *band_lines(best), 

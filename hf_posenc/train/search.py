@@ -72,12 +72,17 @@ class FactorSpace:
     top_range: tuple[float, float] = (0.75, 2.0)     # the slowest pair's factor, in multiples of s (>= 1 overall)
     attention_range: tuple[float, float] | None = (1.0, 1.3)   # None: longrope's default attention factor
     shape_range: tuple[float, float] = (0.25, 4.0)
-    floor_from: int | None = None    # pairs from this one on get at least s (LongRoPE2: past the critical pair)
+    floor_from: int | None = None    # pairs from this one on get at least floor x s (LongRoPE2: past the critical pair)
+    floor: float = 1.0               # that floor, in multiples of s
 
     def __post_init__(self) -> None:
         check_number("pairs", self.pairs, minimum=2, integer=True, optional=False)
         check_number("floor_from", self.floor_from, minimum=0, maximum=self.pairs, integer=True)
         check_number("factor", self.factor, above=1, maximum=MAX_POSITIONS, optional=False)
+        check_number("floor", self.floor, minimum=1, maximum=MAX_POSITIONS, optional=False)
+        if self.floor_from is not None and self.floor > self.top_range[1]:
+            raise InvalidParameterError(f"the critical pairs' floor {self.floor:g} x s is above top_range high "
+                                        f"{self.top_range[1]:g} x s: the slowest pair could not reach it")
         for name in ("top_range", "attention_range", "shape_range"):
             bounds = getattr(self, name)
             if bounds is None and name == "attention_range":
@@ -108,7 +113,7 @@ class FactorSpace:
     def tops(self) -> tuple[float, float]:
         low = max(1.0, self.top_range[0] * self.factor)
         if self.floor_from is not None and self.floor_from < self.pairs:
-            low = max(low, self.factor)   # the slowest pair lies past the critical pair: s at least
+            low = max(low, self.floor * self.factor)   # the slowest pair lies past the critical pair
         return low, max(low, self.top_range[1] * self.factor)
 
     def _factors(self, x: np.ndarray) -> np.ndarray:
@@ -126,7 +131,7 @@ class FactorSpace:
                             np.clip((i - start) / np.maximum(width, 1e-9), 0.0, 1.0) ** shape)
         factors = np.maximum(1.0, top ** ramp)
         if self.floor_from is not None:
-            factors[:, self.floor_from:] = np.maximum(factors[:, self.floor_from:], self.factor)
+            factors[:, self.floor_from:] = np.maximum(factors[:, self.floor_from:], self.floor * self.factor)
         return np.maximum.accumulate(factors, axis=1)   # non-decreasing, also where rounding would break it
 
     def point(self, x: Sequence[float]) -> tuple[list[float], float | None]:
@@ -231,7 +236,7 @@ class SearchSettings:
     corpus: str = "shakespeare"
     dtype: str = "float32"
     band_width: int | None = None    # None: one pool past `far`; else passages spread evenly over bands of this width
-    critical_floor: bool = False     # pairs past the critical one get at least s (LongRoPE2)
+    critical_floor: bool | float = False   # pairs past the critical one get at least s (true) or this multiple of s
     race: bool = False               # score the first sequence, stop a candidate it shows clearly worse than the best
 
     def __post_init__(self) -> None:
@@ -258,9 +263,12 @@ class SearchSettings:
                                             f"{' or None' if name == 'attention_range' else ''}, got {value!r}")
         if 0 < self.population < 4:   # CMA-ES recombines the best half: 2 at least
             raise InvalidParameterError(f"population must be 0 (CMA-ES's default) or >= 4, got {self.population}")
-        for name in ("critical_floor", "race"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.race, bool):
+            raise InvalidParameterError(f"race must be true or false, got {self.race!r}")
+        if not isinstance(self.critical_floor, bool):
+            if not isinstance(self.critical_floor, (int, float)) or not 1 <= self.critical_floor < math.inf:
+                raise InvalidParameterError(f"critical_floor must be true, false or a multiple of s = target / "
+                                            f"original, >= 1, got {self.critical_floor!r}")
         check_number("band_width", self.band_width, minimum=self.passage_tokens, integer=True)
         if self.band_width is not None and self.band_width > self.target - self.far:
             raise InvalidParameterError(
@@ -275,7 +283,7 @@ class SearchSettings:
             raise InvalidParameterError(
                 f"race scores the first of several sequences, but {self.passages} passages of {self.passage_tokens} "
                 f"tokens fit in one {self.target}-token sequence: use at least {2 * per_sequence} passages, or no race")
-        self.space()   # the bounds, checked by the space itself
+        self.space(critical=0)   # the bounds (and the floor against the top), checked by the space itself
         self.layout(head=1)
 
     @property
@@ -323,11 +331,19 @@ class SearchSettings:
         return recall.make_recall(tokenizer, text_ids, self.layout(head=len(prefix)), sequences=sequences,
                                   seed=self.seed, prefix=prefix)
 
+    @property
+    def floor(self) -> float | None:
+        """The critical pairs' floor in multiples of s (true: 1), or None (no floor)."""
+        if isinstance(self.critical_floor, bool):
+            return 1.0 if self.critical_floor else None
+        return float(self.critical_floor)
+
     def space(self, pairs: int = 2, critical: int | None = None) -> FactorSpace:
         attention = None if self.attention_range is None else tuple(self.attention_range)
-        floor = min(critical, pairs) if self.critical_floor and critical is not None else None
+        floor_from = min(critical, pairs) if self.floor is not None and critical is not None else None
         return FactorSpace(pairs=pairs, factor=self.target / self.original, original=self.original,
-                           top_range=tuple(self.top_range), attention_range=attention, floor_from=floor)
+                           top_range=tuple(self.top_range), attention_range=attention, floor_from=floor_from,
+                           floor=self.floor or 1.0)
 
 
 EXTENDABLE = ("budget",)   # a rerun may ask for more candidates (or fewer): the search replays to there
