@@ -789,7 +789,7 @@ def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     accepted = [(r["index"], r["loss"]) for r in rows if not r["rejected"]]
     best, running = math.inf, []
     for r in rows:
@@ -820,7 +820,7 @@ def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str
     ax.set_xlabel("candidate")
     ax.set_ylabel("loss of far repeats (nats / token, lower is better)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="center right", framealpha=0.9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # outside: no point hidden
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
