@@ -13,7 +13,8 @@ With `--model smollm2`: SmolLM2-135M (float32 weights of the embedded file) patc
 static searched longrope set (recipes/configs/smollm2_search_32k_cpu_finetune.yaml's), linear, llama3 and base
 (theta x4; `--methods` picks among them), and saved folders (`--folders NAME=FOLDER`), on the first --tokens tokens
 of the King James Bible; the differences inside the original 8192 tokens and past them are given apart (a rope
-error grows with the position).
+error grows with the position), and past them also on each next token's log-prob (what perplexity reads: a rope
+error shifts it on every far token, where the vocabulary-wide maximum can be one rare entry).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ def smollm2(method: str, params: dict):
     return hp.patch(m, method, **params) if method != "none" else m
 
 
-def log_prob_deltas(ours_logits: torch.Tensor, theirs_scores, original: int | None, rows: int = 1024):
-    """(mean, max inside the original context, max past it) of |log-prob differences|, `rows` tokens at a time
-    (12k tokens x 49152 in float64 would be 5 GB)."""
-    total, count, inside, past = 0.0, 0, 0.0, 0.0
+def log_prob_deltas(ours_logits: torch.Tensor, theirs_scores, original: int | None, ids: list[int], rows: int = 1024):
+    """|log-prob differences| over the whole vocabulary (mean; max inside the original context; max past it) and
+    on each next token past it (mean, max: what perplexity reads, where a rope error would shift every far token),
+    `rows` tokens at a time (12k tokens x 49152 in float64 would be 5 GB)."""
+    total, count, inside, past, nexts = 0.0, 0, 0.0, 0.0, []
+    following = torch.tensor(ids[1:] + [0])
     for start in range(0, ours_logits.shape[0], rows):
         ours = torch.log_softmax(ours_logits[start:start + rows].double(), -1)
         theirs = torch.log_softmax(torch.tensor(np.asarray(theirs_scores[start:start + rows]), dtype=torch.float64), -1)
@@ -77,7 +80,11 @@ def log_prob_deltas(ours_logits: torch.Tensor, theirs_scores, original: int | No
         cut = positions < (original or 10**9)
         inside = max(inside, float(delta[cut].max()) if cut.any() else 0.0)
         past = max(past, float(delta[~cut].max()) if (~cut).any() else 0.0)
-    return total / count, inside, past
+        far = ~cut & (positions < len(ids) - 1)   # the last token has no next one
+        nexts.append((theirs - ours).gather(1, following[positions][:, None])[:, 0][far].abs())
+    nexts = torch.cat(nexts)
+    far_mean, far_max = (float(nexts.mean()), float(nexts.max())) if len(nexts) else (0.0, 0.0)
+    return total / count, inside, past, far_mean, far_max
 
 
 def main() -> None:
@@ -151,7 +158,8 @@ def main_smollm2(args) -> None:
     vocab = assets.smollm2_gguf()
     print(common.machine())
     print(f"llama-cpp-python {llama_cpp.__version__}; SmolLM2-135M, {args.tokens} KJV tokens, n_ctx {context}, "
-          f"F32 KV cache; | format | method | mean abs diff | max inside 8192 | max past 8192 | seconds |")
+          f"F32 KV cache; | format | method | mean abs diff | max inside 8192 | max past 8192 | "
+          f"next token past 8192: mean / max | seconds |")
     cases = [(method, params, None) for method, params in smollm2_cases()
              if not args.methods or method in args.methods]
     cases += [(name, {}, folder) for name, folder in args.folders.items()]
@@ -172,11 +180,11 @@ def main_smollm2(args) -> None:
                 theirs = llm.scores[:args.tokens]
                 with torch.no_grad():
                     ours = m(torch.tensor([ids])).logits[0]
-                mean, inside, past = log_prob_deltas(ours, theirs, 8192)
+                mean, inside, past, next_mean, next_max = log_prob_deltas(ours, theirs, 8192, ids)
                 llm.close()
                 shown = {k: (f"[{len(v)} values]" if isinstance(v, list) else v) for k, v in params.items()}
-                print(f"| {fmt} | {method} {shown} | {mean:.2e} | {inside:.2e} | "
-                      f"{past:.2e} | {time.perf_counter() - start:.0f} |", flush=True)
+                print(f"| {fmt} | {method} {shown} | {mean:.2e} | {inside:.2e} | {past:.2e} | "
+                      f"{next_mean:.2e} / {next_max:.2e} | {time.perf_counter() - start:.0f} |", flush=True)
                 del ours, theirs, m
 
 
