@@ -467,6 +467,7 @@ def test_a_numeric_critical_floor_holds_the_pairs_past_it_at_that_multiple_of_s(
     assert late[9] == 1.0 and late[10:14] == [pytest.approx(16 / 3, abs=1e-6)] * 4
     assert banded(critical_floor=True).space(16, 10) == banded(critical_floor=1.0).space(16, 10)   # true is 1 x s
     assert banded(critical_floor=False).space(16, 10).floor_from is None
+    assert s.floor_factor == pytest.approx(16 / 3) and banded(critical_floor=False).floor_factor is None
 
 
 def banded(**overrides) -> search.SearchSettings:

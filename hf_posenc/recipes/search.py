@@ -212,7 +212,7 @@ class SearchRecipe:
                                           sets=sets)
         print(f"critical pair: {self.runner.critical} of {self.runner.pairs} (pairs from it on never turned a full "
               f"period in {self.original} tokens)"
-              f"{'; their factors held >= ' + format(s.floor * s.target / self.original, 'g') if s.floor else ''}",
+              f"{'; their factors held >= ' + format(s.floor_factor, 'g') if s.floor_factor else ''}",
               file=sys.stderr)
 
     def run(self) -> dict:
@@ -299,7 +299,7 @@ def summary(rows: list[dict], best: dict, s, record: dict) -> str:
              "", f"long_factor: {json.dumps(best['long_factor'])}", "",
              f"Critical pair: {record.get('critical_pair', '?')} of {len(best['long_factor'])} (the pairs from it on "
              f"never turned a full period inside the original {s.original} tokens; LongRoPE2's critical dimension)"
-             + (f"; their factors held >= {s.floor * s.target / s.original:g}." if s.floor else ".")
+             + (f"; their factors held >= {s.floor_factor:g}." if s.floor_factor else ".")
              + f" Cost: {cpu_hours:.2f} CPU-hours, {len(rows) / cpu_hours:.1f} candidates a CPU-hour"
              + (f" ({raced} raced out after their first sequence)" if s.race else "") + ".", "",
              *band_lines(best), 

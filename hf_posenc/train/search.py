@@ -338,6 +338,11 @@ class SearchSettings:
             return 1.0 if self.critical_floor else None
         return float(self.critical_floor)
 
+    @property
+    def floor_factor(self) -> float | None:
+        """The least factor of the pairs from the critical one on (floor x s), or None (no floor)."""
+        return None if self.floor is None else self.floor * self.target / self.original
+
     def space(self, pairs: int = 2, critical: int | None = None) -> FactorSpace:
         attention = None if self.attention_range is None else tuple(self.attention_range)
         floor_from = min(critical, pairs) if self.floor is not None and critical is not None else None
