@@ -59,6 +59,7 @@ def transfer(folder: str, out: str, target: int) -> None:
     from hf_posenc.train import search
     from hf_posenc import user_input
 
+    out = user_input.output_folder(out, "--transfer OUT", [folder], replaces=True)   # before anything loads
     path = Path(folder) / "search.json"
     if not path.is_file():
         common.refuse(f"--transfer {folder}: no search.json there (the folder of a factor search: hf-posenc search)")
@@ -75,7 +76,7 @@ def transfer(folder: str, out: str, target: int) -> None:
     factors, attention = s.space(record["pairs"]).point(best["x"])
     model = hp.load_model(settings["model"])   # the model the search scored, not a default
     hp.patch(model, "longrope", **search.longrope_params(factors, attention, s.mode, target))
-    with user_input.replacing(user_input.output_folder(out, "--transfer OUT")) as fresh:
+    with user_input.replacing(out) as fresh:
         model.save_pretrained(fresh)
     print(f"{best['kind']} of {folder} at {target}: long_factor {factors}, attention {attention}; saved to {out}")
 

@@ -133,14 +133,16 @@ def refuse(message: str) -> NoReturn:
 
 def run(main: Callable[[], object]) -> object:
     """A benchmark's entry point: hf_posenc's errors (an unknown method, a folder that holds no model, a
-    position scheme that does not parse, ...) end it as `refuse` does, not in a traceback; the cells saved
-    before stay saved."""
-    from hf_posenc.errors import PosEncError
+    position scheme that does not parse, ...) and the front ends' checks it calls (`user_input.UsageError`: an
+    output folder that is a file, ...) end it as `refuse` does, not in a traceback; the cells saved before stay
+    saved. Any other exception is a bug, and raises."""
+    from hf_posenc.errors import PosEncError, one_line
+    from hf_posenc.user_input import UsageError
 
     try:
         return main()
-    except PosEncError as err:
-        refuse(" ".join(str(err).split()))
+    except (PosEncError, UsageError) as err:
+        refuse(one_line(err))
 
 
 def results_file(path: str | Path, settings: dict, sections: Sequence[str]) -> tuple[dict, Callable[[], None]]:

@@ -179,6 +179,17 @@ def test_run_ends_an_hf_posenc_error_as_a_refusal_and_lets_a_bug_raise(capsys):
     assert common.run(lambda: 3) == 3
 
 
+def test_run_ends_a_usage_error_of_the_front_ends_checks_as_a_refusal(capsys):
+    """hf_posenc.user_input's checks (an output folder that is a file, a model path that is not there) raise a
+    UsageError, a ValueError and no PosEncError: a benchmark that calls them ends in one line too, not a traceback."""
+    from hf_posenc import user_input
+
+    def bad_folder():
+        user_input.output_folder(__file__, "--out")
+
+    assert refused(capsys, common.run, bad_folder) == f"error: --out {__file__} is a file; name a folder"
+
+
 @pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("bench_*.py")))
 def test_every_benchmark_runs_through_common_run(script):
     """Each script's entry point is common.run(main), so an hf_posenc error ends it in one `error:` line

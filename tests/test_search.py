@@ -5,6 +5,9 @@ and the best candidate saves as a checkpoint stock transformers loads with the s
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ import hf_posenc as hp
 from hf_posenc.train import search
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError
 from hf_posenc.recipes import search as recipe
+from hf_posenc.user_input import UsageError
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
 
@@ -300,8 +304,6 @@ def test_kill_9_loses_no_finished_candidate(checkpoint, corpus, tmp_path):
     uninterrupted search ends, candidate for candidate."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
     args = recipe_args(checkpoint, corpus, tmp_path / "killed", "--search.budget", "24", "--search.population", "8",
@@ -377,23 +379,52 @@ def test_a_search_in_bfloat16_saves_the_stored_weights_not_its_rounded_copy(chec
         assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b), name
 
 
-def test_bench_search_transfer_carries_the_recorded_model_and_refuses_a_missing_folder(checkpoint, corpus, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
+BENCH_SEARCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_search.py"
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_search.py"
-    recipe.main(recipe_args(checkpoint, corpus, tmp_path / "s", "--save", "false", "--plots", "false"))
-    proc = subprocess.run([sys.executable, str(bench), "--transfer", str(tmp_path / "s"), str(tmp_path / "t"),
-                           "--target", str(2 * TARGET)], capture_output=True, text=True, timeout=300)
+
+def bench_search(*argv) -> subprocess.CompletedProcess:
+    """benchmarks/bench_search.py run as a script on argv."""
+    return subprocess.run([sys.executable, str(BENCH_SEARCH), *map(str, argv)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def finished(checkpoint, corpus, tmp_path_factory):
+    """A finished search's folder (search.json, candidates.jsonl): read it, or copy it to change it."""
+    path = tmp_path_factory.mktemp("finished")
+    recipe.main(recipe_args(checkpoint, corpus, path, "--save", "false", "--plots", "false"))
+    return path
+
+
+def test_bench_search_transfer_carries_the_recorded_model_and_refuses_a_missing_folder(finished, tmp_path):
+    proc = bench_search("--transfer", finished, tmp_path / "t", "--target", 2 * TARGET)
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads((tmp_path / "t" / "config.json").read_text())
     assert config["hidden_size"] == tiny_model().config.hidden_size   # the tiny model searched, not SmolLM2
     assert config["rope_parameters"]["factor"] == 2 * TARGET / ORIGINAL
-    proc = subprocess.run([sys.executable, str(bench), "--transfer", str(tmp_path / "nowhere"), str(tmp_path / "u"),
-                           "--target", str(2 * TARGET)], capture_output=True, text=True, timeout=300)
+    proc = bench_search("--transfer", tmp_path / "nowhere", tmp_path / "u", "--target", 2 * TARGET)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --transfer") and "search.json" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "u").exists()
+
+
+def test_bench_search_transfer_refuses_an_out_it_cannot_write_in_one_line_before_the_model_loads(
+        finished, tmp_path, monkeypatch):
+    """OUT an existing file ended in a UsageError traceback, exit code 1, once the model had loaded."""
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    proc = bench_search("--transfer", finished, taken, "--target", 2 * TARGET)
+    assert proc.returncode == 2 and proc.stderr == f"error: --transfer OUT {taken} is a file; name a folder\n", \
+        proc.stderr[-2000:]
+    assert taken.read_text() == "a file"
+    monkeypatch.syspath_prepend(str(BENCH_SEARCH.parent))
+    import bench_search as script
+
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    before = sorted((p.name, p.read_bytes()) for p in finished.iterdir() if p.is_file())
+    for out, words in ((taken, "is a file"), (finished, "is or lies inside the input")):
+        with pytest.raises(UsageError, match=words):
+            script.transfer(str(finished), str(out), 2 * TARGET)
+    assert sorted((p.name, p.read_bytes()) for p in finished.iterdir() if p.is_file()) == before
 
 
 def test_the_time_left_counts_long_passes_and_rejections_at_their_own_cost():
