@@ -5,6 +5,7 @@ and the best candidate saves as a checkpoint stock transformers loads with the s
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,23 @@ def test_a_hand_edited_candidates_file_is_refused_naming_the_line(tmp_path, junk
     assert path.read_bytes() == before
     with pytest.raises(InvalidInputError, match="is not a file"):
         search.read_candidates(tmp_path)
+
+
+@pytest.mark.parametrize("junk, message", [
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", r"line 6 is not JSON: it holds bytes that are not UTF-8 text"),
+    (b"\xff\xfe", r"line 6 is not JSON: it holds bytes that are not UTF-8 text"),   # even cut short, by a kill
+    (b'{"index": 5, "kind"\n', r"line 6 is not JSON \(only a last line with no newline"),   # a kill ends no line
+])
+def test_junk_appended_to_the_candidates_is_refused_naming_the_file_and_line(tmp_path, junk, message):
+    """Binary junk past the last candidate ended in a raw UnicodeDecodeError once the search had started."""
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    path = tmp_path / "candidates.jsonl"
+    path.write_bytes(path.read_bytes() + junk)
+    before = path.read_bytes()
+    with pytest.raises(InvalidInputError, match=f"{path} {message}"):
+        search.FactorSearch(model, tok, text_ids(), settings(budget=1), tmp_path, progress=False).run()
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("field,value,message", [("seed", -1, "seed"), ("seed", 2**40, "seed"),
@@ -633,6 +651,20 @@ def test_a_damaged_candidate_line_is_refused_naming_the_file_and_line_before_the
     monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     line = refusal(capsys, recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
     assert "candidates.jsonl line 6" in line and words in line, line
+    assert path.read_bytes() == before
+
+
+def test_the_recipe_refuses_binary_junk_in_the_candidates_naming_the_file_and_line_before_the_model_loads(
+        finished, checkpoint, corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    path = out / "candidates.jsonl"
+    lines = len(path.read_bytes().splitlines())
+    path.write_bytes(path.read_bytes() + b"\x00\xff binary")
+    before = path.read_bytes()
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    line = refusal(capsys, recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
+    assert f"{path} line {lines + 1} is not JSON: it holds bytes that are not UTF-8 text" in line, line
     assert path.read_bytes() == before
 
 

@@ -430,21 +430,29 @@ def _candidate_fault(row: dict) -> str | None:
 
 
 def read_candidates(path: Path) -> list[dict]:
-    """The candidates a search has finished, in order (a line cut short by a kill is dropped)."""
+    """The candidates a search has finished, in order. A search writes each as one line of ASCII JSON and its
+    newline, so only a last line with no newline can be a write a kill cut short (dropped: that candidate runs
+    again); any other line that is not a candidate, bytes that are not UTF-8 text included, is refused naming the
+    file and the line."""
     if not path.exists():
         return []
     if not path.is_file():
         raise InvalidInputError(f"{path} is not a file: a search's candidates.jsonl is")
     out = []
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
+    lines = path.read_bytes().split(b"\n")   # the last: empty after a final newline, or a line with none
+    for number, raw in enumerate(lines, 1):
+        last = number == len(lines)
         try:
-            row = json.loads(line, parse_constant=_no_constant)
-        except (json.JSONDecodeError, ValueError):
-            if number == len(lines):
-                continue   # the last line of a killed write: that candidate runs again
-            raise InvalidInputError(f"{path} line {number} is not JSON (only the last line may be cut short by a "
-                                    f"kill): the file was edited; move it away to start again") from None
+            row = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except UnicodeDecodeError as err:
+            raise _edited(path, f"line {number} is not JSON: it holds bytes that are not UTF-8 text (at byte "
+                                f"{err.start} of the line; a search writes ASCII)") from None
+        except ValueError:   # not JSON (json.JSONDecodeError), or a NaN or Infinity
+            if last:
+                continue   # a killed write (or nothing after the final newline): that candidate runs again
+            raise InvalidInputError(f"{path} line {number} is not JSON (only a last line with no newline after it "
+                                    f"can be a write a kill cut short): the file was edited; move it away to start "
+                                    f"again") from None
         fault = _candidate_fault(row) if isinstance(row, dict) else f"is not a candidate (it holds {type(row).__name__})"
         if fault:
             raise _edited(path, f"line {number} {fault}")
@@ -483,7 +491,7 @@ def weights_identity(model: torch.nn.Module) -> str:
 def keep_finished(path: Path, rows: list[dict]) -> None:
     """The file holds exactly `rows`: a line a kill cut short is dropped before the next one is appended."""
     text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
-    if path.exists() and path.read_text() != text:
+    if path.exists() and path.read_bytes() != text.encode():
         write_whole(path, text)
 
 
