@@ -460,6 +460,24 @@ def test_a_config_edited_after_the_patch_is_not_exported_as_the_model():
             export(model)
 
 
+@pytest.mark.parametrize("key, value, says", [("long_factor", [2.0] * 5, "long_factor has 5 values"),
+                                              ("short_factor", [1.0] * 9, "short_factor has 9 values"),
+                                              ("long_factor", "2.0", "long_factor is '2.0'")])
+def test_a_longrope_factor_list_edited_to_another_length_is_refused_naming_the_key_and_the_length(
+        tmp_path, key, value, says):
+    """LongRoPE's long_factor edited in model.config to 5 values (the tiny Llama has 8 rotary pairs) ended in
+    transformers' RuntimeError ("The size of tensor a (5) must match ...") inside hp.write_gguf."""
+    source = write_tiny_gguf(tmp_path / "in.gguf")
+    model = hp.patch(tiny_model(), "longrope", factor=4, long_factor=[2.0] * 8)
+    model.config.rope_parameters[key] = value
+    for export in (lambda m: hp.write_gguf(m, source, tmp_path / "out.gguf"), serving.serving_overrides):
+        with pytest.raises(hp.MethodNotApplicableError) as refusal:
+            export(model)
+        assert f"the model's rope_parameters {says}; it must be a list of 8 numbers, one per rotary pair (half the " \
+               f"rotary dimension 16)" in str(refusal.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.gguf"]
+
+
 @pytest.mark.parametrize("model_type, method", [("gemma3_text", "yarn"), ("gemma3_text", "ntk"), ("olmo3", "yarn")])
 def test_a_rope_per_layer_type_saved_with_4x_keys_reads_back_the_same_in_transformers_5(model_type, method, tmp_path):
     """The family keys written for transformers 4.x (rope_theta, rope_scaling, rope_local_base_freq) are also read

@@ -136,8 +136,8 @@ def check_config_exports(config, engine: str, rope_types: tuple[str, ...], flags
     while chain[-1].base is not None:
         chain.append(chain[-1].base)
     why = next((method_class(r).export_refusal for r in chain if method_class(r).export_refusal), None)
+    text = config.get_text_config()
     if why is None:
-        text = config.get_text_config()
         held = [_compat.get_rope_parameters(text, lt).get("rope_type", "default")
                 for lt in _compat.rope_layer_types(text)]
         unknown = next((t for t in held if t not in rope_types), None)
@@ -150,7 +150,29 @@ def check_config_exports(config, engine: str, rope_types: tuple[str, ...], flags
         raise MethodNotApplicableError(
             f"method {record.method!r} cannot be exported to {engine}: {why}. {engine} runs, from a config, the "
             f"rope types {', '.join(rope_types)}")
+    _check_pair_factors(text)
     return record
+
+
+def _check_pair_factors(text) -> None:
+    """The per-pair factor lists of the config's rope_parameters (LongRoPE's `long_factor` and `short_factor`) hold
+    one number per rotary pair: a list edited to another length would end deep in transformers' rope function."""
+    for layer_type in _compat.rope_layer_types(text):
+        params = _compat.get_rope_parameters(text, layer_type)
+        if params.get("rope_type") != "longrope":
+            continue
+        half = _compat.rotary_dim(text, layer_type) // 2
+        where = "rope_parameters" + (f"[{layer_type!r}]" if layer_type is not None else "")
+        for key in ("long_factor", "short_factor"):
+            value = params.get(key)
+            numbers = isinstance(value, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            if not numbers or len(value) != half:
+                got = f"has {len(value)} values" if numbers else f"is {value!r:.40}"
+                raise MethodNotApplicableError(
+                    f"the model's {where} {key} {got}; it must be a list of {half} numbers, one per rotary pair "
+                    f"(half the rotary dimension {2 * half}): the config was edited after its patch; patch the "
+                    f"model again rather than editing its rope_parameters")
 
 
 def yarn_attention_factor(model: torch.nn.Module, layer_type: str | None = None) -> float:
