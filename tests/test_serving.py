@@ -321,6 +321,31 @@ def test_gguf_export_refusals_write_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.gguf", "g.gguf", "in.gguf", "wide.gguf"]
 
 
+def test_a_folder_where_a_gguf_file_is_read_is_refused_as_a_folder(tmp_path, capsys):
+    """`--vocab-from FOLDER` (and a folder as write_gguf's source) said "GGUF file not found" of a path that is
+    there."""
+    from hf_posenc.cli import main
+    from hf_posenc.export.gguf_writer import write_gguf_model
+    from refusals import one_line_refusal
+    from tiny import TINY_TEXT_VOCAB, save_text_models
+
+    model = hp.patch(tiny_model(vocab_size=TINY_TEXT_VOCAB), "yarn", factor=4)
+    save_text_models(tmp_path, saved=model)
+    (tmp_path / "vocab").mkdir()
+    for call, says in [(lambda: serving.write_gguf(model, tmp_path / "vocab", tmp_path / "a.gguf"), "the input file"),
+                       (lambda: write_gguf_model(model, tmp_path / "a.gguf", vocab_from=tmp_path / "vocab"),
+                        "the vocab_from file")]:
+        with pytest.raises(serving.ExportError) as refusal:
+            call()
+        assert str(refusal.value) == f"{tmp_path / 'vocab'} is a folder, and {says} must be a GGUF file: name the " \
+                                     f".gguf file"
+    line = one_line_refusal(capsys, main, ["export", str(tmp_path / "saved"), "--out", str(tmp_path / "a.gguf"),
+                                           "--vocab-from", str(tmp_path / "vocab")], alone=True)
+    assert line == f"error: {tmp_path / 'vocab'} is a folder, and the vocab_from file must be a GGUF file: name " \
+                   f"the .gguf file"
+    assert not (tmp_path / "a.gguf").exists()
+
+
 @pytest.mark.real
 def test_smollm2_gguf_export(tmp_path):
     from hf_posenc import assets

@@ -393,6 +393,8 @@ def check_gguf_output(source: Path | None, target: Path, overwrite: bool, source
     """The GGUF file read (`source`, what the message calls it: `source_is`; None where none is) exists, and
     `target` is a new file in an existing folder, neither that file nor a folder, or one `overwrite` allows to
     replace."""
+    if source is not None and source.is_dir():
+        raise ExportError(f"{source} is a folder, and {source_is} must be a GGUF file: name the .gguf file")
     if source is not None and not source.is_file():
         raise ExportError(f"GGUF file not found: {source}")
     if target.exists() and ((source is not None and target.resolve() == source.resolve()) or target.is_dir()):
