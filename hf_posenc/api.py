@@ -221,22 +221,6 @@ def _weights_name(name: str) -> str:
     return str(name)
 
 
-def _damaged_files(name: str) -> list[str]:
-    """The safetensors files of a local folder that safetensors cannot open (truncated, overwritten)."""
-    from safetensors import safe_open
-
-    damaged = []
-    if os.path.isdir(name):
-        for file in sorted(os.listdir(name)):
-            if file.endswith(".safetensors"):
-                try:
-                    with safe_open(os.path.join(name, file), framework="pt") as f:
-                        f.keys()
-                except Exception as err:  # noqa: BLE001  (the point is to name every file that fails)
-                    damaged.append(f"{os.path.join(name, file)} ({err})")
-    return damaged
-
-
 def _shape_disagreement(name: str, config, limit: int = 4) -> str:
     """Which saved tensors have another shape than the model `config` describes (the skeleton built on the
     meta device: no memory), as "key: saved (r, c), the config gives (r, c)"; "" when it cannot tell."""
@@ -274,7 +258,7 @@ def _readable_weights(name: str, config, source: str, gguf_file: str | None):
     try:
         yield
     except SafetensorError as err:
-        damaged = _damaged_files(name) or [f"{_weights_name(name)} ({err})"]
+        damaged = loading.damaged_safetensors(name) or [f"{_weights_name(name)} ({err})"]
         raise CheckpointMismatchError(
             f"{'; '.join(damaged)}: not a complete safetensors file: truncated or overwritten since it was saved "
             f"(a copy or download cut short, a full disk). Save or download the checkpoint again"

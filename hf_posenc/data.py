@@ -123,9 +123,25 @@ BUILTIN = {"shakespeare": _shakespeare, "kjv": _kjv, "stdlib": _stdlib}
 
 def _local_files(spec: str) -> list[str]:
     path = Path(spec)
-    if path.is_dir():
-        return sorted(str(p) for p in path.iterdir() if p.suffix in FILE_LOADERS)
-    return sorted(glob.glob(spec)) if any(c in spec for c in "*?[") else ([spec] if path.is_file() else [])
+    try:
+        if path.is_dir():
+            return sorted(str(p) for p in path.iterdir() if p.suffix in FILE_LOADERS)
+        return sorted(glob.glob(spec)) if any(c in spec for c in "*?[") else ([spec] if path.is_file() else [])
+    except OSError:   # a name no file system holds (too long): no local files
+        return []
+
+
+def corpus_paths(spec: str) -> list[Path]:
+    """The local files and folders a corpus spec reads (none for a built-in corpus or a hub dataset): what an
+    output folder must not overwrite."""
+    if spec.partition(":")[0] in BUILTIN:
+        return []
+    try:
+        if Path(spec).exists():
+            return [Path(spec)]
+    except OSError:   # too long a name for a path: not one
+        return []
+    return [Path(f) for f in _local_files(spec)]
 
 
 def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -> datasets.Dataset:

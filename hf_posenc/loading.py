@@ -231,6 +231,22 @@ def _unreadable(path, what: str, err: Exception) -> InvalidInputError:
     return found
 
 
+def damaged_safetensors(name: str) -> list[str]:
+    """The safetensors files of a local folder that safetensors cannot open (truncated, overwritten)."""
+    from safetensors import safe_open
+
+    damaged = []
+    if os.path.isdir(name):
+        for file in sorted(os.listdir(name)):
+            if file.endswith(".safetensors"):
+                try:
+                    with safe_open(os.path.join(name, file), framework="pt") as f:
+                        f.keys()
+                except Exception as err:  # noqa: BLE001  (the point is to name every file that fails)
+                    damaged.append(f"{os.path.join(name, file)} ({err})")
+    return damaged
+
+
 def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
     """The model's skeleton on the meta device: its modules and config, no weights (instant), in eval
     mode as from_pretrained gives it, patched as `load_model` patches it (a GGUF file's rope scaling)."""
@@ -248,6 +264,14 @@ def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):
         raise
     except Exception as err:
         where = os.path.join(name, extra["gguf_file"]) if "gguf_file" in extra else name
+        from .record_reader import read_record
+
+        record = read_record(config, os.path.join(where, "config.json"))
+        if record is not None:   # a patch stock transformers cannot express (DCA, dynamic, ...): hf_posenc can
+            raise InvalidInputError(
+                f"{where} carries hf_posenc's `{record.method}` patch, which stock transformers cannot build: "
+                f"hf_posenc.from_pretrained({str(ref)!r}) loads it. What loads stock checkpoints (the recipes) starts "
+                f"from the model it was patched from, with the patch given as its posenc") from None
         raise _unreadable(where, "transformers cannot build the model its config describes", err)
     return model.eval()
 

@@ -83,6 +83,7 @@ def test_auto_dtype_follows_the_hardware(monkeypatch):
 
     from hf_posenc import InvalidParameterError, loading
 
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")   # the same on an AVX2 machine
     for amx, avx512_bf16, expected in [(False, False, torch.float32), (False, True, torch.bfloat16),
                                        (True, False, torch.bfloat16)]:
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
@@ -90,6 +91,8 @@ def test_auto_dtype_follows_the_hardware(monkeypatch):
         dtype, why = loading.resolve_dtype("auto", "cpu")
         assert dtype == expected
         assert ("natively" in why) == (expected == torch.bfloat16) and "capability" in why
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")   # the kernels held below AVX512
+    assert loading.resolve_dtype("auto", "cpu")[0] == torch.float32
     assert loading.resolve_dtype("float32", "cpu") == (torch.float32, "asked for")
     with pytest.raises(InvalidParameterError, match="dtype must be one of auto"):
         loading.resolve_dtype("float8")

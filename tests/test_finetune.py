@@ -587,3 +587,52 @@ def test_a_fine_tune_from_a_searched_folder_keeps_its_factors_and_the_engines_ke
     trained, start = model.model.rotary_emb, searched.model.rotary_emb
     assert torch.equal(trained.inv_freq, start.inv_freq) and trained.attention_scaling == start.attention_scaling
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), searched.state_dict().values()))
+
+
+# ------------------------------------------------------------------------------------ a start folder
+def test_a_missing_search_best_is_refused_naming_the_search_that_makes_it_before_the_text_is_read(
+        tmp_path, monkeypatch, text_file):
+    """The shipped fine-tune from a factor search's best/, started on a fresh clone before its search."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checks, "load_documents", lambda *a, **k: pytest.fail("the corpus was read first"))
+    cfg = write_config(tmp_path / "c.yaml", "runs/search_32k_floor/best", posenc=None,
+                       data={"corpus": str(text_file)})
+    with pytest.raises(ConfigError, match=r"runs/search_32k_floor/best' does not exist yet: it is the best folder of "
+                                          r"the factor search `hf-posenc search --config smollm2_search_32k_banded`"):
+        run_recipe(cfg)
+    cfg = write_config(tmp_path / "c.yaml", "elsewhere/best", posenc=None, data={"corpus": str(text_file)})
+    with pytest.raises(ConfigError, match=r"made by `hf-posenc search --output_dir elsewhere`"):
+        run_recipe(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
+def test_a_model_folder_with_a_cut_safetensors_file_is_refused_before_anything_is_written(tmp_path, tiny_dir,
+                                                                                          text_file):
+    import shutil
+
+    shutil.copytree(tiny_dir, tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    cfg = write_config(tmp_path / "cfg" / "c.yaml", tmp_path / "model", data={"corpus": str(text_file)})
+    with pytest.raises(ConfigError, match=r"model\.safetensors .*not a complete safetensors file"):
+        run_recipe(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_only_hf_posenc_builds_is_refused_saying_so(tmp_path, tiny_dir, text_file):
+    """A DCA folder: stock transformers cannot build it; the refusal says hf_posenc can, and what the recipe needs."""
+    model = hp.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "dca", max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "dca")
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "dca")
+    cfg = write_config(tmp_path / "cfg" / "c.yaml", tmp_path / "dca", posenc=None, data={"corpus": str(text_file)})
+    with pytest.raises(ConfigError, match=r"carries hf_posenc's `dca` patch, which stock transformers cannot build: "
+                                          r"hf_posenc\.from_pretrained\(.*\) loads it"):
+        run_recipe(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corpus_leaving_out_every_part_is_refused_in_words_not_an_os_error(tmp_path, tiny_dir):
+    every = ",".join(f"-{name}" for name in hdata.stdlib_parts())
+    cfg = write_config(tmp_path / "cfg" / "c.yaml", tiny_dir, data={"corpus": f"stdlib:{every}"})
+    with pytest.raises(ConfigError, match=r"leaves out all \d+ of its package\(s\) or module\(s\): nothing is left"):
+        run_recipe(cfg)

@@ -206,10 +206,11 @@ def check_model_and_paths(args: EvalConfig) -> str:
     """The model reference (checked like the CLI's) and, from its config alone, that it is a causal LM, that
     every variant's method applies to it and that no length is far past every context in play; output_dir
     neither a file nor an input. Returns the reference."""
+    from hf_posenc import data as hdata
     from hf_posenc import eval as hpe
 
     ref = user_input.model_ref(args.model.name)
-    inputs = [p for p in (Path(ref), Path(args.data.corpus)) if p.is_dir()]
+    inputs = [p for p in (Path(ref), *hdata.corpus_paths(args.data.corpus)) if p.is_dir()]
     user_input.output_folder(args.output_dir, "output_dir", inputs)
     methods = {spec.split()[0] for spec in [*args.eval.variants, *args.eval.grid]} - {hpe.variants.NONE}
     skeleton = user_input.model_skeleton(ref, methods=sorted(methods), causal_lm_for="the evaluate recipe")

@@ -72,6 +72,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                           "(or remove train.lora to train the model's own weights)")
     check_schedule(cfg.train)
     ref = _model_ref(cfg.model)
+    check_start_folder(ref)   # first: a pipeline's stage started before the stage that makes its model
     check_output_dir(cfg, ref)
     resume_changes = check_resume(cfg)
     for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
@@ -85,6 +86,10 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
     weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
     if folder.is_dir() and not cfg.model.gguf_file and not weights:
         raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
+    damaged = loading.damaged_safetensors(ref) if folder.is_dir() and not cfg.model.gguf_file else []
+    if damaged:   # refused now, not as a SafetensorError once the output folder is written and the data packed
+        raise ConfigError(f"model.name {ref!r}: {'; '.join(damaged)}: not a complete safetensors file (a copy or "
+                          f"download cut short, a full disk); save or download the checkpoint again")
     model_config = model.config
     archs = getattr(model_config, "architectures", None) or []
     causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
@@ -135,6 +140,26 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                 raise ConfigError(f"eval.lengths: {err}") from None
     return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config),
                      resume_changes, long_training=long_training)
+
+
+def check_start_folder(ref: str) -> None:
+    """A model path that does not exist yet, refused naming the command that makes it where one is known: the best
+    folder of a shipped factor search (its output_dir/best), or any search's `best`."""
+    path = Path(ref).expanduser()
+    if path.name != "best" or path.exists() or "/" not in ref:
+        return   # there, not a search's, or a hub id: loading says what is wrong with it
+    import yaml
+
+    from . import CONFIGS
+
+    for config in sorted(CONFIGS.glob("*_search_*.yaml")):
+        out = (yaml.safe_load(config.read_text()) or {}).get("output_dir")
+        if isinstance(out, str) and Path(out).expanduser().resolve() == path.parent.resolve():
+            raise ConfigError(f"model.name {ref!r} does not exist yet: it is the best folder of the factor search "
+                              f"`hf-posenc search --config {config.stem}`; run that first (it writes {out}/best), "
+                              f"then this fine-tune")
+    raise ConfigError(f"model.name {ref!r} does not exist yet: a factor search's best folder is made by "
+                      f"`hf-posenc search --output_dir {path.parent}`; run the search first")
 
 
 def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> PositionScheme:
@@ -302,7 +327,7 @@ def _inputs(cfg: FinetuneConfig, ref: str) -> list[tuple[str, str]]:
     found = [("model folder" if not extra else "folder of the model's .gguf file", name)]
     for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
         if spec:
-            found += [(field, spec)] if Path(spec).exists() else [(field, f) for f in hdata._local_files(spec)]
+            found += [(field, str(path)) for path in hdata.corpus_paths(spec)]
     return [(what, path) for what, path in found if Path(path).exists()]
 
 
