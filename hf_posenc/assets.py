@@ -65,6 +65,22 @@ PROBE_SENTENCES = (
 
 
 ALIASES = {"smollm2": smollm2_gguf, "minilm": minilm_dir}
+# the hub id of each embedded model: what a card built on it names as its base_model
+HUB_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def alias_of(ref: str) -> str | None:
+    """The embedded model `ref` names, as its alias or as the path the alias resolves to (None: neither)."""
+    if ref in ALIASES:
+        return ref
+    for alias, where in ALIASES.items():
+        try:
+            path = where()
+        except FileNotFoundError:   # that asset is not installed: `ref` cannot be its path
+            continue
+        if Path(ref).expanduser().absolute() in (path, path.parent):
+            return alias
+    return None
 
 
 def resolve_alias(ref: str) -> str:

@@ -38,27 +38,30 @@ def positions_line(preflight: Preflight, cfg: FinetuneConfig, steps: int, proces
 
 def write_model_card(output_dir: str, cfg: FinetuneConfig, preflight: Preflight, describe: dict, steps: int,
                      tokens: int, before: dict, after: dict) -> None:
-    base = cfg.model.name + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else "")
+    from .patch_card import front_matter, hub_id
+
+    hub = hub_id(cfg.model.name)
+    local = Path(cfg.model.name).expanduser().exists() and hub != cfg.model.name
+    base = (f"{hub or Path(cfg.model.name).expanduser().name}"
+            + (f" (from the local folder `{Path(cfg.model.name).expanduser().name}`)" if local and hub else "")
+            + (f" ({cfg.model.gguf_file})" if cfg.model.gguf_file else ""))
     rows = "\n".join(f"| {k} | {before.get(k, '')} | {after.get(k, '')} |" for k in sorted({*before, *after}))
     evaluation = (f"| metric | before | after |\n|---|---|---|\n{rows}\n" if rows else "not run\n")
     held_out = bool(cfg.eval.corpus) and cfg.eval.corpus != cfg.data.corpus
-    evaluated_on = (f"held-out `{cfg.eval.corpus}`" if held_out else
-                    f"`{cfg.data.corpus}`, the training text itself: not held out (eval.corpus names other text)")
+    evaluated_on = (f"held-out `{corpus_name(cfg.eval.corpus)}`" if held_out else
+                    f"`{corpus_name(cfg.data.corpus)}`, the training text itself: not held out (eval.corpus names other text)")
     switched = (", trained and saved as a switched `longrope` (mixed windows: the unpatched frequencies inside the "
                 "original context)" if preflight.long_training.switched else "")
-    card = f"""---
-base_model: {cfg.model.name}
-library_name: transformers
-tags: [hf_posenc, long-context]
----
+    header = "\n".join(front_matter(cfg.model.name))
+    card = f"""{header}
 # {Path(output_dir).name}
 
 Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 
 - **Base model**: `{base}` (context {preflight.original_context})
 - **Positional patch**: `{json.dumps(cfg.posenc) if cfg.posenc else 'none'}` -> context {preflight.target_context}{switched}
-- **Mechanism after patch**: `{json.dumps(describe, default=str)}`
-- **Data**: `{cfg.data.corpus}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
+- **Mechanism after patch**: `{json.dumps(describe, default=str)}`{'' if cfg.posenc else ' (the rope scaling the start folder carries)' if describe else ' (the positions as loaded: no scaling)'}
+- **Data**: `{corpus_name(cfg.data.corpus)}` (split {cfg.data.split}{f', first {cfg.data.max_documents} documents' if cfg.data.max_documents else ''}), packed to {preflight.seq_len} tokens{f', {cfg.data.short_share:.0%} cut to {preflight.short_len}' if cfg.data.short_share else ''}
 - **Position ids**: {positions_line(preflight, cfg, steps)}
 - **Objective**: `{cfg.train.objective}`{objective_teacher(cfg)}; trainable: `{cfg.train.trainable}`{'; LoRA ' + json.dumps(cfg.train.lora) + ' (merged)' if cfg.train.lora else ''}
 - **Attention and loss in training**: {preflight.long_training.describe()}
@@ -70,6 +73,13 @@ Fine-tuned with `hf_posenc` (`recipes/finetune.py`).
 Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.from_pretrained(folder)`.
 """
     (Path(output_dir) / "README.md").write_text(card)
+
+
+def corpus_name(spec: str) -> str:
+    """A corpus as a card names it: a built-in or hub corpus as given, local files by their own name (no path)."""
+    from .. import data as hdata
+
+    return ", ".join(sorted({p.name for p in hdata.corpus_paths(spec)})) if hdata.corpus_paths(spec) else spec
 
 
 def objective_teacher(cfg) -> str:

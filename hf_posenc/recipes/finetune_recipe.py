@@ -41,7 +41,7 @@ from hf_posenc import data as hdata  # noqa: E402
 from hf_posenc.train import documents  # noqa: E402
 from hf_posenc.train import mixed_windows  # noqa: E402
 from hf_posenc.train import data as train_data  # noqa: E402
-from hf_posenc.recipes.patch_card import fit_tokenizer  # noqa: E402
+from hf_posenc.recipes.patch_card import carried_rope, fit_tokenizer  # noqa: E402
 from hf_posenc.recipes.finetune_card import write_model_card  # noqa: E402
 from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
@@ -376,7 +376,7 @@ class FinetuneRecipe:
             for name, figures in (("eval_before.json", before), ("eval_after.json", after)):
                 if figures:
                     open(f"{cfg.output_dir}/{name}", "w").write(json.dumps(figures, indent=2))
-            describe = hp.describe(final) if cfg.posenc else {}
+            describe = hp.describe(final) if cfg.posenc else carried_rope(final.config)
             tokens_seen = sum(r["tokens"] for r in ckpt.read_log(cfg.output_dir))
             write_model_card(cfg.output_dir, cfg, self.preflight, describe, self.step, tokens_seen, before, after)
             accelerator.print(f"saved to {cfg.output_dir}" + (f"; eval before {before}, after {after}" if after else ""))
