@@ -265,6 +265,42 @@ def test_a_folder_without_its_tokenizer_is_refused_and_the_name_written_is_the_m
     assert name == "smol-yarn", name   # the folder's name, not its path
 
 
+def test_a_folder_named_as_an_architecture_reads_back_and_no_general_key_holds_a_path(tmp_path):
+    """An export from a folder named `mistral` wrote general.name "mistral", which transformers' GGUF reader takes
+    for Mistral in a llama file ("Unknown gguf model_type: mistral"): the file could not be read back."""
+    from hf_posenc.cli import main
+    from test_gguf_tokenizer import byte_bpe
+
+    tokenizer = byte_bpe()
+    model = tiny_model(vocab_size=len(tokenizer))
+    hp.patch(model, "yarn", factor=4)
+    model.save_pretrained(tmp_path / "mistral")
+    tokenizer.save_pretrained(tmp_path / "mistral")
+    main(["export", str(tmp_path / "mistral"), "--out", str(tmp_path / "m.gguf"), "--dtype", "f32"])
+    general = {k: f.contents() for k, f in gguf.GGUFReader(tmp_path / "m.gguf").fields.items()
+               if k.startswith("general.")}
+    assert general["general.name"] == "mistral (hf_posenc export)", general
+    assert not [v for v in general.values() if isinstance(v, str) and ("/" in v or "\\" in v)], general
+    back = hp.load_model(tmp_path / "m.gguf", cache=False)
+    assert type(back).__name__ == "LlamaForCausalLM" and hp.describe(back)["method"] == "yarn"
+    x = torch.arange(100)[None] % len(tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name_or_path, written", [
+    ("/data/runs/mistral/", "mistral (hf_posenc export)"), ("HuggingFaceTB/SmolLM2-135M", "SmolLM2-135M"),
+    ("C:\\runs\\smol-yarn", "smol-yarn"), ("Llama", "Llama (hf_posenc export)"), ("/data/runs/..", "hf_posenc export"),
+    ("", "hf_posenc export"), ("C:\\", "hf_posenc export"),
+])
+def test_the_name_written_is_the_checkpoints_own_never_a_path_nor_an_architecture(name_or_path, written):
+    from hf_posenc.export.gguf_writer import model_name
+
+    config = tiny_model().config
+    config._name_or_path = name_or_path
+    assert model_name(config) == written
+
+
 def test_the_export_writes_the_folders_own_tokenizer_and_llama_cpp_splits_text_as_it_does(saved, smollm2_tokenizer,
                                                                                            tmp_path):
     """Without --vocab-from the file carries the folder's tokenizer (gguf_tokenizer.py); llama.cpp, where built,

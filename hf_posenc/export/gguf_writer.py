@@ -15,6 +15,7 @@ models transformers stores the same way: SmolLM2, Mistral without sliding window
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +68,17 @@ def check_vocabulary(vocab_from: Path, tokenizer, vocab_size: int) -> None:
 
 def model_name(config) -> str:
     """The name a GGUF file's general.name carries: the checkpoint's own (a hub id's last part, a folder's name),
-    never a local path."""
-    ref = str(getattr(config, "_name_or_path", "") or "").rstrip("/\\")
-    return Path(ref).name or "hf_posenc export"
+    never a machine path, and never an architecture's name: transformers' GGUF reader takes a llama file named
+    "mistral" for a Mistral one (and then reads none of it), so such a name is written "mistral (hf_posenc export)"."""
+    import gguf
+    from transformers import CONFIG_MAPPING
+
+    ref = str(getattr(config, "_name_or_path", "") or "").strip().rstrip("/\\")
+    name = re.split(r"[/\\]", ref)[-1]
+    if name in ("", ".", "..", "~") or name.endswith(":"):   # a path with no name of its own ("C:", "..")
+        return "hf_posenc export"
+    architectures = {a.replace("-", "_") for a in [*CONFIG_MAPPING.keys(), *gguf.MODEL_ARCH_NAMES.values()]}
+    return f"{name} (hf_posenc export)" if name.lower().replace("-", "_") in architectures else name
 
 
 def check_model(model: torch.nn.Module, target: Path, vocab_from: Path | None, dtype: str, overwrite: bool,
