@@ -10,7 +10,9 @@ Recall at a distance is benchmarks/bench_recall.py's (the same rows, its paired 
 
 `--transfer SEARCH_DIR OUT`: the best point of a finished search (its form's coordinates) taken to --target (the
 same critical pair, width, shape and attention factor; the top factor the same multiple of the new s) and saved as
-a checkpoint in OUT, for a row NAME=OUT here and in bench_recall.py: a search at 16k carried to 32k.
+a checkpoint in OUT, for a row NAME=OUT here and in bench_recall.py: a search at 16k carried to 32k. Every line of
+its candidates.jsonl must carry the identity of the search in its search.json; `--unmarked-candidates` takes lines
+written before candidates carried one (benchmarks/results/search_32k_*) as that search's.
 
 Rows: `none` (unpatched), a method patched to --target (`yarn`, `longrope`: the ramp, `self_extend`, `dca`, ...),
 NAME=FOLDER (a saved checkpoint, hp.from_pretrained), or NAME=FOLDER@static (a saved switched longrope checkpoint
@@ -51,8 +53,9 @@ def static_twin(model):
                     max_position_embeddings=round(params["factor"] * params["original_max_position_embeddings"]))
 
 
-def transfer(folder: str, out: str, target: int) -> None:
-    """Save the best CMA-ES point of the search in `folder`, taken to `target`, as a checkpoint in `out`."""
+def transfer(folder: str, out: str, target: int, unmarked: bool = False) -> None:
+    """Save the best CMA-ES point of the search in `folder`, taken to `target`, as a checkpoint in `out`; `unmarked`:
+    candidates with no identity are taken as the search's of its search.json (search.read_candidates)."""
     import json
     from pathlib import Path
 
@@ -68,7 +71,13 @@ def transfer(folder: str, out: str, target: int) -> None:
         settings = dict(record["settings"])
     except (ValueError, KeyError, TypeError):
         common.refuse(f"--transfer {path} is not a search's record (not JSON, or no settings)")
-    rows = [r for r in search.read_candidates(Path(folder) / "candidates.jsonl") if not r["rejected"] and r.get("x")]
+    candidates = Path(folder) / "candidates.jsonl"
+    if not unmarked and any("identity" not in r for r in search.read_candidates(candidates)):
+        common.refuse(f"--transfer {candidates} holds candidates with no identity of the search that scored them "
+                      f"(written before candidates carried one): give --unmarked-candidates to take them as the "
+                      f"search's of {path}")
+    rows = [r for r in search.read_candidates(candidates, record, unmarked=unmarked)
+            if not r["rejected"] and r.get("x")]
     if not rows:
         common.refuse(f"--transfer {folder}: no accepted CMA-ES candidate to carry (a seed is its own method)")
     best = min(rows, key=lambda r: r["value"])
@@ -146,9 +155,12 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="print the tables of --out")
     parser.add_argument("--transfer", nargs=2, metavar=("SEARCH_DIR", "OUT"),
                         help="save a finished search's best point taken to --target as a checkpoint, and stop")
+    parser.add_argument("--unmarked-candidates", action="store_true",
+                        help="--transfer: take candidates written before they carried their search's identity "
+                             "(benchmarks/results/search_32k_*) as the search's of SEARCH_DIR/search.json")
     args = parser.parse_args()
     if args.transfer:
-        return transfer(*args.transfer, args.target)
+        return transfer(*args.transfer, args.target, args.unmarked_candidates)
     if any(n > args.target for n in args.lengths):
         common.refuse(f"--lengths must stay within --target {args.target}, got {args.lengths}")
     if args.target <= ORIGINAL:

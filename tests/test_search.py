@@ -168,6 +168,72 @@ def test_a_hand_edited_candidates_file_is_refused_naming_the_line(tmp_path, junk
         search.read_candidates(tmp_path)
 
 
+@pytest.mark.parametrize("part", ["weights", "settings"])
+def test_candidates_copied_from_another_search_are_refused_on_resume_naming_what_differs(tmp_path, part):
+    """Every line carries the identity of the search that scored it: a candidates.jsonl of the same settings and
+    text scored on other weights (the seeds' factors are the same) was replayed, and the best differed."""
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    other = tiny_model(vocab_size=TINY_TEXT_VOCAB, seed=1) if part == "weights" else model
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path / "a", progress=False).run()
+    search.FactorSearch(other, tok, text_ids(), settings(budget=0, seed=0 if part == "weights" else 1), tmp_path / "b",
+                        progress=False).run()
+    path = tmp_path / "a" / "candidates.jsonl"
+    shutil.copy(tmp_path / "b" / "candidates.jsonl", path)
+    before = path.read_bytes()
+    with pytest.raises(InvalidInputError, match=rf"{path} line 1 was scored by another search, of other {part} "
+                                                rf"\({part} sha256 \w{{12}} there, \w{{12}} now\).*fresh output folder"):
+        search.FactorSearch(model, tok, text_ids(), settings(budget=1), tmp_path / "a", progress=False).run()
+    assert path.read_bytes() == before
+
+
+def test_a_search_record_without_its_identity_is_refused_not_trusted(tmp_path):
+    """search.json that lost its identity (the hashes of its text and weights) resumed on a text edited in place:
+    refused, on any text, saying how to start over."""
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    record = json.loads((tmp_path / "search.json").read_text())
+    del record["identity"]
+    (tmp_path / "search.json").write_text(json.dumps(record))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    edited = list(text_ids())
+    edited[-1] = (edited[-1] + 1) % TINY_TEXT_VOCAB   # one token past every passage: only the identity sees it
+    for ids in (edited, text_ids()):
+        with pytest.raises(InvalidInputError, match=r"search.json has no identity \(the sha256 of the text and of "
+                                                    r"the weights.*start over in a fresh output folder"):
+            search.FactorSearch(model, tok, ids, settings(budget=1), tmp_path, progress=False).run()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_candidate_a_factor_short_is_refused_naming_the_line_and_both_counts(tmp_path):
+    """It ended in numpy's "operands could not be broadcast together" once the search replayed it."""
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path, progress=False).run()
+    path = tmp_path / "candidates.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[2]["long_factor"] = rows[2]["long_factor"][:-1]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InvalidInputError, match=rf"{path} line 3 has 7 factors in long_factor, where the search's "
+                                                rf"model has 8 rotary pairs"):
+        search.FactorSearch(model, tok, text_ids(), settings(budget=1), tmp_path, progress=False).run()
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name", ["search_32k_banded", "search_32k_floor"])
+def test_the_committed_search_records_read_as_written_but_resume_nothing(name):
+    """benchmarks/results/search_32k_* were written before candidates carried their search's identity: their
+    figure's and summary's reader reads them as they are, a resume refuses them, bench_search.py --transfer takes
+    them only with --unmarked-candidates."""
+    folder = RESULTS / name
+    record = search.resume_record(folder / "search.json", json.loads((folder / "search.json").read_text())["settings"])
+    rows = search.read_candidates(folder / "candidates.jsonl")
+    assert len(rows) == len(search.SEEDS) + record["settings"]["budget"] and not any("identity" in r for r in rows)
+    with pytest.raises(InvalidInputError, match="line 1 carries no identity.*start over in a fresh output folder"):
+        search.read_candidates(folder / "candidates.jsonl", record)
+    assert search.read_candidates(folder / "candidates.jsonl", record, unmarked=True) == rows
+
+
 @pytest.mark.parametrize("junk, message", [
     (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", r"line 6 is not JSON: it holds bytes that are not UTF-8 text"),
     (b"\xff\xfe", r"line 6 is not JSON: it holds bytes that are not UTF-8 text"),   # even cut short, by a kill
@@ -445,6 +511,39 @@ def test_bench_search_transfer_refuses_an_out_it_cannot_write_in_one_line_before
     assert sorted((p.name, p.read_bytes()) for p in finished.iterdir() if p.is_file()) == before
 
 
+def test_bench_search_transfer_takes_unmarked_candidates_only_when_told(finished, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "s"
+    shutil.copytree(finished, folder)
+    path = folder / "candidates.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "identity"}) + "\n" for r in rows))
+    monkeypatch.syspath_prepend(str(BENCH_SEARCH.parent))
+    import bench_search as script
+
+    with pytest.raises(SystemExit) as stop:
+        script.transfer(str(folder), str(tmp_path / "t"), 2 * TARGET)
+    assert stop.value.code == 2 and "give --unmarked-candidates" in capsys.readouterr().err
+    proc = bench_search("--transfer", folder, tmp_path / "t", "--target", 2 * TARGET, "--unmarked-candidates")
+    assert proc.returncode == 0 and (tmp_path / "t" / "config.json").is_file(), proc.stderr[-2000:]
+    rows[0]["identity"]["weights"] = "0" * 64   # a line another search marked: refused even so
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InvalidInputError, match="line 1 was scored by another search, of other weights"):
+        script.transfer(str(folder), str(tmp_path / "u"), 2 * TARGET, unmarked=True)
+    assert not (tmp_path / "u").exists()
+
+
+def test_the_recipe_refuses_a_search_record_without_its_identity_before_the_model_loads(
+        finished, checkpoint, corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    record = json.loads((out / "search.json").read_text())
+    del record["identity"]
+    (out / "search.json").write_text(json.dumps(record))
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    line = refusal(capsys, recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
+    assert f"{out / 'search.json'} has no identity" in line and "start over in a fresh output folder" in line, line
+
+
 def test_the_time_left_counts_long_passes_and_rejections_at_their_own_cost():
     """The bar showed tqdm's mean over every candidate: seconds-long rejections and minutes-long passes averaged."""
     rows = [{"rejected": False, "seconds": 100.0}, {"rejected": True, "seconds": 2.0},
@@ -636,11 +735,17 @@ def test_a_damaged_search_record_is_refused_in_one_line_before_the_model_loads(c
     (lambda r: r | {"long_factor": [0.5, 1.0]}, "long_factor that is not a list of finite numbers >= 1"),
     (lambda r: r | {"losses": None}, "no losses and distances"),
     (lambda r: r | {"x": [0.2, 7.0, 0.1, 0.5, 0.5]}, "numbers in [0, 1]"),
+    (lambda r: r | {"long_factor": r["long_factor"][:-1]},
+     "line 6 has 7 factors in long_factor, where the search's model has 8 rotary pairs"),   # was numpy's broadcast
+    (lambda r: r | {"x": r["x"][:-1]}, "line 6 has 4 numbers in x, where a point of the search's form has 5"),
+    (lambda r: r | {"identity": {**r["identity"], "weights": "0" * 64}},
+     "line 6 was scored by another search, of other weights (weights sha256 000000000000 there"),
+    (lambda r: {k: v for k, v in r.items() if k != "identity"}, "line 6 carries no identity of the search"),
 ])
 def test_a_damaged_candidate_line_is_refused_naming_the_file_and_line_before_the_model_loads(
-        checkpoint, corpus, tmp_path, monkeypatch, capsys, edit, words):
+        finished, checkpoint, corpus, tmp_path, monkeypatch, capsys, edit, words):
     out = tmp_path / "out"
-    recipe.main(recipe_args(checkpoint, corpus, out, "--save", "false", "--plots", "false"))
+    shutil.copytree(finished, out)
     path = out / "candidates.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     cma = next(i for i, r in enumerate(rows) if r["kind"].startswith("cma:") and not r["rejected"])

@@ -176,10 +176,10 @@ class SearchRecipe:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype, self.why = loading.resolve_dtype(args.model.dtype, self.device)
         self.settings = settings(args, args.model.name, self.original, str(self.dtype).removeprefix("torch."))
-        saved = self.out / "search.json"
-        if saved.exists():   # before the text and the model load
-            search.check_resume(search.read_search(saved)["settings"], dataclasses.asdict(self.settings), saved)
-        search.read_candidates(self.out / "candidates.jsonl")   # a damaged file refused before the model loads
+        saved = self.out / "search.json"   # a resume's record checked before the text and the model load
+        record = search.resume_record(saved, dataclasses.asdict(self.settings)) if saved.exists() else None
+        # a damaged line, or (with the record) a line of another search, refused before the model loads
+        search.read_candidates(self.out / "candidates.jsonl", record)
 
     def setup(self) -> None:
         """The tokenizer and the text, its passages checked (refused before the weights load), then the model and
@@ -224,7 +224,7 @@ class SearchRecipe:
         from hf_posenc.train import search
 
         args, s, out = self.args, self.settings, self.out
-        rows = search.read_candidates(out / "candidates.jsonl")
+        rows = search.read_candidates(out / "candidates.jsonl", self.runner.record)
         if args.plots:
             search.convergence_figure(rows, out / "convergence.png",
                                       f"{args.model.name}: factor search to {s.target} ({s.mode}), {s.passages} "

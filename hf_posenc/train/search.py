@@ -360,8 +360,7 @@ def check_resume(saved: dict, settings: dict, path: Path) -> None:
     if not isinstance(saved, dict):
         raise InvalidInputError(f"{path}: its settings are not a mapping of fields (got {saved!r:.60}): the file was "
                                 f"edited; move it away to start again")
-    defaults = {f.name: f.default for f in dataclasses.fields(SearchSettings) if f.default is not dataclasses.MISSING}
-    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
+    saved = _with_defaults(saved)
     differ = [k for k in sorted(set(saved) | set(settings))
               if k not in EXTENDABLE and json.dumps(saved.get(k)) != json.dumps(settings.get(k))]
     if differ:
@@ -370,12 +369,52 @@ def check_resume(saved: dict, settings: dict, path: Path) -> None:
                           f"another output folder")
 
 
+def _with_defaults(settings: dict) -> dict:
+    """A record's settings with each field it predates at its default (the search it holds ran without it)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(SearchSettings) if f.default is not dataclasses.MISSING}
+    return {**{k: v for k, v in defaults.items() if k not in settings}, **settings}
+
+
+IDENTITY = ("settings", "text", "weights")   # what a line of candidates.jsonl carries: the search that scored it
+
+
+def candidate_identity(record: dict, path: Path) -> dict:
+    """The identity every line of candidates.jsonl carries, of the search whose record (search.json at `path`, or
+    FactorSearch.record) is `record`: sha256 of its settings as a resume compares them (the budget left out: a rerun
+    may change it), of its text and of its weights. A record without the text's and weights' hashes, or without its
+    number of rotary pairs, cannot show whose candidates it holds: refused."""
+    identity, pairs = record.get("identity"), record.get("pairs")
+    if not (isinstance(identity, dict) and all(isinstance(identity.get(k), str) for k in ("text", "weights"))):
+        raise InvalidInputError(f"{path} has no identity (the sha256 of the text and of the weights its search "
+                                f"scored, got {json.dumps(identity)[:40]}): nothing shows that its candidates were "
+                                f"scored on this text and these weights, so they are not trusted; start over in a "
+                                f"fresh output folder")
+    if not (isinstance(pairs, int) and not isinstance(pairs, bool) and pairs >= 2):
+        raise _edited(path, f"has pairs {json.dumps(pairs)[:40]}, where a search writes its model's rotary pairs "
+                            f"(an integer >= 2)")
+    settings = {k: v for k, v in _with_defaults(record["settings"]).items() if k not in EXTENDABLE}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return {"settings": digest, "text": identity["text"], "weights": identity["weights"]}
+
+
+def resume_record(path: Path, settings: dict) -> dict:
+    """search.json of the search that `settings` resume: read, its settings checked to be these, and its identity
+    there (see candidate_identity); each refused naming the file and what differs."""
+    record = read_search(path)
+    check_resume(record["settings"], settings, path)
+    candidate_identity(record, path)
+    return record
+
+
 CANDIDATE_KEYS = ("index", "kind", "long_factor", "mode", "rejected", "value", "guard_rise")   # never None
 RECORD_KEYS = {"settings": dict, "passages": list, "unpatched_guard_perplexity": float}   # what a resume reads
 
 
+EDITED = "the file was edited or damaged; move it away to start again"
+
+
 def _edited(path: Path, what: str) -> InvalidInputError:
-    return InvalidInputError(f"{path} {what}: the file was edited or damaged; move it away to start again")
+    return InvalidInputError(f"{path} {what}: {EDITED}")
 
 
 def read_search(path: Path) -> dict:
@@ -429,15 +468,23 @@ def _candidate_fault(row: dict) -> str | None:
     return None
 
 
-def read_candidates(path: Path) -> list[dict]:
+def read_candidates(path: Path, record: dict | None = None, *, unmarked: bool = False) -> list[dict]:
     """The candidates a search has finished, in order. A search writes each as one line of ASCII JSON and its
     newline, so only a last line with no newline can be a write a kill cut short (dropped: that candidate runs
     again); any other line that is not a candidate, bytes that are not UTF-8 text included, is refused naming the
-    file and the line."""
+    file and the line.
+
+    With the search's `record` (search.json, or FactorSearch.record: what a resume reads them with), every line must
+    be that search's: carry its identity (candidate_identity; a line of another search, or one written before lines
+    carried it, is refused, not replayed), one factor for each of its rotary pairs, and a point of its form.
+    `unmarked`: a line with no identity is taken as the record's, for a reader that says so (bench_search.py
+    --transfer --unmarked-candidates: the records committed before lines carried one). Without a record: the lines
+    as written (a finished search's figure and summary)."""
     if not path.exists():
         return []
     if not path.is_file():
         raise InvalidInputError(f"{path} is not a file: a search's candidates.jsonl is")
+    identity = None if record is None else candidate_identity(record, path.with_name("search.json"))
     out = []
     lines = path.read_bytes().split(b"\n")   # the last: empty after a final newline, or a line with none
     for number, raw in enumerate(lines, 1):
@@ -456,11 +503,39 @@ def read_candidates(path: Path) -> list[dict]:
         fault = _candidate_fault(row) if isinstance(row, dict) else f"is not a candidate (it holds {type(row).__name__})"
         if fault:
             raise _edited(path, f"line {number} {fault}")
+        stranger = None if record is None else _not_of_search(row, identity, record, unmarked)
+        if stranger:
+            raise InvalidInputError(f"{path} line {number} {stranger}")
         if row.get("index") != len(out):
             raise InvalidInputError(f"{path} line {number}: candidate {row.get('index')} where {len(out)} was due: "
                                     f"the file was edited; move it away to start again")
         out.append(row)
     return out
+
+
+def _not_of_search(row: dict, identity: dict, record: dict, unmarked: bool) -> str | None:
+    """Why a parsed line is not a candidate of the search `record` holds, and what to do (None: it is one); the
+    caller names the file and the line (read_candidates)."""
+    fresh = "start over in a fresh output folder"
+    mark = row.get("identity")
+    if mark is None and not unmarked:
+        return (f"carries no identity of the search that scored it (the sha256 of its settings, text and weights; "
+                f"lines written before candidates carried it have none): nothing shows it is this search's, so it is "
+                f"not replayed; {fresh}")
+    if mark is not None and mark != identity:
+        theirs = mark if isinstance(mark, dict) else {}
+        differ = [k for k in IDENTITY if theirs.get(k) != identity[k]]
+        shown = "; ".join(f"{k} sha256 {str(theirs.get(k))[:12]} there, {identity[k][:12]} now" for k in differ)
+        return (f"was scored by another search, of other {' and '.join(differ)} ({shown}): a line copied from "
+                f"another record is not replayed; {fresh}")
+    pairs, factors = record["pairs"], len(row["long_factor"])
+    if factors != pairs:
+        return f"has {factors} factors in long_factor, where the search's model has {pairs} rotary pairs: {EDITED}"
+    dims = 4 if _with_defaults(record["settings"])["attention_range"] is None else 5
+    if row.get("x") is not None and len(row["x"]) != dims:
+        return (f"has {len(row['x'])} numbers in x, where a point of the search's form has {dims} (start, width, "
+                f"top, shape{', attention' if dims == 5 else ''}): {EDITED}")
+    return None
 
 
 def _no_constant(name: str):
@@ -538,6 +613,7 @@ class FactorSearch:
                                     "weights": weights_identity(model)},
                        "passages": [{"sequence": r.index, "text_starts": r.passages} for r in self.sets],
                        "firsts": list(layout.firsts), "repeats": list(layout.repeats), "critical_pair": self.critical}
+        self.identity = candidate_identity(self.record, self.out / "search.json")   # on every line it writes
         self._guards: dict[str, float] = {}
 
     # -- measuring -------------------------------------------------------------------------------------
@@ -649,23 +725,26 @@ class FactorSearch:
         with _only_search(self.out):
             return self._run(CMA)
 
+    def _saved(self, settings_path: Path) -> dict | None:
+        """The saved search's record, once its settings, identity (text and weights) and passages are checked to be
+        this run's (a resume); None for a new search."""
+        if not settings_path.exists():
+            return None
+        saved = resume_record(settings_path, self.record["settings"])
+        for what, why in (("text", "the tuning text's token ids (the corpus or the tokenizer changed)"),
+                          ("weights", "the model's weights (another checkpoint, or the same one changed)")):
+            there = saved["identity"][what]
+            if there != self.record["identity"][what]:
+                raise ConfigError(f"{settings_path} holds a search of other {what}: {why} differ from the "
+                                  f"ones it scored (sha256 {there[:12]} there, {self.record['identity'][what][:12]}"
+                                  f" now); resume with them, or name another output folder")
+        if saved.get("passages") != self.record["passages"]:
+            raise ConfigError(f"{settings_path} used other passages of the text (a changed corpus or "
+                              f"tokenizer); name another output folder")
+        return saved
+
     def _reference(self, settings_path: Path) -> float:
-        """The unpatched model's guard perplexity: the saved search's, once its settings, text, weights and
-        passages are checked to be this run's (a resume), or measured now and written with the settings."""
-        if settings_path.exists():
-            saved = read_search(settings_path)
-            check_resume(saved["settings"], self.record["settings"], settings_path)
-            for what, why in (("text", "the tuning text's token ids (the corpus or the tokenizer changed)"),
-                              ("weights", "the model's weights (another checkpoint, or the same one changed)")):
-                there = (saved.get("identity") or {}).get(what)
-                if there is not None and there != self.record["identity"][what]:
-                    raise ConfigError(f"{settings_path} holds a search of other {what}: {why} differ from the "
-                                      f"ones it scored (sha256 {there[:12]} there, {self.record['identity'][what][:12]}"
-                                      f" now); resume with them, or name another output folder")
-            if saved.get("passages") != self.record["passages"]:
-                raise ConfigError(f"{settings_path} used other passages of the text (a changed corpus or "
-                                  f"tokenizer); name another output folder")
-            return saved["unpatched_guard_perplexity"]
+        """The unpatched model's guard perplexity, measured now and written with the settings (a new search)."""
         reference = self.guard_perplexity()
         if not math.isfinite(reference) or reference <= 0:
             raise InvalidInputError(f"the unpatched model's guard perplexity is {reference} on the first "
@@ -677,8 +756,9 @@ class FactorSearch:
 
     def _run(self, CMA) -> dict:
         path = self.out / "candidates.jsonl"
-        reference = self._reference(self.out / "search.json")
-        done = read_candidates(path)
+        saved = self._saved(self.out / "search.json")
+        done = read_candidates(path, self.record)   # each line this search's, or refused before anything is written
+        reference = saved["unpatched_guard_perplexity"] if saved else self._reference(self.out / "search.json")
         keep_finished(path, done)
         seeds = closed_forms(self.model, self.settings.target)
         self._check_constant_guard(seeds[0][1], reference)
@@ -700,7 +780,7 @@ class FactorSearch:
                 return old
             scored = [r for r in rows if not r["rejected"] and not r.get("raced_out")]
             incumbent = min(scored, key=lambda r: r["value"], default=None)
-            row = self.evaluate(index, kind, factors, attention, x, reference, incumbent)
+            row = self.evaluate(index, kind, factors, attention, x, reference, incumbent) | {"identity": self.identity}
             append_candidate(path, row)
             rows.append(row)
             bar.update()
