@@ -7,6 +7,7 @@ file is in tests/test_llama_cpp.py (the engine tier)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -114,6 +115,62 @@ def test_a_tokenizer_that_is_not_a_byte_level_bpe_or_not_the_models_is_refused()
         tokenizer_fields(PreTrainedTokenizerFast(tokenizer_object=unigram), 2)
     with pytest.raises(hp.PosEncError, match="ids up to 260, past the model's vocab_size 128"):
         tokenizer_fields(byte_bpe(), 128)
+
+
+def test_a_bpe_without_merges_is_refused_before_anything_is_written(tmp_path):
+    """A byte-level BPE with no merges (tests/tiny.py's) ended in the gguf library's "Invalid GGUF metadata array.
+    Empty array" (a ValueError), half-way through writing."""
+    from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
+
+    with pytest.raises(hp.PosEncError, match="cannot be written as a GGUF tokenizer: it is a BPE without merges, and "
+                                             "llama.cpp's gpt2 model reads a BPE's merges from tokenizer.ggml.merges"):
+        hp.write_gguf_model(tiny_model(vocab_size=TINY_TEXT_VOCAB), tmp_path / "m.gguf", tokenizer=tiny_tokenizer())
+    assert not list(tmp_path.iterdir())
+
+
+def vocab_file(path, tokenizer, **changed):
+    """A GGUF file holding only `tokenizer`'s keys as tokenizer_fields writes them, `changed` (None: left out)."""
+    from hf_posenc.export.serving import add_gguf_fields
+
+    keys = {k: v for k, v in {**tokenizer_fields(tokenizer, len(tokenizer)), **changed}.items() if v is not None}
+    writer = gguf.GGUFWriter(path, arch="llama")
+    add_gguf_fields(writer, [], keys)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("changed, says", [
+    ({"tokenizer.ggml.model": "llama"}, "has tokenizer.ggml.model 'llama' (SentencePiece), but the model's tokenizer "
+                                        "is a byte-level BPE (llama.cpp's 'gpt2')"),
+    ({"tokenizer.ggml.pre": None}, "has a gpt2 (byte-level BPE) tokenizer without tokenizer.ggml.pre: llama.cpp "
+                                   "would split text with its default regex"),
+    ({"tokenizer.ggml.merges": None}, "has a gpt2 (byte-level BPE) tokenizer without tokenizer.ggml.merges: llama.cpp "
+                                      "would refuse the file"),
+], ids=["sentencepiece", "no-pre", "no-merges"])
+def test_a_vocab_file_that_would_make_llama_cpp_split_text_otherwise_is_refused(tmp_path, capsys, changed, says):
+    """`export --vocab-from V.gguf`, V's tokens the model's own: V saying SentencePiece for byte-level BPE tokens,
+    or leaving out the pre-tokenizer, was copied as it was (exit 0), and llama.cpp split text otherwise."""
+    from hf_posenc.cli import main
+    from refusals import one_line_refusal
+    from tiny import tiny_model
+
+    tokenizer = byte_bpe()
+    hp.patch(tiny_model(vocab_size=len(tokenizer)), "yarn", factor=4).save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    vocab = vocab_file(tmp_path / "v.gguf", tokenizer, **changed)
+    line = one_line_refusal(capsys, main, ["export", str(tmp_path / "saved"), "--out", str(tmp_path / "m.gguf"),
+                                           "--vocab-from", str(vocab)], alone=True)
+    assert line.startswith(f"error: vocab_from {vocab} {says}"), line
+    assert not (tmp_path / "m.gguf").exists()
+    if "tokenizer.ggml.model" not in changed:   # a property of the file alone: refused without the tokenizer too
+        with pytest.raises(hp.PosEncError, match=re.escape(says)):
+            hp.write_gguf_model(tiny_model(vocab_size=len(tokenizer)), tmp_path / "m.gguf", vocab_from=vocab)
+    main(["export", str(tmp_path / "saved"), "--out", str(tmp_path / "m.gguf"), "--vocab-from",
+          str(vocab_file(tmp_path / "whole.gguf", tokenizer))])   # the whole file is copied
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["tokenizer.ggml.pre"].contents() == "gpt-2"
 
 
 @pytest.mark.parametrize("pre", [None, DIGITS_THEN_GPT2], ids=["gpt-2", "smollm"])

@@ -7,6 +7,8 @@ a pre-tokenizer is written only where one of those names splits text exactly as 
 src/llama-vocab.cpp: "gpt-2" is GPT-2's regex alone; "smollm" and "starcoder" split every digit first, then apply
 GPT-2's regex, and differ in whether decoded text has its spaces cleaned up). Anything else (a normalizer, a
 SentencePiece model, another split) names `vocab_from`: a GGUF file llama.cpp's converter wrote for the vocabulary.
+A BPE without merges has no GGUF form at all (llama.cpp needs them, GGUF holds no empty array). A `vocab_from` file's
+keys are copied only where they tell llama.cpp to split text as the model's tokenizer does (`check_copied`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,46 @@ def _describe(spec) -> str:
     return str(spec.get("type"))
 
 
+def _spec(tokenizer) -> dict | None:
+    """The tokenizer's tokenizer.json as a dict (None: a tokenizer without a `tokenizers` backend)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return None if backend is None else json.loads(backend.to_str())
+
+
+def _kind(spec: dict) -> str | None:
+    """None for a byte-level BPE (llama.cpp's `gpt2` tokenizer model), else what the tokenizer is instead."""
+    model, decoder = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
+    return None if model == "BPE" and decoder == "ByteLevel" else f"{model} with a {decoder} decoder"
+
+
+# llama.cpp's tokenizer models (tokenizer.ggml.model), in words
+GGML_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece", "bert": "WordPiece", "t5": "SentencePiece Unigram"}
+
+
+def check_copied(values: dict, vocab_from, tokenizer) -> None:
+    """The tokenizer keys of a GGUF file copied for the model (`values`: its header's) tell llama.cpp how to split
+    text as the model's `tokenizer` does (where given): the same kind of tokenizer and, for a byte-level BPE, its
+    merges and the name of its pre-tokenizer (without one llama.cpp splits with its default regex, not GPT-2's)."""
+    model = values.get("tokenizer.ggml.model")
+    spec = _spec(tokenizer) if tokenizer is not None else None
+    kind = _kind(spec) if spec is not None else "unknown"
+    if spec is not None and (model == "gpt2") != (kind is None):
+        ours = "a byte-level BPE (llama.cpp's 'gpt2')" if kind is None else \
+            f"a {kind}, not a byte-level BPE (llama.cpp's 'gpt2')"
+        raise ExportError(f"vocab_from {vocab_from} has tokenizer.ggml.model {model!r} "
+                          f"({GGML_MODELS.get(model, 'a tokenizer llama.cpp names so')}), but the model's tokenizer is "
+                          f"{ours}: llama.cpp would split text into other tokens; give the GGUF file this model was "
+                          f"converted from, or leave vocab_from (--vocab-from) out to write the model's own tokenizer")
+    missing = [k for k in ("tokenizer.ggml.merges", "tokenizer.ggml.pre") if k not in values]
+    if model == "gpt2" and missing:
+        raise ExportError(f"vocab_from {vocab_from} has a gpt2 (byte-level BPE) tokenizer without "
+                          f"{' and '.join(missing)}: llama.cpp would "
+                          + ("refuse the file (it reads a BPE's merges from there)" if "tokenizer.ggml.merges" in missing
+                             else "split text with its default regex, not the tokenizer's")
+                          + "; give a GGUF file converted with its tokenizer (llama.cpp's convert_hf_to_gguf.py writes "
+                            "both), or leave vocab_from (--vocab-from) out to write the model's own tokenizer")
+
+
 def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
     """The `tokenizer.*` keys of a GGUF file for `tokenizer` (a transformers tokenizer with a `tokenizers` backend),
     `vocab_size` tokens long (ids the tokenizer lacks are written as unused `[PAD<id>]` tokens, as llama.cpp's
@@ -56,16 +98,18 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
     if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
         raise ExportError(f"tokenizer must be the model's transformers tokenizer (hp.load_tokenizer(folder)), got "
                           f"{type(tokenizer).__name__} {tokenizer!r:.40}")
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    spec = _spec(tokenizer)
+    if spec is None:
         raise ExportError(f"the model's tokenizer ({type(tokenizer).__name__}) has no tokenizer.json form to write; "
                           f"give vocab_from (--vocab-from) a GGUF file of this vocabulary")
-    spec = json.loads(backend.to_str())
     model = spec.get("model") or {}
     refuse = None
-    if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
-        refuse = (f"its model is {model.get('type')} with a {(spec.get('decoder') or {}).get('type')} decoder, not "
-                  f"byte-level BPE")
+    if _kind(spec) is not None:
+        refuse = f"its model is {_kind(spec)}, not byte-level BPE"
+    elif not model.get("merges"):
+        raise ExportError("the model's tokenizer cannot be written as a GGUF tokenizer: it is a BPE without merges, and "
+                          "llama.cpp's gpt2 model reads a BPE's merges from tokenizer.ggml.merges, which GGUF cannot "
+                          "hold empty (nor llama.cpp load without): no GGUF file carries this tokenizer")
     elif spec.get("normalizer") is not None:
         refuse = f"it normalizes text first ({_describe(spec['normalizer'])}), which llama.cpp's gpt2 model does not"
     clean_up = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))

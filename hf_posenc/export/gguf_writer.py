@@ -116,7 +116,7 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path | None, d
     if vocab_from is not None:
         vocab_from = Path(vocab_from)
         check_gguf_output(vocab_from, target, overwrite, "the vocab_from file")
-        _check_vocab_file(vocab_from, text.vocab_size)
+        vocab_keys = _check_vocab_file(vocab_from, text.vocab_size)
     else:
         check_gguf_output(None, target, overwrite, "the output")
     if dtype == "q8_0":
@@ -135,11 +135,13 @@ def check_model(model: torch.nn.Module, target: Path, vocab_from: Path | None, d
         return arch, gguf_tokenizer.tokenizer_fields(tokenizer, text.vocab_size)
     if tokenizer is not None:
         check_vocabulary(vocab_from, tokenizer, text.vocab_size)
+    gguf_tokenizer.check_copied(vocab_keys, vocab_from, tokenizer)   # and how llama.cpp is told to split text
     return arch, None
 
 
-def _check_vocab_file(vocab_from: Path, vocab_size: int) -> None:
-    """vocab_from is a GGUF file with a tokenizer of the model's size that llama.cpp can split text with."""
+def _check_vocab_file(vocab_from: Path, vocab_size: int) -> dict[str, object]:
+    """vocab_from is a GGUF file with a tokenizer of the model's size that llama.cpp can split text with. Returns
+    its header's keys."""
     try:
         header = gguf_header.read(vocab_from)
     except (ValueError, OSError) as err:
@@ -151,6 +153,7 @@ def _check_vocab_file(vocab_from: Path, vocab_size: int) -> None:
     if not header.values.get("tokenizer.ggml.model"):
         raise ExportError(f"vocab_from {vocab_from} has tokens but no tokenizer.ggml.model (how llama.cpp splits "
                           f"text into them): give a GGUF file converted with its tokenizer")
+    return header.values
 
 
 def _tensors(model: torch.nn.Module, arch: str) -> list[tuple[str, np.ndarray]]:
