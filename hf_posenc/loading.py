@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -285,7 +286,35 @@ def load_tokenizer(ref: str | os.PathLike, *, gguf_file: str | None = None):
             cached = _gguf_cache(name, extra["gguf_file"])
             if (cached / "tokenizer_config.json").exists():
                 return transformers.AutoTokenizer.from_pretrained(str(cached))
-        return transformers.AutoTokenizer.from_pretrained(name, **extra)
+        if extra or not os.path.isdir(name):
+            return transformers.AutoTokenizer.from_pretrained(name, **extra)
+        try:
+            return transformers.AutoTokenizer.from_pretrained(name)
+        except PosEncError:
+            raise
+        except Exception as err:
+            raise _tokenizer_refusal(name, err) from err
+
+
+def _tokenizer_refusal(folder: str, err: Exception) -> InvalidInputError:
+    """Why transformers builds no tokenizer from the folder `folder`, naming the file: a JSON file of it that does not
+    parse (a tokenizer.json cut short: transformers gives a position, not the file), or no tokenizer.json (transformers
+    then advises installing sentencepiece or tiktoken, to build one from a slow tokenizer's files that are not there)."""
+    for file in sorted(f for f in os.listdir(folder) if f.endswith(".json")):
+        path = os.path.join(folder, file)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                json.load(handle)
+        except OSError:   # not readable: the cause below says what transformers met
+            continue
+        except ValueError as bad:   # JSONDecodeError, UnicodeDecodeError
+            return InvalidInputError(f"{path} is not valid JSON ({' '.join(str(bad).split())}): cut short or "
+                                     f"damaged; save the tokenizer again (tokenizer.save_pretrained)")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        return InvalidInputError(f"{folder} has no tokenizer.json, and transformers builds no tokenizer from the "
+                                 f"other files it holds; save the model's tokenizer into the folder "
+                                 f"(tokenizer.save_pretrained)")
+    return _unreadable(os.path.join(folder, "tokenizer.json"), "transformers builds no tokenizer from it", err)
 
 
 def _auto_class(name: str, extra: dict, auto_class, config):
