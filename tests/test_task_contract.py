@@ -7,8 +7,9 @@ word of the answer in the prompt, depth and distance in range), the same from on
 a noise family needs no text and the others refuse none; a length too short refused in one line; scores exact
 against a scorer written here (a full forward a probe); the evaluate recipe takes its name, lets go the settings it
 does not read and, for the example, measures it; a family of hf_posenc is named by eval.tasks' help and by
-docs/evaluate.md's table, with what it reads. One family: `pytest -m contract -k my_family
-tests/test_task_contract.py`."""
+docs/evaluate.md's table, with what it reads. make_samples itself refuses, naming the family, content that breaks
+the contract (no needle or probe, a needle line without its newline, an answer the needle lines do not hold, a draw
+the seed does not give). One family: `pytest -m contract -k my_family tests/test_task_contract.py`."""
 
 from __future__ import annotations
 
@@ -197,20 +198,37 @@ def test_an_unknown_family_is_refused_naming_the_registered_ones():
         samples("nope")
 
 
+NEEDLE = "One of the special magic numbers for x is: 5.\n"
+
+
+def unseeded(rng):
+    """A needle and its answer drawn from the random module, not from `rng`: the seed does not give the sample."""
+    value = random.randint(10**8, 10**9)
+    return [f"x is {value}.\n"], [("What is x?", f" {value}")]
+
+
 @pytest.mark.parametrize("content, says", [
-    ((["One of the special magic numbers for x is: 5.\n"], [("What is x?", "")]), "gave no probe to ask"),
-    ((["One of the special magic numbers for x is: 5.\n"], []), "gave no probe to ask"),
-    (([], [("What is x?", " 5")]), "gave no needle to hide"),
-    (None, "must return (needle lines, [(question, answer), ...])"),
-])
+    (lambda rng: ([NEEDLE], [("What is x?", "")]), "gave no probe to ask"),
+    (lambda rng: ([NEEDLE], []), "gave no probe to ask"),
+    (lambda rng: ([], [("What is x?", " 5")]), "gave no needle to hide"),
+    (lambda rng: None, "must return (needle lines, [(question, answer), ...])"),
+    # what make_samples took without a word: a needle glued to the next haystack line, a probe whose answer the
+    # context does not hold, a sample the seed does not give
+    (lambda rng: ([NEEDLE.strip()], [("What is x?", " 5")]),
+     "gave needle line 0 'One of the special magic numbers for x is: 5.' without a newline at its end"),
+    (lambda rng: ([NEEDLE, "VAR A = 12.\n"], [("What is x and A?", " 5, 13")]),
+     "gave the answer ' 5, 13', but '13' of it is in none of its needle lines"),
+    (unseeded, "drew another sample from the same state of rng: it must draw from the rng it is given alone"),
+], ids=["empty-answer", "no-probe", "no-needle", "none", "no-newline", "answer-not-hidden", "unseeded"])
 def test_a_registered_family_whose_content_cannot_make_a_sample_is_refused_naming_it(monkeypatch, content, says):
-    """An empty answer ended in a StopIteration, no needles or None in an IndexError / TypeError."""
+    """An empty answer ended in a StopIteration, no needles or None in an IndexError / TypeError; a needle without
+    its newline, an answer the needles do not hold and a draw the seed does not give made samples without a word."""
     class Broken(ruler.TaskFamily):
         name = "broken"
         reads = ("depths",)
 
         def content(self, rng, needles, hops):
-            return content
+            return content(rng)
 
     monkeypatch.setitem(ruler.TASKS, "broken", Broken)
     with pytest.raises(InvalidInputError, match=rf"task family 'broken' \(.*Broken\)\.content {re.escape(says)}"):

@@ -22,6 +22,7 @@ gives the whole answer (teacher forcing: the argmax at every answer position); i
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,8 +187,11 @@ class VariableTracking(_Written):
 
 
 def _checked_content(cls: type[TaskFamily], rng: random.Random, needles: int, hops: int):
-    """A registered family's content, refused naming the family when it is not what `TaskFamily.content` says
-    (a sample needs a needle to hide and a probe whose answer is a token at least)."""
+    """A registered family's content, refused naming the family when it is not what `TaskFamily.content` says:
+    needle lines, each ending in a newline (a needle sits between haystack lines), and probes whose answers are a
+    token at least, every word of them in the needle lines, all drawn from `rng` alone (drawn again from the same
+    state, the same sample)."""
+    state = rng.getstate()
     content = cls().content(rng, needles, hops)
     where = f"task family {cls.name!r} ({cls.__module__}.{cls.__qualname__}).content"
     if not (isinstance(content, (tuple, list)) and len(content) == 2):
@@ -201,6 +205,22 @@ def _checked_content(cls: type[TaskFamily], rng: random.Random, needles: int, ho
             for a in asks):
         raise InvalidInputError(f"{where} gave no probe to ask (a list of (question, answer) strings, each answer "
                                 f"non-empty), got {asks!r:.60}")
+    for i, text in enumerate(texts):
+        if not text.endswith("\n"):
+            raise InvalidInputError(f"{where} gave needle line {i} {text!r:.60} without a newline at its end: a needle "
+                                    f"is a line of its own between the haystack's lines")
+    hidden = "".join(texts)
+    for question, answer in asks:
+        missing = [word for word in re.split(r"[\s,]+", answer.strip()) if word not in hidden]
+        if missing:
+            raise InvalidInputError(f"{where} gave the answer {answer!r:.60}, but {' '.join(missing)!r:.40} of it is "
+                                    f"in none of its needle lines: a probe asks for what the context holds")
+    again = random.Random()
+    again.setstate(state)
+    if cls().content(again, needles, hops) != content:
+        raise InvalidInputError(f"{where} drew another sample from the same state of rng: it must draw from the rng "
+                                f"it is given alone (not the random module, uuid4 or the clock), so that the seed "
+                                f"gives the sample")
     return list(texts), [tuple(a) for a in asks]
 
 
