@@ -426,6 +426,77 @@ def test_a_second_search_in_the_same_folder_is_refused_while_the_first_runs(tmp_
     assert not (tmp_path / "candidates.jsonl").exists()
 
 
+def leave_a_dead_runs_temporaries(out: Path) -> list[Path]:
+    """What a search killed in `out` leaves of its writes: a half-written copy of best/, the old best/ it was
+    replacing, the temporary files of search.json, candidates.jsonl and summary.md; and beside them, names that
+    are not a search's temporaries."""
+    left = [out / ".best.tmp-deadbeef", out / ".best.old-0badc0de"]
+    for folder in left:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    for name in (".search.json.tmp999999", ".candidates.jsonl.tmp999999", ".summary.md.tmp999999"):
+        (out / name).write_text("half")
+        left.append(out / name)
+    for other in (out / ".bestiary.tmp-1", out / "notes.txt"):
+        other.write_text("mine")
+    return left
+
+
+def test_a_search_removes_what_a_killed_one_left_in_its_folder_and_nothing_else(finished, checkpoint, corpus,
+                                                                               tmp_path):
+    """A search killed while writing best/ left its partial model copy for good: the next run in the folder removes
+    every temporary of a search's writes before it starts, leaving only what a resume reads and what it writes."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    left = leave_a_dead_runs_temporaries(out)
+    recipe.main(recipe_args(checkpoint, corpus, out, "--plots", "false"))
+    assert not any(p.exists() for p in left)
+    assert sorted(p.name for p in out.iterdir()) == [".bestiary.tmp-1", ".lock", "best", "candidates.jsonl",
+                                                     "notes.txt", "search.json", "summary.md"]
+    assert (out / "best" / "config.json").is_file()
+
+
+def test_a_search_refused_while_another_runs_in_its_folder_removes_nothing(finished, tmp_path):
+    """The temporaries in a folder where a search runs are its own, being written: only the search that holds the
+    folder's lock removes any."""
+    import fcntl
+
+    shutil.copytree(finished, tmp_path / "out")
+    left = leave_a_dead_runs_temporaries(tmp_path / "out")
+    model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
+    with open(tmp_path / "out" / ".lock", "w") as lock:   # what the running search holds
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="another search is running in"):
+            search.FactorSearch(model, tok, text_ids(), settings(budget=0), tmp_path / "out", progress=False).run()
+    assert all(p.exists() for p in left)
+
+
+def test_a_search_killed_while_saving_best_leaves_nothing_the_next_run_keeps(checkpoint, corpus, tmp_path):
+    """SIGKILL while best/ is half written: its temporary folder stays until the next run in the folder, which
+    removes it and saves best/ whole."""
+    import os
+    import signal
+    import time
+
+    args = recipe_args(checkpoint, corpus, tmp_path / "out", "--search.budget", "0", "--plots", "false")
+    slow_save = ("import sys, time; from transformers import PreTrainedModel; save = PreTrainedModel.save_pretrained; "
+                 "PreTrainedModel.save_pretrained = lambda self, path, *a, **k: (save(self, path, *a, **k), "
+                 "print('saved', flush=True), time.sleep(600)); from hf_posenc.recipes import search; "
+                 "search.main(sys.argv[1:])")
+    child = subprocess.Popen([sys.executable, "-c", slow_save, *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert child.stdout.readline() == "saved\n"   # the model's files written, the tokenizer's not yet
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    partial = list((tmp_path / "out").glob(".best.tmp-*"))
+    assert len(partial) == 1 and (partial[0] / "config.json").is_file() and not (tmp_path / "out" / "best").exists()
+    recipe.main(args)
+    assert not partial[0].exists() and not list((tmp_path / "out").glob(".best.*"))
+    assert (tmp_path / "out" / "best" / "tokenizer_config.json").is_file()
+
+
 def test_a_switched_search_whose_fixed_attention_fails_the_guard_is_refused_before_any_long_pass(tmp_path):
     model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB), tiny_tokenizer()
     runner = search.FactorSearch(model, tok, text_ids(), settings(attention_range=None, guard_share=0.0), tmp_path,

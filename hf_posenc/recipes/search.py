@@ -79,6 +79,7 @@ class SearchConfig:
 
 
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...]"
+OUTPUTS = ("search.json", "candidates.jsonl", "summary.md", "convergence.png", "best")   # what it writes in output_dir
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> SearchConfig:
@@ -150,10 +151,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
 def run(args: SearchConfig) -> dict:
     """The recipe's phases in order; returns the best candidate."""
+    from hf_posenc.train import search
+
     recipe = SearchRecipe(args)
     recipe.setup()
-    best = recipe.run()
-    recipe.save(best)
+    with search.only_search(recipe.out, OUTPUTS):   # one search in the folder, from its first candidate to best/
+        best = recipe.run()
+        recipe.save(best)
     return best
 
 
@@ -230,7 +234,7 @@ class SearchRecipe:
                                       f"{args.model.name}: factor search to {s.target} ({s.mode}), {s.passages} "
                                       f"passages of {args.data.corpus}")
         record = json.loads((out / "search.json").read_text())   # as first written: the unpatched guard's value
-        (out / "summary.md").write_text(summary(rows, best, s, record))
+        search.write_whole(out / "summary.md", summary(rows, best, s, record))
         if args.save:
             save_best(self.tokenizer, best, s, out / "best", self.ref)
         print(f"best: {best['kind']}, loss {best['loss']:.4f} [{best['low']:.4f}, {best['high']:.4f}] (n {best['n']}); "

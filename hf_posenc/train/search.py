@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -721,8 +722,7 @@ class FactorSearch:
             from cmaes import CMA
         except ImportError:
             raise ConfigError("the factor search needs the cmaes package: pip install 'hf_posenc[search]'") from None
-        self.out.mkdir(parents=True, exist_ok=True)
-        with _only_search(self.out):
+        with only_search(self.out):
             return self._run(CMA)
 
     def _saved(self, settings_path: Path) -> dict | None:
@@ -837,12 +837,25 @@ def time_left(rows: Sequence[dict], total: int) -> float | None:
     return (total - len(rows)) * cost
 
 
+OUTPUTS = ("search.json", "candidates.jsonl")   # what FactorSearch.run writes in its folder
+_HELD: set[Path] = set()   # the folders whose lock this process holds
+
+
 @contextlib.contextmanager
-def _only_search(folder: Path):
-    """One search at a time in a folder: a second one would append the same candidates again."""
+def only_search(folder: str | os.PathLike, outputs: Sequence[str] = OUTPUTS):
+    """One search at a time in a folder (a second one would append the same candidates again): refused while
+    another holds its lock. Once it holds it, the temporaries a killed search left of `outputs` there (a file
+    written whole's `.NAME.tmp*`, a folder replaced whole's `.NAME.tmp-*` and `.NAME.old-*`) are removed: every
+    search writes them under this lock, so no running one is writing them. Taken again inside (the recipe holds it
+    across the search and the saving of best/), it is the same hold."""
+    folder = Path(folder).resolve()
+    if folder in _HELD:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
-    except ImportError:   # not POSIX: no lock, as before
+    except ImportError:   # not POSIX: no lock, as before, and nothing removed (its writer may be running)
         yield
         return
     with open(folder / ".lock", "w") as lock:
@@ -851,7 +864,17 @@ def _only_search(folder: Path):
         except OSError:
             raise ConfigError(f"another search is running in {folder}: wait for it, or name another output "
                               f"folder") from None
-        yield
+        _HELD.add(folder)
+        try:
+            for name in outputs:
+                for stale in (*folder.glob(f".{name}.tmp*"), *folder.glob(f".{name}.old-*")):
+                    if stale.is_dir() and not stale.is_symlink():
+                        shutil.rmtree(stale, ignore_errors=True)
+                    else:
+                        stale.unlink(missing_ok=True)
+            yield
+        finally:
+            _HELD.discard(folder)
 
 
 # seeds that, as a static set with their own attention factor, are their method at every length
@@ -915,5 +938,6 @@ def convergence_figure(rows: Sequence[dict], path: str | os.PathLike, title: str
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # outside: no point hidden
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with whole_file(Path(path)) as tmp:   # a kill leaves the old figure or none
+        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
