@@ -14,7 +14,9 @@ NAME=FOLDER (a saved fine-tune, loaded with hp.from_pretrained).
 the prefill's CPU time against the probes', for the first row.
 
 Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. Long: run it in the
-background with one thread (the CPU seconds are then one core's).
+background with one thread (the CPU seconds are then one core's). --report reads --out (and --also, --pool) and
+checks every cell and every row it is asked for before it prints: a cell cut short or without its gap, a row no file
+holds, pooled files with no cell in common are refused, naming the file and the cell or the flag.
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_recall.py --rows none yarn dca self_extend --lengths 16384 32768
     python benchmarks/bench_recall.py --report --figure docs/recall_distance.png
@@ -24,6 +26,7 @@ background with one thread (the CPU seconds are then one core's).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -149,8 +152,14 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", metavar="A:B", help="the paired differences to print (default: the "
                         f"training-free pairs, and each fine-tuned row against yarn, self_extend and {CONTROL})")
     args = parser.parse_args()
-    if args.pool and not args.report:
-        common.refuse("--pool goes with --report (it pools the cells of results files)")
+    for flag in ("pool", "also", "figure", "figure_rows"):
+        if getattr(args, flag) and not args.report:
+            common.refuse(f"--{flag.replace('_', '-')} goes with --report (it reads the cells of results files)")
+    if args.figure_rows and not args.figure:
+        common.refuse("--figure-rows goes with --figure (the rows the figure draws)")
+    for flag, path in (("--out", args.out if args.report else None), ("--also", args.also)):
+        if path and not Path(path).exists():
+            common.refuse(f"{flag} {path}: no such results file (--report reads the cells a run saved there)")
     pairs = [tuple(p.split(":")) for p in args.pairs or []]
     if any(len(p) != 2 or not all(p) for p in pairs):
         common.refuse(f"--pairs takes A:B (two row names), got {' '.join(args.pairs)}")
@@ -168,12 +177,21 @@ def main() -> None:
                                                    "control": not args.one_pass, "corpus": args.corpus,
                                                    "seed": args.seed, "dtype": args.dtype},
                                         ["recall", "probes"])
-    if args.report:
+    if args.report:   # every file and cell read, and every name given checked, before anything is printed
+        check_cells(results["recall"], args.out, results["settings"])
         if args.also:
             also, _ = common.results_file(args.also, results["settings"], ["recall", "probes"])
+            check_cells(also["recall"], args.also, results["settings"])
             for key, cell in also["recall"].items():
                 results["recall"].setdefault(key, {**cell, "also": also.get("machine", args.also)})
-        pool = pool_sets(results, args.pool) if args.pool else None   # refused before anything is printed
+        read = f"{args.out}{f' and --also {args.also}' if args.also else ''}"
+        check_names(results["recall"], pairs, "--pairs", read)
+        check_names(results["recall"], [(row,) for row in args.figure_rows or []], "--figure-rows", read)
+        pool = pool_sets(results, args.pool) if args.pool else None
+        if pool:
+            for path, cells in zip(args.pool, pool[0][1:]):
+                check_cells(cells, path, results["settings"])
+            check_names(shared(pool[0]), pairs, "--pairs", "the cells --out and every --pool file share")
         report(results, args.figure, pairs, args.figure_rows)
         return pooled(*pool, pairs) if pool else None
     gpu = f"{torch.cuda.get_device_name()}, " if DEVICE == "cuda" else ""
@@ -255,9 +273,63 @@ def paired(cells: dict, pairs: list[tuple[str, str]] | None) -> None:
                           f"[{d['low']:+.3f}, {d['high']:+.3f}] {'differs' if d['differs'] else 'same'}")
 
 
+def check_cells(cells: dict, path: str, settings: dict) -> None:
+    """Refuse (naming the file and the cell) a cell that is not whole as report() reads it: a key "ROW LENGTH", its
+    gap's interval, bins, recall distance and CPU time, and every passage the settings give a cell, each with its
+    distance and gap (a cell cut short would be paired with other passages, or left out of the pairs unsaid)."""
+    def numbers(value, keys) -> bool:
+        return isinstance(value, dict) and all(isinstance(value.get(k), (int, float)) and not isinstance(
+            value.get(k), bool) for k in keys)
+
+    for key, cell in cells.items():
+        where = f"{path}: the cell {key!r}"
+        row_length = key.split()
+        if len(row_length) != 2 or not row_length[1].isdigit() or not isinstance(cell, dict):
+            common.refuse(f"{where} is not a recall cell (a key 'ROW LENGTH' and an object): not a results file of "
+                          f"bench_recall.py")
+        if not numbers(cell.get("gap"), ("n", "mean", "half_width")):
+            common.refuse(f"{where} has gap {cell.get('gap')!r:.40}, not an interval (n, mean, half_width): a cell "
+                          f"bench_recall.py did not write; delete it, and a rerun measures it again")
+        lacks = [k for k in ("bins", "recall_distance", "beyond_measured", "cpu_s") if k not in cell]
+        if lacks or not isinstance(cell["bins"], list) or not all(numbers(b, ("start", "end", "mean"))
+                                                                  for b in cell["bins"]):
+            common.refuse(f"{where} lacks {', '.join(lacks) or 'whole bins (start, end, mean)'}: a cell bench_recall.py "
+                          f"did not write; delete it, and a rerun measures it again")
+        passages = cell.get("passages")
+        want = math.prod(recall.cell_sequences(int(row_length[1]), settings["passages"], settings["passage_tokens"]))
+        if not isinstance(passages, list) or not all(numbers(p, ("distance", "gap")) for p in passages):
+            common.refuse(f"{where} has no passages (a list of distance and gap each): its paired differences cannot "
+                          f"be taken; delete it, and a rerun measures it again")
+        if len(passages) != want:
+            common.refuse(f"{where} holds {len(passages)} passages; a cell of {settings['passages']} passages at "
+                          f"{row_length[1]} holds {want}: cut short; delete it, and a rerun measures it again")
+
+
+def check_names(cells, names: list[tuple[str, ...]], flag: str, read: str) -> None:
+    """Each row `flag` names (a pair of --pairs: at one length at least) is in the cells (their keys) of `read`:
+    a name that matches none would be left out of the report without a word."""
+    lengths: dict[str, set[int]] = {}
+    for key in cells:
+        row, length = key.split()
+        lengths.setdefault(row, set()).add(int(length))
+    for name in names:
+        for row in name:
+            if row not in lengths:
+                common.refuse(f"{flag} {':'.join(name)}: no row {row!r} in {read} (its rows: "
+                              f"{', '.join(sorted(lengths)) or 'none'})")
+        if len(name) == 2 and not lengths[name[0]] & lengths[name[1]]:
+            common.refuse(f"{flag} {':'.join(name)}: the two rows share no length in {read} ("
+                          + "; ".join(f"{row} at {', '.join(map(str, sorted(lengths[row])))}" for row in name) + ")")
+
+
+def shared(sets: list[dict]) -> list[str]:
+    """The cells (keys) every set of cells holds, in the first set's order."""
+    return [k for k in sets[0] if all(k in s for s in sets[1:])]
+
+
 def pool_sets(results: dict, paths: list[str]) -> tuple[list[dict], list[int]]:
     """([the recall cells of --out, then of each file of `paths`], their seeds): files of other seeds (other
-    passages) with the same settings otherwise; anything else is refused."""
+    passages) with the same settings otherwise, with at least one cell in common; anything else is refused."""
     sets, seeds = [results["recall"]], [results["settings"]["seed"]]
     for path in paths:
         if not Path(path).is_file():
@@ -271,13 +343,16 @@ def pool_sets(results: dict, paths: list[str]) -> tuple[list[dict], list[int]]:
             common.refuse(f"--pool {path}: seed {other['settings']['seed']} again: the same passages, counted twice")
         sets.append(other["recall"])
         seeds.append(other["settings"]["seed"])
+    if not shared(sets):
+        common.refuse(f"--pool {' '.join(paths)}: no cell (row and length) is in --out and every --pool file, so "
+                      f"there is nothing to pool")
     return sets, seeds
 
 
 def pooled(sets: list[dict], seeds: list[int], pairs: list[tuple[str, str]] | None) -> None:
     """Each cell that every set holds, its passages pooled: the gap over all distances and past 16k, and the
     paired differences."""
-    keys = [k for k in sets[0] if all(k in s for s in sets[1:])]
+    keys = shared(sets)
     cells = {k: {"passages": [p for s in sets for p in s[k]["passages"]],
                  "bins": [{"start": b["start"], "end": b["end"]} for b in sets[0][k].get("bins", [])],   # by 4k bin
                  **({"folder": sets[0][k]["folder"]} if "folder" in sets[0][k] else {})} for k in keys}
