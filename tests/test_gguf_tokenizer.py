@@ -129,17 +129,13 @@ def test_a_bpe_without_merges_is_refused_before_anything_is_written(tmp_path):
 
 
 def vocab_file(path, tokenizer, **changed):
-    """A GGUF file holding only `tokenizer`'s keys as tokenizer_fields writes them, `changed` (None: left out)."""
+    """A small GGUF file with `tokenizer`'s keys as tokenizer_fields writes them, `changed` (None: left out)."""
+    from test_serving import write_tiny_gguf
+
     from hf_posenc.export.serving import add_gguf_fields
 
     keys = {k: v for k, v in {**tokenizer_fields(tokenizer, len(tokenizer)), **changed}.items() if v is not None}
-    writer = gguf.GGUFWriter(path, arch="llama")
-    add_gguf_fields(writer, [], keys)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_tiny_gguf(path, keys=lambda writer: add_gguf_fields(writer, [], keys))
 
 
 @pytest.mark.parametrize("changed, says", [
