@@ -73,10 +73,9 @@ def check_copied(values: dict, vocab_from, tokenizer) -> None:
     merges and the name of its pre-tokenizer (without one llama.cpp splits with its default regex, not GPT-2's)."""
     model = values.get("tokenizer.ggml.model")
     spec = _spec(tokenizer) if tokenizer is not None else None
-    kind = _kind(spec) if spec is not None else "unknown"
-    if spec is not None and (model == "gpt2") != (kind is None):
-        ours = "a byte-level BPE (llama.cpp's 'gpt2')" if kind is None else \
-            f"a {kind}, not a byte-level BPE (llama.cpp's 'gpt2')"
+    if spec is not None and (model == "gpt2") != (_kind(spec) is None):
+        ours = "a byte-level BPE (llama.cpp's 'gpt2')" if _kind(spec) is None else \
+            f"a {_kind(spec)}, not a byte-level BPE (llama.cpp's 'gpt2')"
         raise ExportError(f"vocab_from {vocab_from} has tokenizer.ggml.model {model!r} "
                           f"({GGML_MODELS.get(model, 'a tokenizer llama.cpp names so')}), but the model's tokenizer is "
                           f"{ours}: llama.cpp would split text into other tokens; give the GGUF file this model was "
@@ -102,10 +101,10 @@ def tokenizer_fields(tokenizer, vocab_size: int) -> dict[str, object]:
     if spec is None:
         raise ExportError(f"the model's tokenizer ({type(tokenizer).__name__}) has no tokenizer.json form to write; "
                           f"give vocab_from (--vocab-from) a GGUF file of this vocabulary")
-    model = spec.get("model") or {}
+    model, kind = spec.get("model") or {}, _kind(spec)
     refuse = None
-    if _kind(spec) is not None:
-        refuse = f"its model is {_kind(spec)}, not byte-level BPE"
+    if kind is not None:
+        refuse = f"its model is {kind}, not byte-level BPE"
     elif not model.get("merges"):
         raise ExportError("the model's tokenizer cannot be written as a GGUF tokenizer: it is a BPE without merges, and "
                           "llama.cpp's gpt2 model reads a BPE's merges from tokenizer.ggml.merges, which GGUF cannot "
