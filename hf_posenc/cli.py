@@ -1,4 +1,4 @@
-"""The `hf-posenc` command: finetune, evaluate, search (the recipes), methods, inspect, patch, export, demo, plot.
+"""The `hf-posenc` command: finetune, evaluate, search, extend (the recipes), methods, inspect, patch, export, demo, plot.
 
 Every refusal (a bad argument, a path that is not there, a method that does not apply) ends the command
 with one line `error: ...` on stderr and exit code 2, before anything is written; other exceptions are
@@ -399,11 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
 RECIPES = {"finetune": "fine-tune a patched model (recipes/finetune.py; one process: for several, "
                         "accelerate launch -m hf_posenc.recipes.finetune)",
            "evaluate": "evaluate positional variants (recipes/evaluate.py)",
-           "search": "search RoPE's per-pair factors for a longer context, saved as a stock longrope checkpoint"}
+           "search": "search RoPE's per-pair factors for a longer context, saved as a stock longrope checkpoint",
+           "extend": "extend a RoPE checkpoint to --target in one resumable run: plan, search, fine-tune, judge, "
+                     "export (a report card)"}
 
 
 def run_recipe(name: str, argv: list[str]) -> None:
-    """`hf-posenc finetune|evaluate|search ...`: the recipe's own command line, the same code as recipes/*.py."""
+    """`hf-posenc finetune|evaluate|search|extend ...`: the recipe's own command line, the same code as recipes/*.py."""
     if name == "finetune":
         from .recipes import finetune
 
@@ -414,6 +416,10 @@ def run_recipe(name: str, argv: list[str]) -> None:
         from .recipes import search
 
         search.main(argv, prog=f"hf-posenc {name}")
+    elif name == "extend":
+        from .recipes import extend
+
+        extend.main(argv, prog=f"hf-posenc {name}")
     else:
         from .recipes import evaluate
 

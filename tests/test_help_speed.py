@@ -35,7 +35,7 @@ else:
 COMMANDS = {
     "hf-posenc --help": ("module", "hf_posenc.cli", "--help"),
     **{f"hf-posenc {sub} --help": ("module", "hf_posenc.cli", sub, "--help")
-       for sub in ("methods", "inspect", "patch", "demo", "plot", "finetune", "evaluate", "search")},
+       for sub in ("methods", "inspect", "patch", "demo", "plot", "finetune", "evaluate", "search", "extend")},
     "python -m hf_posenc.recipes.finetune --help": ("module", "hf_posenc.recipes.finetune", "--help"),
     "python -m hf_posenc.recipes.evaluate --help": ("module", "hf_posenc.recipes.evaluate", "--help"),
     "python recipes/finetune.py --help": ("path", str(ROOT / "recipes" / "finetune.py"), "--help"),

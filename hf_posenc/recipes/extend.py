@@ -1,0 +1,597 @@
+"""Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, judge, export.
+
+    hf-posenc extend --model smollm2 --target 32768                 # SmolLM2-135M, 8k -> 32k
+    hf-posenc extend --model Qwen/Qwen2.5-0.5B --target 65536 --hours 6
+    hf-posenc extend --config extend_smollm2 --target 16384 --judge.mode quick
+    hf-posenc extend --model smollm2 --target 32768 --plan_only    # the plan, nothing run
+    hf-posenc extend --help                                         # every field, its default and what it does
+
+Every setting follows from the model's config, the target and the machine by a rule (`plan`: each printed with
+its reason before any weights load, each overridable with its flag): the critical rotary pair and its floor, the
+search's distance bands and passages, the fine-tune's window, PoSE's span, its tokens and steps (from --tokens, or
+from --hours and this machine's measured rates). The stages run in order, each in a subfolder of output_dir:
+
+    search/     the factor search (hf_posenc/recipes/search.py); search/best is the untrained start
+    finetune/   the fine-tune from it (hf_posenc/recipes/finetune_recipe.py)
+    judge/      recall at a distance against the untrained start, YaRN and Self-Extend at the target, on a text
+                neither stage read; perplexity at the original length and the target; the passkey far back
+    (root)      the extended checkpoint, its model card (README.md) and REPORT.md with the figures
+
+A killed run resumes at its stage (the search and the fine-tune resume inside theirs); a rerun with other settings
+is refused naming each; an output_dir that holds anything but this run is refused. A model with one RoPE per layer
+type (Gemma 3) skips the search (it takes one RoPE) and starts the fine-tune from YaRN, the plan says so.
+The two-config path (hf-posenc search, then hf-posenc finetune) is this pipeline's first two stages by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hf_posenc import user_input
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import extend_report, recipe_config
+from hf_posenc.recipes.extend_report import format_value, write_json
+from hf_posenc.recipes.recipe_config import need
+
+STAGES = ("search", "finetune", "judge", "export")
+JUDGE_MODES = ("full", "quick", "skip")
+TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
+
+
+@dataclass
+class SearchPlanArgs:
+    corpus: str = field(default="shakespeare", metadata={"help": "the search's tuning text (a load_corpus spec)"})
+    candidates: Optional[int] = field(default=None, metadata={
+        "help": "CMA-ES candidates after the 5 seeds (null: 16, fewer where --hours leaves no time for them)"})
+    critical_floor: Optional[float] = field(default=None, metadata={
+        "help": "the critical pairs' least factor in multiples of s (null: 1.33, their farthest position at the "
+                "target lands at 3/4 of the original context)"})
+    far_from: Optional[int] = field(default=None, metadata={
+        "help": "the fitness reads passages at least this far back (null: half the original context)"})
+    band_width: Optional[int] = field(default=None, metadata={
+        "help": "distance bands the fitness weighs alike (null: target / 8, wider where the passages are few)"})
+    passages: Optional[int] = field(default=None, metadata={
+        "help": "recall passages over 2 sequences (null: what fills 56 % of them, as the shipped search)"})
+    passage_tokens: Optional[int] = field(default=None, metadata={
+        "help": "tokens of a passage (null: 192, less for a short original context)"})
+    guard_share: float = field(default=0.08, metadata={
+        "help": "largest rise of perplexity inside the original context a candidate may have"})
+
+
+@dataclass
+class TrainPlanArgs:
+    corpus: str = field(default="stdlib", metadata={"help": "the fine-tune's text (long documents)"})
+    seq_len: Optional[int] = field(default=None, metadata={
+        "help": "tokens of a training window (null: half the original context)"})
+    lr: float = field(default=6e-5, metadata={"help": "AdamW learning rate (constant after 10 warmup steps)"})
+    longce_window: Optional[int] = field(default=None, metadata={
+        "help": "LongCE's short window (null: 1/16 of the original context)"})
+    seed: int = field(default=42, metadata={"help": "seed of the data order"})
+
+
+@dataclass
+class JudgePlanArgs:
+    mode: str = field(default="full", metadata={
+        "help": "full (recall over two passage seeds, perplexity, passkey), quick (one seed, no passkey), skip"})
+    corpus: Optional[str] = field(default=None, metadata={
+        "help": "the held-out text (null: the first of kjv, shakespeare, stdlib that no stage reads)"})
+    passages: Optional[int] = field(default=None, metadata={
+        "help": "recall passages a seed (null: 48 per 32k of target)"})
+    bin: Optional[int] = field(default=None, metadata={
+        "help": "width of the distance bins (null: the larger of half the original context and target / 8)"})
+
+
+@dataclass
+class ExtendConfig:
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
+                                           metadata={"help": "the checkpoint to extend (--model NAME for short)"})
+    target: int = field(default=0, metadata={"help": "the context to extend to (tokens), > the original"})
+    tokens: int = field(default=0, metadata={
+        "help": "the fine-tune's training tokens (0: 9.375 x target, the shipped 307k at 32k; or from --hours)"})
+    hours: float = field(default=0.0, metadata={
+        "help": "wall time for the search and the fine-tune on this machine (0: --tokens' rule): the fine-tune "
+                "gets what the search leaves, at this machine's measured rate"})
+    search: SearchPlanArgs = field(default_factory=SearchPlanArgs, metadata={"help": "the factor search"})
+    train: TrainPlanArgs = field(default_factory=TrainPlanArgs, metadata={"help": "the fine-tune"})
+    judge: JudgePlanArgs = field(default_factory=JudgePlanArgs, metadata={"help": "the report card"})
+    output_dir: str = field(default="", metadata={"help": "the run's folder (empty: runs/extend_NAME_TARGET)"})
+    plan_only: bool = field(default=False, metadata={"help": "print the plan and stop"})
+
+
+USAGE = "--model NAME --target TOKENS [--hours H | --tokens N] [--section.field VALUE ...]"
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> ExtendConfig:
+    argv = ["--model.name" if a == "--model" else a for a in (sys.argv[1:] if argv is None else argv)]
+    args = recipe_config.parse(ExtendConfig, argv, usage=f"{recipe_config.program('extend', prog)} {USAGE}",
+                               about=(__doc__ or "").split("\n\n")[0], shipped=lambda name: name.startswith("extend_"))
+    need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
+    need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
+    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
+    need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
+                                           f"length: give one")
+    need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
+    if not args.output_dir.strip():
+        args.output_dir = f"runs/extend_{Path(args.model.name).name.removesuffix('.gguf')}_{args.target}"
+    return args
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+@dataclass
+class Setting:
+    """One planned value, why it is what it is, and whether the user set it."""
+    name: str
+    value: object
+    reason: str
+    given: bool = False
+
+
+@dataclass
+class Facts:
+    """What the plan reads of the model, from its config alone (no weights)."""
+    ref: str
+    name: str                   # its hub id, else its folder's name: what the plan, the records and the card show
+    model_type: str
+    original: int
+    pairs: int
+    critical: Optional[int]     # None: one RoPE per layer type (no search)
+    parameters: int
+    layer_types: list
+    apart: Optional[str] = None  # why documents cannot be kept apart under spread ids (None: they can)
+    baselines: dict = field(default_factory=dict)   # training-free method -> None (it applies) or why not
+
+
+def model_facts(args: ExtendConfig) -> Facts:
+    """The model's config checked for what extending takes (a causal LM with plain RoPE, not patched, not scaled)."""
+    from hf_posenc import _compat
+    from hf_posenc.recipes.patch_card import base_name
+    from hf_posenc.record_reader import read_record
+    from hf_posenc.train.search import critical_pair
+
+    ref = user_input.model_ref(args.model.name)
+    skeleton = user_input.model_skeleton(ref, methods=["yarn"], causal_lm_for="hf-posenc extend")   # RoPE, causal
+    config = skeleton.config
+    text = config.get_text_config()
+    record = read_record(config)
+    if record is not None:
+        raise ConfigError(f"model {args.model.name} is already patched ({record.method}): extend the model it was "
+                          f"patched from")
+    layers = _compat.rope_layer_types(text)
+    for layer in layers:
+        rope_type = _compat.get_rope_parameters(text, layer).get("rope_type", "default")
+        if rope_type != "default":
+            raise ConfigError(f"model {args.model.name} already ships rope_type={rope_type!r} scaling"
+                              f"{f' ({layer})' if layer else ''}: extend its checkpoint before that scaling")
+    original = int(text.max_position_embeddings)
+    if args.target <= original:
+        raise ConfigError(f"--target {args.target} must be longer than the model's original context {original}: "
+                          f"there is nothing to extend")
+    rotary = next(m for m in skeleton.modules() if _compat.is_rotary_module(m))
+    inv_freq, _ = _compat.rope_init(text, layers[0], None, type(rotary), device="cpu")
+    critical = critical_pair(inv_freq, original) if layers == [None] else None
+    parameters = sum(p.numel() for p in skeleton.parameters())
+    from hf_posenc.recipes.finetune_model import choose_attention
+    from hf_posenc.train.documents import why_not_per_document
+
+    apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
+    baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
+    del skeleton
+    return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters, layers,
+                 apart, baselines)
+
+
+BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
+
+
+def applies(skeleton, method: str, target: int) -> Optional[str]:
+    """None where `method` patches the model at `target` (planned on its skeleton, nothing changes), else why not."""
+    from hf_posenc import eval as hpe
+    from hf_posenc.errors import PosEncError
+    from hf_posenc.registry import get_method, plan_patch
+
+    try:
+        params = hpe.variant_params(skeleton, method, {}, target)
+        plan_patch(skeleton, get_method(method)(**params))
+    except (PosEncError, ValueError) as err:
+        return str(err).split(";")[0]
+    return None
+
+
+def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
+    """(kind, words, dtype, why) of this machine: the kind for the rates below (a GPU, or the CPU's bfloat16
+    support), and the dtype `dtype` resolves to here."""
+    import torch
+
+    from hf_posenc import _compat
+
+    from hf_posenc import loading
+
+    dtype, why = loading.resolve_dtype(dtype)
+    dtype = str(dtype).removeprefix("torch.")
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_name(0), dtype, why
+    native = _compat.native_bfloat16("cpu")[0]
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    kind = "amx" if native and amx else "avx512_bf16" if native else "float32"
+    return (kind, f"{os.cpu_count()} CPU cores, torch capability {torch.backends.cpu.get_cpu_capability()}"
+                  f"{', AMX' if amx else ''}", dtype, why)
+
+
+# Rates of SmolLM2-135M measured on the machines of benchmarks/RESULTS.md ("What the path costs"), scaled to other
+# models by parameter count: seconds a search candidate takes at 32k (the raced, banded search: two sequences, a
+# rejected candidate ~1.5 s), and training tokens a second at 4096-token windows.
+RATES = {
+    "amx": (62.0, 201.0),           # 2 Xeon cores with AMX: 21 candidates in 21.9 min; 201 tokens/s
+    "avx512_bf16": (104.0, 86.0),   # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward, x2.34 a step
+    "float32": (180.0, 60.0),       # 2 AVX2 cores in float32: not measured end to end (a 4k forward 20.4 s)
+    "cuda": (2.0, 27000.0),         # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log
+}
+REFERENCE_PARAMETERS = 135e6
+
+
+@dataclass
+class Plan:
+    settings: list
+    facts: Facts
+    machine: tuple
+
+    def value(self, name: str):
+        return next(s.value for s in self.settings if s.name == name)
+
+    def rows(self) -> list[str]:
+        """The rows of the report card: the extended checkpoint, its untrained start, and the training-free methods
+        that apply to the model."""
+        return ["extended", *(["start"] if self.value("search") else []), *self.value("judge.rows")]
+
+    def record(self) -> dict:
+        """What makes two runs the same run (compared on a rerun)."""
+        return {s.name: s.value for s in self.settings}
+
+    def estimates(self) -> dict:
+        """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length)."""
+        candidate_s, tokens_s = RATES[self.machine[0]]
+        scale = self.facts.parameters / REFERENCE_PARAMETERS
+        target = self.value("target")
+        length = (target / 32768) ** 1.2
+        search = 0.0 if not self.value("search") else (5 + self.value("search.candidates")) * candidate_s * scale * length
+        train = self.value("train.tokens") / tokens_s * scale
+        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 6
+        judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate_s / 2 * scale * length
+        return {"search": search / 60, "finetune": train / 60, "judge": judge / 60, "export": 0.1}
+
+    def text(self) -> str:
+        width = max(len(s.name) for s in self.settings)
+        lines = [f"plan: {self.facts.name} ({self.facts.model_type}, {self.facts.parameters / 1e6:.0f}M parameters) "
+                 f"from {self.facts.original} to {self.value('target')} tokens; machine: {self.machine[1]}"]
+        for s in self.settings:
+            lines.append(f"  {s.name:<{width}}  {format_value(s.value):<22} {'(given) ' if s.given else ''}{s.reason}")
+        est = self.estimates()
+        lines.append("  estimated: " + ", ".join(f"{k} ~{v:.0f} min" for k, v in est.items() if v >= 0.5)
+                     + f"; whole ~{sum(est.values()):.0f} min (rates: benchmarks/RESULTS.md, scaled)")
+        return "\n".join(lines)
+
+
+def asked(section, name: str):
+    """The value the user gave a field (None: he left its default, which the plan then states)."""
+    value = getattr(section, name)
+    default = next(f for f in dataclasses.fields(section) if f.name == name)
+    return None if value == (default.default_factory() if callable(default.default_factory) else default.default) \
+        else value
+
+
+def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
+    """Every setting of the run from the model, the target and the machine, by the rules stated beside each."""
+    L, T = facts.original, args.target
+    settings: list[Setting] = []
+
+    def put(name: str, given, derived, reason: str):
+        settings.append(Setting(name, derived if given is None else given, reason, given is not None))
+        return settings[-1].value
+
+    put("target", T, T, f"s = {T / L:g} x the original {L}")
+    put("dtype", None, machine[2], machine[3])
+    searched = facts.critical is not None
+    put("search", None, searched,
+        f"critical pair {facts.critical} of {facts.pairs}: pairs from it on never turned a full period in {L} tokens"
+        if searched else f"skipped: {facts.model_type} has one RoPE per layer type {facts.layer_types}; the factor "
+                         f"search takes one RoPE, so the fine-tune starts from YaRN at the target")
+    sa = args.search
+    if searched:
+        put("search.corpus", asked(sa, "corpus"), sa.corpus, "the tuning text of the passages")
+        put("search.critical_floor", sa.critical_floor, 1.33,
+            "the critical pairs' farthest position at the target lands at 3/4 of the original context, not on "
+            "their last and least-trained positions (LongRoPE2 wants >= s; RESULTS: 'The critical pairs' floor')")
+        tokens = put("search.passage_tokens", sa.passage_tokens, int(min(192, max(8, L // 32))),
+                     "a passage: 192 tokens, at most 1/32 of the original context")
+        far = put("search.far_from", sa.far_from, L // 2, "the fitness reads tokens only far context predicts: "
+                                                        "half the original context and more")
+        passages, width = search_layout(T, L, far, tokens, sa.passages, sa.band_width)
+        put("search.passages", sa.passages, passages,
+            "2 sequences (the race scores the first), each 56 % passages (48 a sequence at 32k), fewer where they "
+            "do not fit")
+        put("search.band_width", sa.band_width, width,
+            "about target / 8, even: every band from far_from to the target weighs alike in the fitness (wider "
+            "where the passages do not fit)")
+        put("search.candidates", sa.candidates, 16, "CMA-ES candidates after 5 seeds (the shipped search's 16)")
+        put("search.guard_share", asked(sa, "guard_share"), 0.08, "the perplexity guard inside the original context")
+    ta = args.train
+    window = put("train.seq_len", ta.seq_len, L // 2, "half the original context: memory follows the window, and "
+                                                     "PoSE gives its ids spread over the target")
+    put("train.positions", None, "pose chunks=2 text=span",
+        f"each window two chunks of a {T}-token span of one document: training pairs up to {T} apart")
+    put("train.corpus", asked(ta, "corpus"), ta.corpus, "long documents (the standard library's packages)")
+    put("train.packing", None, "documents" if facts.apart is None else "joined",
+        "documents kept apart (each attends only to itself)" if facts.apart is None else
+        f"joined: {facts.apart}, so transformers' masks would read PoSE's jumps as new documents")
+    put("train.longce_window", ta.longce_window, max(1, L // 16), "LongCE weighs tokens the far context predicts "
+                                                                   "better than this short window does")
+    put("train.lr", asked(ta, "lr"), 6e-5, "the shipped fine-tune's, constant after 10 warmup steps")
+    put("train.seed", asked(ta, "seed"), 42, "the data order")
+    settings_tokens(args, facts, machine, settings, put, window)
+    ja = args.judge
+    mode = put("judge.mode", asked(ja, "mode"), ja.mode, "full: two passage seeds, perplexity, passkey; quick: one seed")
+    read = {args.search.corpus if searched else None, ta.corpus}
+    held_out = next((t for t in TEXTS if t not in read), None)
+    corpus = put("judge.corpus", ja.corpus, held_out, "a text neither the search nor the fine-tune reads")
+    if mode != "skip" and corpus is None:
+        raise ConfigError("judge.corpus: every built-in text is read by a stage; name a held-out text")
+    left_out = {m: why for m, why in facts.baselines.items() if why}
+    put("judge.rows", None, [m for m in BASELINES if m not in left_out],
+        "untrained, patched to the target" + "".join(f"; no {m}: {why}" for m, why in left_out.items()))
+    put("judge.seeds", None, 2 if mode == "full" else 1, "passage seeds pooled (n doubles)")
+    put("judge.passages", ja.passages, max(4, 48 * T // 32768), "recall passages a seed: 48 per 32k of target")
+    put("judge.bin", ja.bin, max(L // 2, T // 8), "distance bins of the report: the larger of half the original "
+                                                  "context and target / 8 (4k up to 32k for an 8k model)")
+    put("judge.passkey_depths", None, [0.05, 0.15, 0.25] if mode == "full" else [],
+        "the key in the farthest quarter of the window, 2 trials each")
+    plan = Plan(settings, facts, machine)
+    check_plan(plan)
+    return plan
+
+
+def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, width: int | None) -> tuple[int, int]:
+    """(passages, band width) of the search: 56 % of 2 sequences in passages, the distances from far_from to the
+    target cut into bands of about target / 8 (even widths, 2 passages a band in each sequence); where the layout
+    cannot place them, fewer bands, then fewer passages. Given values stay as given."""
+    from hf_posenc.train.search import SearchSettings
+
+    span = T - far
+    derived = int(0.5625 * T / (2 * tokens)) if passages is None else passages // 2
+    counts = [None] if width else range(max(1, round(span / max(1, T // 8))), 0, -1)
+    for per_sequence in range(derived, 1, -1) if passages is None else [derived]:
+        for count in counts:
+            band = width or math.ceil(span / count)
+            if width is None and per_sequence < 2 * math.ceil(span / band):
+                continue   # every band needs 2 passages a sequence
+            try:
+                SearchSettings(model="", target=T, original=L, passages=2 * per_sequence, passage_tokens=tokens,
+                               far_from=far, guard_length=min(2048, L // 4), band_width=band, race=True)
+            except ValueError:
+                continue
+            return 2 * per_sequence, band
+    return 2 * derived, width or min(span, T // 8)   # as derived: check_plan says why the search refuses it
+
+
+def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: list, put, window: int) -> None:
+    """The fine-tune's tokens and steps: --tokens, or the rule (9.375 x target), or what --hours leaves after the
+    search at this machine's rate."""
+    T = args.target
+    if args.hours:
+        candidate_s, tokens_s = RATES[machine[0]]
+        scale = facts.parameters / REFERENCE_PARAMETERS
+        seconds = args.hours * 3600
+        searched = any(s.name == "search" and s.value for s in settings)
+        per_candidate = candidate_s * scale * (T / 32768) ** 1.2
+        if searched:   # the search takes at most 45 % of the hours (the shipped path's share)
+            given = args.search.candidates is not None
+            candidates = args.search.candidates if given else max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
+            next(s for s in settings if s.name == "search.candidates").value = candidates
+            next(s for s in settings if s.name == "search.candidates").reason = (
+                f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate (at most 16)")
+            seconds -= (5 + candidates) * per_candidate
+        tokens = int(seconds * tokens_s / scale)
+        put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search, at ~{tokens_s / scale:.0f} "
+                                          f"tokens/s on this machine")
+    else:
+        put("train.tokens", args.tokens or None, int(9.375 * T),
+            "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
+    tokens = next(s.value for s in settings if s.name == "train.tokens")
+    if tokens < window:
+        raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}"
+                          + (f": --hours {args.hours:g} leaves no time for a step after the search" if args.hours else
+                             ": raise --tokens"))
+    put("train.steps", None, math.ceil(tokens / window), f"tokens / window, one {window}-token window a step")
+
+
+def check_plan(plan: Plan) -> None:
+    """The settings the stages will get, checked now by their own classes (numbers only: no text, no weights)."""
+    from hf_posenc.train.positions import scheme
+
+    if plan.value("search"):
+        try:
+            search_settings(plan, "")
+        except ValueError as err:
+            raise ConfigError(f"search: {err}") from None
+    try:
+        scheme(plan.value("train.positions")).resolve(plan.value("target"))
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(f"train.positions: {err}") from None
+
+
+def search_settings(plan: Plan, dtype: str):
+    from hf_posenc.train.search import SearchSettings
+
+    v = plan.value
+    return SearchSettings(model=plan.facts.ref, target=v("target"), original=plan.facts.original, mode="static",
+                          budget=v("search.candidates"), passages=v("search.passages"),
+                          passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
+                          guard_length=min(2048, plan.facts.original // 4), guard_share=v("search.guard_share"),
+                          top_range=[1.0, 2.0], attention_range=[1.0, 1.3], corpus=v("search.corpus"),
+                          dtype=dtype or "float32", band_width=v("search.band_width"),
+                          critical_floor=v("search.critical_floor"), race=True)
+
+
+# ---------------------------------------------------------------------------------------------- the run
+class ExtendRun:
+    """One pipeline run in `out`: its plan recorded (plan.json), the stages done (stages.json: seconds each)."""
+
+    def __init__(self, args: ExtendConfig, plan: Plan):
+        self.args, self.plan = args, plan
+        self.out = user_input.output_folder(args.output_dir, "output_dir", [p for p in [Path(plan.facts.ref)]
+                                                                            if p.exists()])
+        self.check_folder()
+
+    def check_folder(self) -> None:
+        """A new or empty folder, or this run's own: another run's settings refused naming each one."""
+        saved = self.out / "plan.json"
+        if not self.out.exists() or not any(self.out.iterdir()):
+            return
+        if not saved.is_file():
+            raise ConfigError(f"output_dir {self.args.output_dir} holds files but no plan.json: not an extend run; "
+                              f"choose another --output_dir")
+        try:
+            there = json.loads(saved.read_text())
+            old = there["settings"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{saved} cannot be read ({err}): not an extend run's plan; choose another "
+                              f"--output_dir") from None
+        new = json.loads(json.dumps(self.plan.record()))
+        changed = [f"{k}: {format_value(old.get(k))} there, {format_value(new.get(k))} now"
+                   for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        if there.get("model") != self.plan.facts.name or there.get("model_path") != model_key(self.plan.facts.ref):
+            changed.insert(0, f"model: {there.get('model')} there, {self.plan.facts.name} now")
+        if changed:
+            raise ConfigError(f"output_dir {self.args.output_dir} holds a run with other settings ({'; '.join(changed)}"
+                              f"); run with those settings to resume it, or choose another --output_dir")
+
+    @property
+    def done(self) -> dict:
+        path = self.out / "stages.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def mark(self, stage: str, seconds: float) -> None:
+        done = self.done
+        done[stage] = {"seconds": round(done.get(stage, {}).get("seconds", 0) + seconds, 1),
+                       "finished": time.strftime("%Y-%m-%d %H:%M")}
+        write_json(self.out / "stages.json", done)
+
+    def run(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if not (self.out / "plan.json").exists():
+            write_json(self.out / "plan.json", {"model": self.plan.facts.name, "model_path": model_key(self.plan.facts.ref),
+                                                "settings": self.plan.record(),
+                                                "planned": time.strftime("%Y-%m-%d %H:%M")})
+        estimates = self.plan.estimates()
+        stages = [s for s in STAGES if not (s == "search" and not self.plan.value("search"))
+                  and not (s == "judge" and self.plan.value("judge.mode") == "skip")]
+        for i, stage in enumerate(stages, 1):
+            left = sum(estimates[s] for s in stages[i - 1:] if s not in self.done)
+            if stage in self.done:
+                print(f"[{i}/{len(stages)} {stage}] done ({self.done[stage]['seconds'] / 60:.1f} min)", file=sys.stderr)
+                continue
+            print(f"[{i}/{len(stages)} {stage}] ~{estimates[stage]:.0f} min for this stage, ~{left:.0f} min left in "
+                  f"all (estimates)", file=sys.stderr)
+            start = time.perf_counter()
+            getattr(self, f"stage_{stage}")()
+            self.mark(stage, time.perf_counter() - start)
+        print(f"extended checkpoint: {self.out} (REPORT.md, README.md)", file=sys.stderr)
+        return self.out
+
+    # -- the stages
+    def dtype(self) -> str:
+        from hf_posenc import loading
+
+        return str(loading.resolve_dtype(self.args.model.dtype)[0]).removeprefix("torch.")
+
+    def stage_search(self) -> None:
+        from hf_posenc.recipes import search as search_recipe
+
+        v = self.plan.value
+        args = search_recipe.SearchConfig(
+            model=dataclasses.replace(self.args.model, attn_implementation=self.args.model.attention()),
+            data=recipe_config.DataArgs(corpus=v("search.corpus")),
+            search=search_recipe.SearchArgs(
+                target=v("target"), mode="static", budget=v("search.candidates"), passages=v("search.passages"),
+                passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
+                guard_length=min(2048, self.plan.facts.original // 4), guard_share=v("search.guard_share"),
+                top_range=[1.0, 2.0], attention_range=[1.0, 1.3], band_width=v("search.band_width"),
+                critical_floor=v("search.critical_floor"), race=True),
+            output_dir=str(self.out / "search"))
+        search_recipe.check_args(args)
+        search_recipe.run(args)
+
+    def start_folder(self) -> str:
+        return str(self.out / "search" / "best") if self.plan.value("search") else self.plan.facts.ref
+
+    def stage_finetune(self) -> None:
+        from hf_posenc.recipes import finetune_config as fc
+        from hf_posenc.recipes.finetune import RUN
+        from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
+        from hf_posenc.train import checkpoints as ckpt
+
+        v = self.plan.value
+        out = self.out / "finetune"
+        started = out.is_dir() and any(out.iterdir())
+        resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
+        steps = v("train.steps")
+        cfg = fc.FinetuneConfig(
+            model=fc.ModelArgs(name=self.start_folder(), dtype=self.args.model.dtype,
+                               attn_implementation=self.args.model.attn_implementation),
+            data=fc.DataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
+            train=fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
+                               longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
+                               warmup_steps=min(10, max(1, steps // 5)), scheduler="constant_with_warmup",
+                               save_every=max(1, steps // 3), seed=v("train.seed")),
+            eval=fc.EvalArgs(lengths=[]),
+            posenc=None if v("search") else {"method": "yarn", "max_position_embeddings": v("target")},
+            output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
+        recipe = FinetuneRecipe(cfg, progress=RUN)
+        recipe.setup()
+        recipe.train()
+
+    def stage_judge(self) -> None:
+        extend_report.judge(self)
+
+    def stage_export(self) -> None:
+        extend_report.export(self)
+
+
+def model_key(ref: str) -> str:
+    """Which model a run is of, without its machine path: a hash of where it lies (a hub id as itself)."""
+    import hashlib
+
+    path = Path(ref).expanduser()
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] if path.exists() else ref
+
+
+def run(args: ExtendConfig) -> Optional[Path]:
+    """The plan (printed before any weights load), then the stages."""
+    started = time.perf_counter()
+    plan = make_plan(args, model_facts(args), machine_kind(args.model.dtype))
+    print(plan.text(), file=sys.stderr)
+    print(f"(planned in {time.perf_counter() - started:.1f} s; output_dir {args.output_dir})", file=sys.stderr)
+    pipeline = ExtendRun(args, plan)
+    if args.plan_only:
+        return None
+    return pipeline.run()
+
+
+def main(argv: list[str] | None = None, prog: str | None = None):
+    """The recipe's entry: a refusal is one line `error: ...` and exit code 2; Ctrl-C says how to go on."""
+    try:
+        with user_input.refusals():
+            return run(parse_args(argv, prog))
+    except KeyboardInterrupt:
+        print("\ninterrupted: what each stage finished is kept; run the same command to go on", file=sys.stderr)
+    raise SystemExit(130)
+
+
+if __name__ == "__main__":
+    main()

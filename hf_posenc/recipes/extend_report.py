@@ -1,0 +1,345 @@
+"""The last two stages of `hf-posenc extend` (hf_posenc/recipes/extend.py): the judge, which measures the extended
+checkpoint against its untrained start and the training-free methods at the target on a held-out text, cell by
+cell (judge/cells.json, a killed judge resumes at its cell); and the export, which puts the checkpoint at the run's
+root with REPORT.md, the figure and the model card (README.md: the base model's hub id, no machine path). Every
+function takes the run (extend.ExtendRun: its plan, args, folder and finished stages); extend.py imports this
+module, never the other way."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+# what the fine-tune's folder holds for its own run, not for the checkpoint's users
+RUN_RECORDS = ("README.md", "finetune_config.json", "log.jsonl", "eval_before.json", "eval_after.json")
+FIGURE = "recall_by_distance.png"
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "null" if value is None else str(value)
+
+
+def write_json(path: Path, value) -> None:
+    """Whole or not at all: a kill leaves the old file or the new one."""
+    fresh = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fresh.write_text(json.dumps(value, indent=2))
+    os.replace(fresh, path)
+
+
+# ------------------------------------------------------------------------------------------------ the judge
+def wanted_cells(run, row: str) -> list[str]:
+    v = run.plan.value
+    if row == "base":   # the unpatched model: the perplexity the extended one is held to inside its context
+        return ["perplexity"]
+    cells = [f"recall_seed{k}" for k in range(v("judge.seeds"))] + ["perplexity"]
+    return cells + (["passkey"] if v("judge.passkey_depths") else [])
+
+
+def load_row(run, row: str, dtype):
+    """The model a row measures: the checkpoint, its untrained start, or the base patched to the target."""
+    import hf_posenc as hp
+    from hf_posenc import eval as hpe
+
+    folder = {"extended": run.out / "finetune", "start": run.out / "search" / "best"}.get(row)
+    model = hp.load_model(str(folder) if folder else run.plan.facts.ref, dtype=dtype, attn_implementation="sdpa")
+    if row in ("yarn", "self_extend"):
+        hp.patch(model, row, **hpe.variant_params(model, row, {}, run.plan.value("target")))
+    return model.eval()
+
+
+def judge(run) -> None:
+    """Every cell of every row, each saved as it completes."""
+    import torch
+
+    import hf_posenc as hp
+    from hf_posenc import data, loading
+    from hf_posenc.eval import recall, retrieval
+    from hf_posenc.eval.perplexity import perplexity_by_length
+
+    v, facts = run.plan.value, run.plan.facts
+    folder = run.out / "judge"
+    folder.mkdir(exist_ok=True)
+    path = folder / "cells.json"
+    cells = json.loads(path.read_text()) if path.is_file() else {}
+    rows = ["base", *run.plan.rows()]
+    if all(f"{row}/{cell}" in cells for row in rows for cell in wanted_cells(run, row)):
+        return
+    T, L = v("target"), facts.original
+    tokenizer = hp.load_tokenizer(facts.ref)
+    text = "\n".join(data.load_corpus(v("judge.corpus"))["text"])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prefix = data.bos_prefix(tokenizer)
+    if len(ids) < T:
+        from hf_posenc.errors import ConfigError
+
+        raise ConfigError(f"judge.corpus {v('judge.corpus')!r} has {len(ids)} tokens, fewer than the target {T}")
+    dtype = loading.resolve_dtype(run.args.model.dtype)[0]
+    passage = min(192, max(8, L // 32))
+    for row in rows:
+        todo = [c for c in wanted_cells(run, row) if f"{row}/{c}" not in cells]
+        if not todo:
+            continue
+        model = load_row(run, row, dtype)
+        for cell in todo:
+            print(f"judge: {row}, {cell}", flush=True)
+            if cell.startswith("recall_seed"):
+                seed = int(cell.removeprefix("recall_seed"))
+                per_sequence, sequences = recall.cell_sequences(T, v("judge.passages"), passage)
+                layout = recall.plan_layout(T, passages=per_sequence, passage_tokens=passage, head=len(prefix),
+                                            seed=seed)
+                sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+                scored = recall.score_recall(model, sets, control=True)
+                found = recall.summarize_recall(scored, length=T, bin_width=v("judge.bin"))
+            elif cell == "perplexity":
+                lengths = [L] if row == "base" else [L, T]
+                with torch.inference_mode():
+                    found = perplexity_by_length(model, [prefix + ids[:T]], lengths)
+            else:
+                trials = retrieval.make_trials("passkey", tokenizer, lengths=[T], depths=v("judge.passkey_depths"),
+                                               trials=2, seed=0)
+                scores = retrieval.score_trials(model, trials)
+                found = {"found": sum(s["correct"] for s in scores), "trials": len(scores),
+                         "logprobs": [s["logprob"] for s in scores]}
+            cells[f"{row}/{cell}"] = found
+            write_json(path, cells)
+        del model
+
+
+# ---------------------------------------------------------------------------------------------- the report
+def pooled(cells: dict, row: str, seeds: int) -> list[dict]:
+    """A row's recall passages over the seeds, in one order for every row (paired by seed, sequence, passage)."""
+    out = []
+    for k in range(seeds):
+        cell = cells.get(f"{row}/recall_seed{k}")
+        if cell is None:
+            return []
+        out += sorted(({**p, "seed": k} for p in cell["passages"]), key=lambda p: (p["sequence"], p["passage"]))
+    return out
+
+
+def interval(d: dict, digits: int = 2) -> str:
+    if d["n"] == 0 or math.isnan(d["mean"]):
+        return "-"
+    if d["n"] < 2 or math.isnan(d["low"]):
+        return f"{d['mean']:+.{digits}f} (n {d['n']})"
+    return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] (n {d['n']})"
+
+
+def recall_tables(run, cells: dict) -> tuple[list[str], dict]:
+    """The gap by distance bin of every row, and the extended row's paired differences from each other row (the
+    same passages: the pairing removes how hard each passage is); the goals read from them."""
+    from hf_posenc.eval import stats
+
+    v = run.plan.value
+    T, width, seeds = v("target"), v("judge.bin"), v("judge.seeds")
+    rows = run.plan.rows()
+    passages = {row: pooled(cells, row, seeds) for row in rows}
+    edges = list(range(0, T, width)) + [T]
+    bins = list(zip(edges, edges[1:]))
+
+    def label(low, high):
+        return f"{low // 1024}-{high // 1024}k" if width % 1024 == 0 else f"{low}-{high}"
+
+    lines = ["| row | " + " | ".join(label(a, b) for a, b in bins) + " |", "|---|" + "---|" * len(bins)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(
+            interval(stats.bootstrap_mean([p["gap"] for p in passages[row] if a <= p["distance"] < b]))
+            for a, b in bins) + " |")
+    goals = {}
+    lines += ["", "Paired, extended minus each row, the same passages (nats / token; 95 % bootstrap):", "",
+              "| extended - | " + " | ".join(label(a, b) for a, b in bins) + " | last quarter | whole window |",
+              "|---|" + "---|" * (len(bins) + 2)]
+    last = 3 * T // 4
+    for row in rows[1:]:
+        def diff(keep):
+            pairs = [(e["gap"], o["gap"]) for e, o in zip(passages["extended"], passages[row]) if keep(e["distance"])]
+            return stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+        per_bin = [diff(lambda d, a=a, b=b: a <= d < b) for a, b in bins]
+        quarter, whole = diff(lambda d: d >= last), diff(lambda d: True)
+        goals[row] = {"bins": per_bin, "last_quarter": quarter, "whole": whole}
+        lines.append(f"| {row} | " + " | ".join(interval(d) for d in per_bin) + f" | {interval(quarter)} | "
+                     f"{interval(whole)} |")
+    return lines, goals
+
+
+def goal_lines(goals: dict, perplexity: dict) -> list[str]:
+    """The pipeline's goals, each met or missed as measured (a bin with fewer than 2 passages says so)."""
+    out = []
+    se, yarn = goals.get("self_extend"), goals.get("yarn")
+    if se:
+        measured = [d for d in se["bins"] if d["n"] >= 2]
+        lows = [d["low"] for d in measured]
+        met = bool(lows) and min(lows) >= -0.10
+        out.append(f"- every bin >= untrained Self-Extend - 0.10 (lower ends): {'met' if met else 'missed'} "
+                   f"(least lower end {min(lows):+.2f})" if lows else "- every bin vs Self-Extend: too few passages")
+        q = se["last_quarter"]
+        if q["n"] >= 2:
+            out.append(f"- the last quarter above Self-Extend (lower end > 0): {'met' if q['low'] > 0 else 'missed'} "
+                       f"({interval(q)})")
+    if yarn and yarn["last_quarter"]["n"] >= 2:
+        q = yarn["last_quarter"]
+        out.append(f"- the last quarter >= YaRN + 0.30: {'met' if q['mean'] >= 0.30 else 'missed'} ({interval(q)})")
+    rise = perplexity.get("rise")
+    if rise is not None:
+        out.append(f"- perplexity at the original length within +1 % of the unpatched model: "
+                   f"{'met' if rise <= 0.01 else 'missed'} ({rise:+.1%})")
+    return out
+
+
+def perplexity_summary(run, cells: dict) -> tuple[list[str], dict]:
+    L, T = run.plan.facts.original, run.plan.value("target")
+    lines = [f"| row | perplexity at {L} | at {T} |", "|---|---|---|"]
+    for row in ["base", *run.plan.rows()]:
+        cell = cells.get(f"{row}/perplexity")
+        if cell:
+            at = dict(zip(cell["lengths"], cell["perplexity"]))
+            lines.append(f"| {row if row != 'base' else 'unpatched'} | {at[L]:.3f} | "
+                         f"{format(at[T], '.3f') if T in at else '-'} |")
+    base, ext = cells.get("base/perplexity"), cells.get("extended/perplexity")
+    rise = (ext["perplexity"][0] / base["perplexity"][0] - 1) if base and ext else None
+    return lines, {"rise": rise}
+
+
+def passkey_lines(run, cells: dict) -> list[str]:
+    found = [(row, cells[f"{row}/passkey"]) for row in run.plan.rows() if f"{row}/passkey" in cells]
+    if not found:
+        return []
+    depths = run.plan.value("judge.passkey_depths")
+    back = ", ".join(f"{int((1 - d) * run.plan.value('target'))}" for d in depths)
+    return [f"Passkey, the key about {back} tokens back (2 trials a depth): "
+            + "; ".join(f"{row} {c['found']}/{c['trials']} (answer log-prob {sum(c['logprobs']) / len(c['logprobs']):.2f})"
+                        for row, c in found), ""]
+
+
+def figure(run, cells: dict, path: Path) -> bool:
+    """Recall gap against distance, a line and its 95 % band per row; False where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    from hf_posenc.eval import stats
+
+    from .finetune_card import corpus_name
+
+    v = run.plan.value
+    T, width = v("target"), v("judge.bin")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in run.plan.rows():
+        passages = pooled(cells, row, v("judge.seeds"))
+        xs, ms, lo, hi = [], [], [], []
+        for a in range(0, T, width):
+            d = stats.bootstrap_mean([p["gap"] for p in passages if a <= p["distance"] < a + width])
+            if d["n"] >= 2:
+                xs.append((a + width / 2) / 1024), ms.append(d["mean"]), lo.append(d["low"]), hi.append(d["high"])
+        ax.plot(xs, ms, marker="o", label=row)
+        ax.fill_between(xs, lo, hi, alpha=0.2)
+    ax.set_xlabel("distance back (k tokens)")
+    ax.set_ylabel("recall gap (nats / token)")
+    ax.set_title(f"recall at {T} on {corpus_name(v('judge.corpus'))}: extended vs its start and training-free methods")
+    ax.axvline(run.plan.facts.original / 1024, color="grey", lw=0.8, ls="--")
+    ax.legend(loc="center left", bbox_to_anchor=(1, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def report(run) -> str:
+    """REPORT.md: the plan, the judged figures (or why there are none), and what each stage took."""
+    from .finetune_card import corpus_name
+
+    v = run.plan.value
+    path = run.out / "judge" / "cells.json"
+    cells = json.loads(path.read_text()) if path.is_file() else {}
+    lines = [f"# {Path(run.out).name}: {run.plan.facts.model_type} from {run.plan.facts.original} to {v('target')} "
+             f"tokens", "", "## Plan", "", "| setting | value | why |", "|---|---|---|",
+             *(f"| {s.name} | {corpus_name(s.value) if s.name.endswith('.corpus') else format_value(s.value)} | "
+               f"{'(given) ' if s.given else ''}{s.reason} |" for s in run.plan.settings), ""]
+    judged = v("judge.mode") != "skip" and cells
+    if judged:
+        table, goals = recall_tables(run, cells)
+        ppl, rise = perplexity_summary(run, cells)
+        lines += ["## Judged", "", f"On `{corpus_name(v('judge.corpus'))}`, a text neither the search nor the fine-tune read. Recall "
+                  f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
+                  f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
+                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed over {v('judge.seeds')} seed(s). "
+                  f"`start` is the untrained search result, `yarn` and `self_extend` the base model patched to the "
+                  f"target, no training.", "", *table, "", "Goals:", "", *goal_lines(goals, rise), "",
+                  f"![recall by distance]({FIGURE})", "", "Perplexity on the same text (its first tokens):", "",
+                  *ppl, "", *passkey_lines(run, cells)]
+    else:
+        lines += ["## Judged", "", "Not judged (judge.mode skip): run `hf-posenc extend` again with --judge.mode "
+                  "quick or full on this folder's settings to add the report card.", ""]
+    done = run.done
+    lines += ["## Time", "", f"On {run.plan.machine[1]}:", "", "| stage | minutes |", "|---|---|",
+              *(f"| {stage} | {info['seconds'] / 60:.1f} |" for stage, info in done.items()), ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- the export
+def export(run) -> None:
+    """The fine-tuned checkpoint's files at the root (each replaced whole), REPORT.md, the figure, README.md."""
+    source = run.out / "finetune"
+    for file in sorted(source.iterdir()):
+        if file.is_file() and file.name not in RUN_RECORDS:
+            fresh = run.out / f".{file.name}.tmp{os.getpid()}"
+            shutil.copyfile(file, fresh)
+            os.replace(fresh, run.out / file.name)
+    cells_path = run.out / "judge" / "cells.json"
+    cells = json.loads(cells_path.read_text()) if cells_path.is_file() else {}
+    drew = bool(cells) and figure(run, cells, run.out / FIGURE)
+    text = report(run)
+    if not drew:
+        text = text.replace(f"![recall by distance]({FIGURE})", "(no figure: the plot extra, matplotlib, is not "
+                                                                "installed)")
+    (run.out / "REPORT.md").write_text(text)
+    (run.out / "README.md").write_text(card(run, cells))
+
+
+def card(run, cells: dict) -> str:
+    """README.md of the extended checkpoint: what it was made from, what it carries, how it was trained and judged."""
+    import transformers
+
+    from .finetune_card import corpus_name
+    from .patch_card import base_name, carried_rope, front_matter
+
+    v, facts = run.plan.value, run.plan.facts
+    config = transformers.AutoConfig.from_pretrained(run.out)
+    rope = config.get_text_config().rope_parameters
+    factors = rope.get("long_factor")
+    carried = (f"`longrope` with the searched factors (one per rotary pair, the same at every length: "
+               f"`long_factor` = `short_factor` = {json.dumps(factors)}), attention factor "
+               f"{rope.get('attention_factor')}" if factors else f"`{json.dumps(carried_rope(config))}`")
+    judged = "Not judged (judge.mode skip)."
+    if cells and v("judge.mode") != "skip":
+        _, goals = recall_tables(run, cells)
+        _, rise = perplexity_summary(run, cells)
+        se = goals.get("self_extend")
+        judged = (f"On `{corpus_name(v('judge.corpus'))}` (held out), recall at a distance at {v('target')} tokens, extended minus "
+                  f"untrained Self-Extend, paired: whole window {interval(se['whole'])}, last quarter "
+                  f"{interval(se['last_quarter'])} nats / token" if se else "")
+        judged += "; " + "; ".join(g.removeprefix("- ") for g in goal_lines(goals, rise)) + ". Every bin: REPORT.md."
+    return "\n".join([
+        *front_matter(facts.ref), f"# {base_name(facts.ref)} extended to {v('target')} tokens", "",
+        f"Extended with hf_posenc (`hf-posenc extend --model {base_name(facts.ref)} --target {v('target')}`) from "
+        f"{facts.original} to {v('target')} tokens.", "",
+        f"- **Positions**: {carried}. Stock transformers loads it as is "
+        f"(`AutoModelForCausalLM.from_pretrained(folder)`); `hf-posenc export folder model.gguf` writes it for "
+        f"llama.cpp.",
+        "- **Search**: " + (f"LongRoPE2-style factor search, {v('search.candidates') + 5} candidates scored by recall "
+                            f"at a distance on `{corpus_name(v('search.corpus'))}`, the pairs from the critical one "
+                            f"({facts.critical} of {facts.pairs}) held at >= {v('search.critical_floor')} x s"
+                            if v("search") else "none (one RoPE per layer type): the fine-tune started from YaRN"),
+        f"- **Training**: {v('train.steps')} steps of one {v('train.seq_len')}-token window ({v('train.tokens'):,} "
+        f"tokens) of `{corpus_name(v('train.corpus'))}`, {'documents kept apart' if v('train.packing') == 'documents' else 'documents joined'}, PoSE ids spread over {v('target')} "
+        f"(`{v('train.positions')}`), LongCE (window {v('train.longce_window')}), lr {v('train.lr')}",
+        f"- **Judged**: {judged}", "",
+        "REPORT.md holds the plan, every distance bin, perplexity, the passkey and the time each stage took.", ""])

