@@ -136,7 +136,7 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
         {"finetune", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
     extended = AutoModelForCausalLM.from_pretrained(out)   # stock transformers, the extended context
     assert extended.config.max_position_embeddings == 256
-    cells = json.loads((out / "judge" / "cells.json").read_text())
+    cells = json.loads(next((out / "judge").glob("cells-*.json")).read_text())
     baselines = json.loads((out / "plan.json").read_text())["settings"]["judge.rows"]
     # Mistral's sliding window: no Self-Extend; Phi-3's config carries longrope only: neither training-free row
     assert ("yarn" in baselines) == (family != "phi3")
@@ -202,6 +202,10 @@ BAD = [
     (["--target", "256", "--tokens", "64", "--hours", "1"], "give one"),
     (["--target", "256", "--judge.mode", "most"], "judge.mode must be one of full, quick, skip"),
     (["--target", "256", "--search.passages", "3"], "search: "),
+    (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
+    (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
+    (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
+    (["--target", "256", "--train.seq_len", "512"], "train: "),
     ([], "--target is needed"),
 ]
 
@@ -240,3 +244,25 @@ def test_the_plan_alone_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "critical pair 20 of 32" in err and "search.band_width" in err and "8192" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    argv = tiny_argv(model, texts, tmp_path / "out")
+    argv[argv.index("--model")] = "--model=" + argv.pop(argv.index("--model") + 1)   # the flag's other spelling
+    out = run_extend(argv)
+    trained = (out / "model.safetensors").read_bytes()
+    first = sorted((out / "judge").glob("cells-*.json"))
+    run_extend([*argv, "--judge.passages", "6"])
+    err = capsys.readouterr().err
+    assert "[1/4 search] done" in err and "[2/4 finetune] done" in err and "[3/4 judge] ~" in err
+    cells = sorted((out / "judge").glob("cells-*.json"))
+    assert len(cells) == 2 and first[0] in cells   # the first judge's cells kept beside the new ones
+    assert (out / "model.safetensors").read_bytes() == trained
+    assert json.loads((out / "plan.json").read_text())["settings"]["judge.passages"] == 6
+    assert "6 passages a seed" in (out / "REPORT.md").read_text()
+
+
+def test_a_judge_text_a_stage_reads_is_said_not_held_out(tmp_path):
+    plan = plan_of(smollm2_like(tmp_path / "m"), "--target", "16384", "--judge.corpus", "stdlib")
+    assert "judge.corpus" in plan.text() and "NOT held out: a stage trains or searches on it" in plan.text()

@@ -41,6 +41,7 @@ from hf_posenc.recipes.extend_report import format_value, write_json
 from hf_posenc.recipes.recipe_config import need
 
 STAGES = ("search", "finetune", "judge", "export")
+ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
 JUDGE_MODES = ("full", "quick", "skip")
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
 
@@ -109,10 +110,18 @@ USAGE = "--model NAME --target TOKENS [--hours H | --tokens N] [--section.field 
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> ExtendConfig:
-    argv = ["--model.name" if a == "--model" else a for a in (sys.argv[1:] if argv is None else argv)]
+    argv = ["--model.name" if a == "--model" else "--model.name=" + a[8:] if a.startswith("--model=") else a
+            for a in (sys.argv[1:] if argv is None else argv)]
     args = recipe_config.parse(ExtendConfig, argv, usage=f"{recipe_config.program('extend', prog)} {USAGE}",
                                about=(__doc__ or "").split("\n\n")[0], shipped=lambda name: name.startswith("extend_"))
+    from hf_posenc.eval.retrieval import MAX_LENGTH
+
     need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
+    need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
+                                    f"out ({MAX_LENGTH} tokens)")
+    for name in ("passages", "bin"):
+        value = getattr(args.judge, name)
+        need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
     need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
     need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
@@ -308,7 +317,7 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
         put("search.critical_floor", sa.critical_floor, 1.33,
             "the critical pairs' farthest position at the target lands at 3/4 of the original context, not on "
             "their last and least-trained positions (LongRoPE2 wants >= s; RESULTS: 'The critical pairs' floor')")
-        tokens = put("search.passage_tokens", sa.passage_tokens, int(min(192, max(8, L // 32))),
+        tokens = put("search.passage_tokens", sa.passage_tokens, extend_report.judge_passage(L),
                      "a passage: 192 tokens, at most 1/32 of the original context")
         far = put("search.far_from", sa.far_from, L // 2, "the fitness reads tokens only far context predicts: "
                                                         "half the original context and more")
@@ -339,7 +348,8 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     mode = put("judge.mode", asked(ja, "mode"), ja.mode, "full: two passage seeds, perplexity, passkey; quick: one seed")
     read = {args.search.corpus if searched else None, ta.corpus}
     held_out = next((t for t in TEXTS if t not in read), None)
-    corpus = put("judge.corpus", ja.corpus, held_out, "a text neither the search nor the fine-tune reads")
+    corpus = put("judge.corpus", ja.corpus, held_out, "a text neither the search nor the fine-tune reads"
+                 if ja.corpus not in read else "NOT held out: a stage trains or searches on it")
     if mode != "skip" and corpus is None:
         raise ConfigError("judge.corpus: every built-in text is read by a stage; name a held-out text")
     left_out = {m: why for m, why in facts.baselines.items() if why}
@@ -365,7 +375,8 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
     span = T - far
     derived = int(0.5625 * T / (2 * tokens)) if passages is None else passages // 2
     counts = [None] if width else range(max(1, round(span / max(1, T // 8))), 0, -1)
-    for per_sequence in range(derived, 1, -1) if passages is None else [derived]:
+    tries = sorted({max(2, int(derived * 0.9 ** k)) for k in range(60)}, reverse=True) if passages is None else [derived]
+    for per_sequence in tries:
         for count in counts:
             band = width or math.ceil(span / count)
             if width is None and per_sequence < 2 * math.ceil(span / band):
@@ -411,18 +422,50 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
 
 
 def check_plan(plan: Plan) -> None:
-    """The settings the stages will get, checked now by their own classes (numbers only: no text, no weights)."""
+    """The settings the stages will get, checked now by their own classes (numbers and paths only: no text, no
+    weights), so that nothing is refused hours into a run."""
+    from hf_posenc import data
+    from hf_posenc.eval import recall
     from hf_posenc.train.positions import scheme
 
-    if plan.value("search"):
+    v = plan.value
+    if v("search"):
         try:
             search_settings(plan, "")
         except ValueError as err:
             raise ConfigError(f"search: {err}") from None
     try:
-        scheme(plan.value("train.positions")).resolve(plan.value("target"))
+        scheme(v("train.positions")).resolve(v("target")).check_window(v("train.seq_len"))
+        finetune_sections(plan)
     except (ValueError, AttributeError) as err:
-        raise ConfigError(f"train.positions: {err}") from None
+        raise ConfigError(f"train: {err}") from None
+    for name in ("search.corpus", "train.corpus", "judge.corpus"):
+        spec = v(name) if any(s.name == name for s in plan.settings) else None
+        if spec and spec.partition(":")[0] not in data.BUILTIN and data._looks_like_path(spec) \
+                and not data.corpus_paths(spec):
+            raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
+                              f".txt/.jsonl/.parquet files, or a hub dataset)")
+    if v("judge.mode") != "skip":
+        try:
+            per_sequence, _ = recall.cell_sequences(v("target"), v("judge.passages"), extend_report.judge_passage(plan.facts.original))
+            recall.plan_layout(v("target"), passages=per_sequence, passage_tokens=extend_report.judge_passage(plan.facts.original), head=1)
+            recall.distance_bins(v("target"), v("judge.bin"))
+        except ValueError as err:
+            raise ConfigError(f"judge: {err}") from None
+
+
+
+def finetune_sections(plan: Plan):
+    """The fine-tune's data and train sections (their own checks run as they are built)."""
+    from hf_posenc.recipes import finetune_config as fc
+
+    v = plan.value
+    steps = v("train.steps")
+    return (fc.DataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
+            fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
+                         longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
+                         warmup_steps=min(10, max(1, steps // 5)), scheduler="constant_with_warmup",
+                         save_every=max(1, steps // 3), seed=v("train.seed")))
 
 
 def search_settings(plan: Plan, dtype: str):
@@ -449,7 +492,9 @@ class ExtendRun:
         self.check_folder()
 
     def check_folder(self) -> None:
-        """A new or empty folder, or this run's own: another run's settings refused naming each one."""
+        """A new or empty folder, or this run's own: another run's settings refused naming each one (but the judge's:
+        those judge the same checkpoint again)."""
+        self.rejudge = False
         saved = self.out / "plan.json"
         if not self.out.exists() or not any(self.out.iterdir()):
             return
@@ -463,13 +508,16 @@ class ExtendRun:
             raise ConfigError(f"{saved} cannot be read ({err}): not an extend run's plan; choose another "
                               f"--output_dir") from None
         new = json.loads(json.dumps(self.plan.record()))
+        differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        self.rejudge = bool(differ) and all(k.startswith(ADJUSTABLE) for k in differ)
         changed = [f"{k}: {format_value(old.get(k))} there, {format_value(new.get(k))} now"
-                   for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+                   for k in differ if not k.startswith(ADJUSTABLE)]
         if there.get("model") != self.plan.facts.name or there.get("model_path") != model_key(self.plan.facts.ref):
             changed.insert(0, f"model: {there.get('model')} there, {self.plan.facts.name} now")
         if changed:
             raise ConfigError(f"output_dir {self.args.output_dir} holds a run with other settings ({'; '.join(changed)}"
-                              f"); run with those settings to resume it, or choose another --output_dir")
+                              f"); run with those settings to resume it, or choose another --output_dir (the "
+                              f"judge's settings may change: the run is judged again)")
 
     @property
     def done(self) -> dict:
@@ -484,6 +532,9 @@ class ExtendRun:
 
     def run(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.rejudge:   # other judge settings: the search and the fine-tune stand, the judge and the export again
+            write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in ("search", "finetune")})
+            (self.out / "plan.json").unlink()
         if not (self.out / "plan.json").exists():
             write_json(self.out / "plan.json", {"model": self.plan.facts.name, "model_path": model_key(self.plan.facts.ref),
                                                 "settings": self.plan.record(),
@@ -540,16 +591,11 @@ class ExtendRun:
         out = self.out / "finetune"
         started = out.is_dir() and any(out.iterdir())
         resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
-        steps = v("train.steps")
+        data, train = finetune_sections(self.plan)
         cfg = fc.FinetuneConfig(
             model=fc.ModelArgs(name=self.start_folder(), dtype=self.args.model.dtype,
                                attn_implementation=self.args.model.attn_implementation),
-            data=fc.DataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
-            train=fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
-                               longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
-                               warmup_steps=min(10, max(1, steps // 5)), scheduler="constant_with_warmup",
-                               save_every=max(1, steps // 3), seed=v("train.seed")),
-            eval=fc.EvalArgs(lengths=[]),
+            data=data, train=train, eval=fc.EvalArgs(lengths=[]),
             posenc=None if v("search") else {"method": "yarn", "max_position_embeddings": v("target")},
             output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
         recipe = FinetuneRecipe(cfg, progress=RUN)

@@ -1,6 +1,7 @@
 """The last two stages of `hf-posenc extend` (hf_posenc/recipes/extend.py): the judge, which measures the extended
 checkpoint against its untrained start and the training-free methods at the target on a held-out text, cell by
-cell (judge/cells.json, a killed judge resumes at its cell); and the export, which puts the checkpoint at the run's
+cell (judge/cells-HASH.json, one file a set of judge settings: a killed judge resumes at its cell, a judge
+with other settings starts a file of its own); and the export, which puts the checkpoint at the run's
 root with REPORT.md, the figure and the model card (README.md: the base model's hub id, no machine path). Every
 function takes the run (extend.ExtendRun: its plan, args, folder and finished stages); extend.py imports this
 module, never the other way."""
@@ -32,6 +33,20 @@ def write_json(path: Path, value) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the judge
+def cells_path(run) -> Path:
+    """The judge's cells for this run's judge settings (the target and every judge.* setting)."""
+    import hashlib
+
+    settings = {k: v for k, v in run.plan.record().items() if k.startswith("judge.") or k == "target"}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return run.out / "judge" / f"cells-{key}.json"
+
+
+def judge_passage(original: int) -> int:
+    """Tokens of a judge's recall passage: 192, at most 1/32 of the original context (as the search's)."""
+    return int(min(192, max(8, original // 32)))
+
+
 def wanted_cells(run, row: str) -> list[str]:
     v = run.plan.value
     if row == "base":   # the unpatched model: the perplexity the extended one is held to inside its context
@@ -62,9 +77,8 @@ def judge(run) -> None:
     from hf_posenc.eval.perplexity import perplexity_by_length
 
     v, facts = run.plan.value, run.plan.facts
-    folder = run.out / "judge"
-    folder.mkdir(exist_ok=True)
-    path = folder / "cells.json"
+    path = cells_path(run)
+    path.parent.mkdir(exist_ok=True)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     rows = ["base", *run.plan.rows()]
     if all(f"{row}/{cell}" in cells for row in rows for cell in wanted_cells(run, row)):
@@ -79,7 +93,7 @@ def judge(run) -> None:
 
         raise ConfigError(f"judge.corpus {v('judge.corpus')!r} has {len(ids)} tokens, fewer than the target {T}")
     dtype = loading.resolve_dtype(run.args.model.dtype)[0]
-    passage = min(192, max(8, L // 32))
+    passage = judge_passage(L)
     for row in rows:
         todo = [c for c in wanted_cells(run, row) if f"{row}/{c}" not in cells]
         if not todo:
@@ -252,12 +266,19 @@ def figure(run, cells: dict, path: Path) -> bool:
     return True
 
 
+def held_out_words(run) -> str:
+    v = run.plan.value
+    read = {v("train.corpus"), *([v("search.corpus")] if v("search") else [])}
+    return ("a text neither the search nor the fine-tune read" if v("judge.corpus") not in read else
+            "NOT held out: a stage of this run read it, so the figures say how it fits that text")
+
+
 def report(run) -> str:
     """REPORT.md: the plan, the judged figures (or why there are none), and what each stage took."""
     from .finetune_card import corpus_name
 
     v = run.plan.value
-    path = run.out / "judge" / "cells.json"
+    path = cells_path(run)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     lines = [f"# {Path(run.out).name}: {run.plan.facts.model_type} from {run.plan.facts.original} to {v('target')} "
              f"tokens", "", "## Plan", "", "| setting | value | why |", "|---|---|---|",
@@ -267,7 +288,7 @@ def report(run) -> str:
     if judged:
         table, goals = recall_tables(run, cells)
         ppl, rise = perplexity_summary(run, cells)
-        lines += ["## Judged", "", f"On `{corpus_name(v('judge.corpus'))}`, a text neither the search nor the fine-tune read. Recall "
+        lines += ["## Judged", "", f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
                   f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
                   f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
                   f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed over {v('judge.seeds')} seed(s). "
@@ -293,8 +314,8 @@ def export(run) -> None:
             fresh = run.out / f".{file.name}.tmp{os.getpid()}"
             shutil.copyfile(file, fresh)
             os.replace(fresh, run.out / file.name)
-    cells_path = run.out / "judge" / "cells.json"
-    cells = json.loads(cells_path.read_text()) if cells_path.is_file() else {}
+    path = cells_path(run)
+    cells = json.loads(path.read_text()) if path.is_file() else {}
     drew = bool(cells) and figure(run, cells, run.out / FIGURE)
     text = report(run)
     if not drew:
@@ -323,7 +344,7 @@ def card(run, cells: dict) -> str:
         _, goals = recall_tables(run, cells)
         _, rise = perplexity_summary(run, cells)
         se = goals.get("self_extend")
-        judged = (f"On `{corpus_name(v('judge.corpus'))}` (held out), recall at a distance at {v('target')} tokens, extended minus "
+        judged = (f"On `{corpus_name(v('judge.corpus'))}` ({held_out_words(run)}), recall at a distance at {v('target')} tokens, extended minus "
                   f"untrained Self-Extend, paired: whole window {interval(se['whole'])}, last quarter "
                   f"{interval(se['last_quarter'])} nats / token" if se else "")
         judged += "; " + "; ".join(g.removeprefix("- ") for g in goal_lines(goals, rise)) + ". Every bin: REPORT.md."
