@@ -134,4 +134,4 @@ def test_help_names_every_verb_in_its_first_line(capsys):
     out = capsys.readouterr().out
     verbs = out.split("{", 1)[1].split("}", 1)[0].split(",")
     first = out.split("\n\n")[1].split(".")[0]   # the description's first sentence
-    assert len(verbs) == 9 and all(verb in first for verb in verbs), (verbs, first)
+    assert len(verbs) == 10 and all(verb in first for verb in verbs), (verbs, first)

@@ -287,7 +287,7 @@ def test_the_card_says_whether_the_evaluation_text_was_held_out(tmp_path, tiny_d
     from hf_posenc.recipes.finetune_card import write_model_card
 
     recipe = recipe_for(tmp_path, tiny_dir, text_file)
-    for corpus, said in [(None, f"## Evaluation (on `{text_file}`, the training text itself: not held out"),
+    for corpus, said in [(None, f"## Evaluation (on `{text_file.name}`, the training text itself: not held out"),
                          (str(text_file), "the training text itself: not held out"),
                          ("shakespeare:macbeth", "## Evaluation (on held-out `shakespeare:macbeth`)")]:
         recipe.cfg.eval.corpus = corpus
@@ -295,3 +295,4 @@ def test_the_card_says_whether_the_evaluation_text_was_held_out(tmp_path, tiny_d
         card = (tmp_path / "README.md").read_text()
         assert said in card and "3 optimizer steps, 384 training tokens" in card
         assert ("held-out" in card) == (corpus == "shakespeare:macbeth")
+        assert str(text_file) not in card and str(tiny_dir) not in card   # names, no machine path
