@@ -66,7 +66,7 @@ def _names(value: str | None, flag: str, default: tuple[str, ...] | None) -> tup
 def _method_params(args) -> dict:
     """--param pairs plus --max-position-embeddings / --factor, as hp.patch keywords. A key given twice
     (two --param, or --param and its own flag) is refused: which one should win is not obvious."""
-    from .config import parse_params
+    from .named import parse_params
 
     params, given = {}, {}
     for pair in args.param or []:

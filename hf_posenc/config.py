@@ -13,12 +13,12 @@ them up). docs/ARCHITECTURE.md says how to add a method."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .errors import (InvalidParameterError, ParameterTypeError, RegistrationError, SequenceTooLongError)
+from .errors import (InvalidParameterError, ParameterTypeError, RegistrationError, SequenceTooLongError,
+                     UnknownMethodError)
 from .named import Registry
 
 if TYPE_CHECKING:
@@ -77,24 +77,6 @@ def check_number(name: str, value: Any, *, minimum: float | None = None, above: 
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ParameterTypeError(f"{name} must be a bool, got {value!r}")
-
-
-def parse_params(pairs: list[str]) -> dict:
-    """["beta_fast=16", "long_factor=[1,2]"] -> {"beta_fast": 16, "long_factor": [1, 2]}: values are JSON
-    when they parse (numbers, lists, true/false/null), else strings. For command lines and configs."""
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidParameterError(f"parameters are key=value, got {pair!r}")
-        if key in params:   # the last one would win without a word
-            raise InvalidParameterError(f"parameter {key!r} is given twice ({key}={json.dumps(params[key])} and "
-                                        f"{pair}): give it once")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return params
 
 
 @dataclass(frozen=True)
@@ -276,7 +258,7 @@ class MethodConfig:
 
 
 METHODS = Registry("method", MethodConfig, setting="hp.patch(model, NAME) and saved records",
-                   decorator="register_method")
+                   decorator="register_method", error=UnknownMethodError)
 
 
 def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:

@@ -7,10 +7,6 @@ class PosEncError(Exception):
     """Base class of every hf_posenc error."""
 
 
-class UnknownMethodError(PosEncError, ValueError):
-    """A method name that is not registered."""
-
-
 class UnsupportedModelError(PosEncError, ValueError):
     """No family adapter knows where this model keeps its positions."""
 
@@ -21,6 +17,18 @@ class MethodNotApplicableError(PosEncError, ValueError):
 
 class InvalidParameterError(PosEncError, ValueError):
     """A parameter has the right type but a value that is not allowed."""
+
+
+class UnknownNameError(InvalidParameterError, KeyError):
+    """A name no registry table holds (hf_posenc.named.Registry.get): the known names listed, the closest one
+    suggested. A KeyError too, so a lookup's callers that catch one keep working, but it reads as its message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownMethodError(UnknownNameError):
+    """A method name that is not registered."""
 
 
 class RegistrationError(InvalidParameterError):

@@ -85,12 +85,12 @@ def _parse(raw, source: str, field: str, version: int) -> PatchRecord:
     unknown = sorted(str(key) for key in raw if key not in known)
     if unknown:
         refuse(f"has key(s) {unknown} that record format {version} does not have; it has {list(known)}")
-    family = FAMILIES.get(raw["family"]) if isinstance(raw["family"], str) else None
+    family = FAMILIES.get(raw["family"], None) if isinstance(raw["family"], str) else None
     if family is None:
         refuse(f"names an unknown family {raw['family']!r}; known: {', '.join(FAMILIES)}")
     if raw["mechanism"] != family.mechanism:
         refuse(f"says mechanism {raw['mechanism']!r}, but family {family.name!r} has {family.mechanism!r} positions")
-    method = METHODS.get(raw["method"]) if isinstance(raw["method"], str) else None
+    method = METHODS.get(raw["method"], None) if isinstance(raw["method"], str) else None
     if method is None:
         refuse(f"names an unknown method {raw['method']!r}; known: {', '.join(sorted(METHODS))}")
     if family.mechanism not in method.mechanisms:

@@ -220,7 +220,7 @@ CASES = [
     Case("method-none", lambda c: P(c.model, None, factor=2), hp.UnknownMethodError, "method must be a name",
          "llama"),
     Case("method-empty", lambda c: P(c.model, "", factor=2), hp.UnknownMethodError, "unknown method ''", "llama"),
-    Case("method-upper-case", lambda c: P(c.model, "YARN", factor=2), hp.UnknownMethodError, "known methods:",
+    Case("method-upper-case", lambda c: P(c.model, "YARN", factor=2), hp.UnknownMethodError, "unknown method 'YARN'; known: ",
          "llama"),
     Case("method-a-class", lambda c: P(c.model, hp.configs.YarnConfig, factor=2), hp.UnknownMethodError,
          "method must be a name or a method config", "llama"),

@@ -112,7 +112,7 @@ CLI_CASES = [
     ("patch-out-not-empty", [*PATCH, "--factor", "2", "--out", "{root}/full"],
      r"output folder .*full exists and is not empty; pass --overwrite"),
     ("patch-unknown-method", ["patch", "{root}/llama", "--method", "yarnn", "--out", "{out}"],
-     r"unknown method 'yarnn'; known methods: .*yarn"),
+     r"unknown method 'yarnn'; known: .*\byarn\b.*\(did you mean 'yarn'\?\)"),
     ("patch-empty-method", ["patch", "{root}/llama", "--method", "", "--out", "{out}"], r"unknown method ''"),
     ("patch-param-without-value", [*PATCH, "--param", "beta_fast", "--out", "{out}"],
      r"--param: parameters are key=value, got 'beta_fast'"),

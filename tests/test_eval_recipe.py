@@ -152,7 +152,7 @@ def test_recipe_refuses_bad_input_before_any_compute(checkpoint, corpus_dir, tmp
     config.write_text("eval:\n  perplexity_length: [64]\n")
     assert re.search(r"unknown key\(s\) \['perplexity_length'\]; the keys are: variants, .*perplexity_lengths",
                      refusal(capsys, ["--config", str(config)]))
-    assert re.search(r"unknown method 'yarnn'; known methods: .*\byarn\b",
+    assert re.search(r"unknown method 'yarnn'; known: .*\byarn\b",
                      refusal(capsys, ["--eval.grid", "yarnn beta_fast=1|2"]))   # the list, whatever sorts first
     assert "key=value or key=value|value" in refusal(capsys, ["--eval.grid", "yarn beta_fast=16|", "--eval.tune_length", "64"])
 

@@ -205,3 +205,48 @@ def test_every_table_is_one_registry_with_one_error():
         FAMILIES.register(type(FAMILIES["rope"])())
     with pytest.raises(RegistrationError, match="register_family takes a hf_posenc.family.Family instance"):
         FAMILIES.register("rope")
+
+
+# ------------------------------------------------------------------------------------------- lookups
+def every_table():
+    from hf_posenc.eval.ruler import TASKS
+    from hf_posenc.train.losses import LOSSES
+    from hf_posenc.train.positions import SCHEMES
+
+    return {"method": METHODS, "family": FAMILIES, "position scheme": SCHEMES, "training loss": LOSSES,
+            "task family": TASKS}
+
+
+@pytest.mark.parametrize("kind", ["method", "family", "position scheme", "training loss", "task family"])
+def test_every_table_refuses_an_unknown_name_itself_listing_the_known_and_the_closest(kind):
+    from hf_posenc.errors import InvalidParameterError, UnknownNameError
+
+    table = every_table()[kind]
+    first = next(iter(table))
+    for lookup in (table.get, table.__getitem__):
+        with pytest.raises(UnknownNameError) as refusal:
+            lookup(first + "x")   # one letter too many
+        message = str(refusal.value)
+        assert message.startswith(f"unknown {kind} {first + 'x'!r}; known: ")
+        assert message.endswith(f" (did you mean {first!r}?)")
+        assert all(name in message for name in table)
+        assert isinstance(refusal.value, (KeyError, InvalidParameterError))   # callers catching either keep working
+    with pytest.raises(UnknownNameError, match=f"a {kind} is named by a str, got 3"):
+        table.get(3)
+    assert table.get("nothing such", None) is None and table.get(first) is table[first]   # dict.get with a default
+
+
+def test_the_method_table_refuses_with_its_own_error_and_parse_reads_the_spec_once():
+    from hf_posenc.errors import InvalidParameterError, ParameterTypeError, UnknownMethodError
+
+    with pytest.raises(UnknownMethodError, match=r"unknown method 'yarm'; known: .* \(did you mean 'yarn'\?\)$"):
+        hp.patch(tiny_model(), "yarm", factor=2.0)
+    assert METHODS.parse("yarn beta_fast=16 truncate=false mode=x") == (
+        "yarn", {"beta_fast": 16, "truncate": False, "mode": "x"})
+    with pytest.raises(UnknownMethodError, match="unknown method 'yarm'"):
+        METHODS.parse("yarm beta_fast=16")
+    with pytest.raises(InvalidParameterError, match=r"method 'yarn beta_fast=1 beta_fast=2': parameter 'beta_fast' is "
+                                                    r"given twice"):
+        METHODS.parse("yarn beta_fast=1 beta_fast=2")
+    with pytest.raises(ParameterTypeError, match="a method is a name with key=value parameters"):
+        METHODS.parse("  ")

@@ -194,7 +194,7 @@ def test_register_task_refuses_a_taken_name_naming_both_classes():
 
 
 def test_an_unknown_family_is_refused_naming_the_registered_ones():
-    with pytest.raises(InvalidParameterError, match="unknown retrieval family 'nope'; known: passkey, single, "):
+    with pytest.raises(InvalidParameterError, match="unknown task family 'nope'; known: passkey, single, "):
         samples("nope")
 
 

@@ -282,9 +282,10 @@ def make_samples(family: str, tokenizer, *, lengths: Sequence[int], samples: int
                  haystack: str | None = None, seed: int = 0, bos: bool | str = "auto") -> list[Sample]:
     """`samples` samples of `family` at each length (the same seed gives the same samples). `haystack`: the real
     text of the families that hide needles in it (every family but passkey and vt)."""
-    if not isinstance(family, str) or family not in TASKS:
-        hint = " (one family a call: make_samples(name, ...) for each)" if not isinstance(family, str) else ""
-        raise InvalidParameterError(f"unknown retrieval family {family!r}{hint}; known: {', '.join(TASKS)}")
+    if not isinstance(family, str):
+        raise InvalidParameterError(f"unknown retrieval family {family!r} (one family a call: make_samples(name, ...) "
+                                    f"for each); known: {', '.join(TASKS)}")
+    TASKS.get(family)   # an unknown name refused, the known ones listed
     lengths, depths = check_lengths(lengths), check_depths(depths)
     check_number("samples", samples, minimum=1, integer=True, optional=False)
     check_number("needles", needles, minimum=2, maximum=len(KEYS), integer=True, optional=False)

@@ -11,7 +11,8 @@ import itertools
 import torch
 
 from .. import api
-from ..config import parse_params
+from ..config import METHODS
+from ..named import parse_params
 from ..errors import InvalidParameterError
 from ..registry import get_method
 
@@ -24,11 +25,14 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     if not isinstance(spec, str) or not spec.split():
         raise InvalidParameterError(f"a variant is 'none' or a method with key=value parameters ('yarn beta_fast=16'), "
                                     f"got {spec!r}")
-    name, *pairs = spec.split()
-    try:
-        params = parse_params(pairs)
-    except InvalidParameterError as err:
-        raise InvalidParameterError(f"variant {spec!r}: {err}") from None
+    name = spec.split()[0]
+    if name != NONE:
+        name, params = METHODS.parse(spec)   # an unknown method refused, the known ones listed
+    else:
+        try:
+            params = parse_params(spec.split()[1:])
+        except InvalidParameterError as err:
+            raise InvalidParameterError(f"variant {spec!r}: {err}") from None
     if name == NONE and params:
         raise InvalidParameterError(f"variant {spec!r}: 'none' (the unpatched model) takes no parameters")
     if name != NONE:

@@ -15,7 +15,7 @@ A teacher is a frozen copy of the loaded weights, patched before the student is:
 from __future__ import annotations
 
 import copy
-from ..config import parse_params
+from ..named import parse_params
 from ..errors import ConfigError, PosEncError
 from ..errors import one_line
 

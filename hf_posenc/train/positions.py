@@ -45,7 +45,7 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 import torch
 
-from ..config import MAX_POSITIONS, check_number, parse_params
+from ..config import MAX_POSITIONS, check_number
 from ..named import Registry
 from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError
 
@@ -453,13 +453,8 @@ def scheme(spec: str | PositionScheme, *, target: Optional[int] = None, **params
     if isinstance(spec, PositionScheme):
         cls, given = type(spec), params
     else:
-        if not isinstance(spec, str) or not spec.split():
-            raise ParameterTypeError(f"a position scheme is a name with key=value parameters ('pose chunks=2'); "
-                                     f"known: {', '.join(SCHEMES)}; got {spec!r}")
-        name, *pairs = spec.split()
-        if name not in SCHEMES:
-            raise InvalidParameterError(f"unknown position scheme {name!r}; known: {', '.join(SCHEMES)}")
-        cls, given = SCHEMES[name], {**parse_params(pairs), **params}
+        name, parsed = SCHEMES.parse(spec)   # an unknown name refused, the known ones listed
+        cls, given = SCHEMES[name], {**parsed, **params}
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(given) - set(allowed))
     if unknown:
