@@ -239,7 +239,8 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
 RATES = {
     "amx": (62.0, 201.0),           # 2 Xeon cores with AMX: 21 candidates in 21.9 min; 201 tokens/s
     "avx512_bf16": (104.0, 86.0),   # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward, x2.34 a step
-    "float32": (180.0, 60.0),       # 2 AVX2 cores in float32: not measured end to end (a 4k forward 20.4 s)
+    "float32": (550.0, 60.0),       # 2 AVX2 cores, float32: a 16k candidate 165-346 s (machine B, beside other
+                                    # work: ~550 s at 32k); the training rate not measured yet (a 4k forward 20.4 s)
     "cuda": (2.0, 27000.0),         # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log
 }
 REFERENCE_PARAMETERS = 135e6
