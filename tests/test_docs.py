@@ -172,3 +172,12 @@ def test_readme_leads_with_what_it_does_a_working_example_and_where_to_go_next()
     example = README.split("```python", 1)[1].split("```", 1)[0]
     for call in ("hp.patch(", ".backward()", "hpe.perplexity_by_length(", "save_pretrained("):
         assert call in example, call
+
+
+def test_no_anchor_of_results_or_docs_carries_a_date_or_an_issue_number():
+    """Section titles say what was measured; the date, the machine and the issue go in the section's first line, so
+    a link to a section survives the next measurement's retitling."""
+    pages = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    dated = {page.name: sorted(a for a in anchors(page) if re.search(r"\d{4}-\d\d-\d\d|issue-\d", a))
+             for page in pages}
+    assert {name: found for name, found in dated.items() if found} == {}
