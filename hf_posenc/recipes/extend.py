@@ -192,8 +192,8 @@ def model_facts(args: ExtendConfig) -> Facts:
     apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
-    return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters, layers,
-                 apart, baselines)
+    return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters,
+                 layers, apart, baselines)
 
 
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
@@ -239,8 +239,8 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
 RATES = {
     "amx": (62.0, 201.0),           # 2 Xeon cores with AMX: 21 candidates in 21.9 min; 201 tokens/s
     "avx512_bf16": (104.0, 86.0),   # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward, x2.34 a step
-    "float32": (550.0, 60.0),       # 2 AVX2 cores, float32: a 16k candidate 165-346 s (machine B, beside other
-                                    # work: ~550 s at 32k); the training rate not measured yet (a 4k forward 20.4 s)
+    "float32": (550.0, 52.0),       # 2 AVX2 cores, float32 (machine B): a 16k candidate 165-346 s beside other
+                                    # work (~550 s at 32k); a 4096-token step 86 s at 16k (52 tokens/s, 8.9 GB)
     "cuda": (2.0, 27000.0),         # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log
 }
 REFERENCE_PARAMETERS = 135e6
@@ -270,7 +270,8 @@ class Plan:
         scale = self.facts.parameters / REFERENCE_PARAMETERS
         target = self.value("target")
         length = (target / 32768) ** 1.2
-        search = 0.0 if not self.value("search") else (5 + self.value("search.candidates")) * candidate_s * scale * length
+        candidates = 5 + self.value("search.candidates") if self.value("search") else 0
+        search = candidates * candidate_s * scale * length
         train = self.value("train.tokens") / tokens_s * scale
         cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 6
         judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate_s / 2 * scale * length
@@ -409,8 +410,8 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
                 f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate (at most 16)")
             seconds -= (5 + candidates) * per_candidate
         tokens = int(seconds * tokens_s / scale)
-        put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search, at ~{tokens_s / scale:.0f} "
-                                          f"tokens/s on this machine")
+        put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search, at "
+                                          f"~{tokens_s / scale:.0f} tokens/s on this machine")
     else:
         put("train.tokens", args.tokens or None, int(9.375 * T),
             "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
@@ -447,13 +448,13 @@ def check_plan(plan: Plan) -> None:
             raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
                               f".txt/.jsonl/.parquet files, or a hub dataset)")
     if v("judge.mode") != "skip":
+        passage = extend_report.judge_passage(plan.facts.original)
         try:
-            per_sequence, _ = recall.cell_sequences(v("target"), v("judge.passages"), extend_report.judge_passage(plan.facts.original))
-            recall.plan_layout(v("target"), passages=per_sequence, passage_tokens=extend_report.judge_passage(plan.facts.original), head=1)
+            per_sequence, _ = recall.cell_sequences(v("target"), v("judge.passages"), passage)
+            recall.plan_layout(v("target"), passages=per_sequence, passage_tokens=passage, head=1)
             recall.distance_bins(v("target"), v("judge.bin"))
         except ValueError as err:
             raise ConfigError(f"judge: {err}") from None
-
 
 
 def finetune_sections(plan: Plan):
@@ -537,7 +538,8 @@ class ExtendRun:
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in ("search", "finetune")})
             (self.out / "plan.json").unlink()
         if not (self.out / "plan.json").exists():
-            write_json(self.out / "plan.json", {"model": self.plan.facts.name, "model_path": model_key(self.plan.facts.ref),
+            write_json(self.out / "plan.json", {"model": self.plan.facts.name,
+                                                "model_path": model_key(self.plan.facts.ref),
                                                 "settings": self.plan.record(),
                                                 "planned": time.strftime("%Y-%m-%d %H:%M")})
         estimates = self.plan.estimates()
@@ -557,11 +559,6 @@ class ExtendRun:
         return self.out
 
     # -- the stages
-    def dtype(self) -> str:
-        from hf_posenc import loading
-
-        return str(loading.resolve_dtype(self.args.model.dtype)[0]).removeprefix("torch.")
-
     def stage_search(self) -> None:
         from hf_posenc.recipes import search as search_recipe
 

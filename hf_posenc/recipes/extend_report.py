@@ -226,8 +226,8 @@ def passkey_lines(run, cells: dict) -> list[str]:
     depths = run.plan.value("judge.passkey_depths")
     back = ", ".join(f"{int((1 - d) * run.plan.value('target'))}" for d in depths)
     return [f"Passkey, the key about {back} tokens back (2 trials a depth): "
-            + "; ".join(f"{row} {c['found']}/{c['trials']} (answer log-prob {sum(c['logprobs']) / len(c['logprobs']):.2f})"
-                        for row, c in found), ""]
+            + "; ".join(f"{row} {c['found']}/{c['trials']} (answer log-prob "
+                        f"{sum(c['logprobs']) / len(c['logprobs']):.2f})" for row, c in found), ""]
 
 
 def figure(run, cells: dict, path: Path) -> bool:
@@ -344,7 +344,8 @@ def card(run, cells: dict) -> str:
         _, goals = recall_tables(run, cells)
         _, rise = perplexity_summary(run, cells)
         se = goals.get("self_extend")
-        judged = (f"On `{corpus_name(v('judge.corpus'))}` ({held_out_words(run)}), recall at a distance at {v('target')} tokens, extended minus "
+        judged = (f"On `{corpus_name(v('judge.corpus'))}` ({held_out_words(run)}), recall at a distance at "
+                  f"{v('target')} tokens, extended minus "
                   f"untrained Self-Extend, paired: whole window {interval(se['whole'])}, last quarter "
                   f"{interval(se['last_quarter'])} nats / token" if se else "")
         judged += "; " + "; ".join(g.removeprefix("- ") for g in goal_lines(goals, rise)) + ". Every bin: REPORT.md."
@@ -360,7 +361,8 @@ def card(run, cells: dict) -> str:
                             f"({facts.critical} of {facts.pairs}) held at >= {v('search.critical_floor')} x s"
                             if v("search") else "none (one RoPE per layer type): the fine-tune started from YaRN"),
         f"- **Training**: {v('train.steps')} steps of one {v('train.seq_len')}-token window ({v('train.tokens'):,} "
-        f"tokens) of `{corpus_name(v('train.corpus'))}`, {'documents kept apart' if v('train.packing') == 'documents' else 'documents joined'}, PoSE ids spread over {v('target')} "
+        f"tokens) of `{corpus_name(v('train.corpus'))}`, documents "
+        f"{'kept apart' if v('train.packing') == 'documents' else 'joined'}, PoSE ids spread over {v('target')} "
         f"(`{v('train.positions')}`), LongCE (window {v('train.longce_window')}), lr {v('train.lr')}",
         f"- **Judged**: {judged}", "",
         "REPORT.md holds the plan, every distance bin, perplexity, the passkey and the time each stage took.", ""])
