@@ -266,3 +266,20 @@ def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, c
 def test_a_judge_text_a_stage_reads_is_said_not_held_out(tmp_path):
     plan = plan_of(smollm2_like(tmp_path / "m"), "--target", "16384", "--judge.corpus", "stdlib")
     assert "judge.corpus" in plan.text() and "NOT held out: a stage trains or searches on it" in plan.text()
+
+
+def test_a_one_step_budget_trains_and_the_judge_fills_every_bin(tmp_path, texts):
+    """No warmup step at lr 0 eats a short budget; the judge's passages lie even over the window (the halves layout
+    left the last quarter one passage at 16k)."""
+    from safetensors.torch import load_file
+
+    model = save_family(tmp_path / "llama", "llama")
+    argv = tiny_argv(model, texts, tmp_path / "out")
+    argv[argv.index("--tokens") + 1] = "32"   # one window: one step
+    out = run_extend([*argv, "--judge.passages", "16"])
+    start, trained = load_file(out / "search" / "best" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(start[k], trained[k]) for k in start)
+    cell = json.loads(next((out / "judge").glob("cells-*.json")).read_text())["extended/recall_seed0"]
+    width = json.loads((out / "plan.json").read_text())["settings"]["judge.bin"]
+    filled = {p["distance"] // width for p in cell["passages"]}
+    assert filled == set(range(256 // width))

@@ -358,7 +358,9 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("judge.rows", None, [m for m in BASELINES if m not in left_out],
         "untrained, patched to the target" + "".join(f"; no {m}: {why}" for m, why in left_out.items()))
     put("judge.seeds", None, 2 if mode == "full" else 1, "passage seeds pooled (n doubles)")
-    put("judge.passages", ja.passages, max(4, 48 * T // 32768), "recall passages a seed: 48 per 32k of target")
+    put("judge.passages", ja.passages, max(4, 48 * T // 32768), "recall passages a seed: 48 per 32k of target, "
+                                                                 "their distances even over the window")
+    put("judge.layout", None, "even", "every distance bin its share of the passages")
     put("judge.bin", ja.bin, max(L // 2, T // 8), "distance bins of the report: the larger of half the original "
                                                   "context and target / 8 (4k up to 32k for an 8k model)")
     put("judge.passkey_depths", None, [0.05, 0.15, 0.25] if mode == "full" else [],
@@ -448,10 +450,10 @@ def check_plan(plan: Plan) -> None:
             raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
                               f".txt/.jsonl/.parquet files, or a hub dataset)")
     if v("judge.mode") != "skip":
-        passage = extend_report.judge_passage(plan.facts.original)
         try:
-            per_sequence, _ = recall.cell_sequences(v("target"), v("judge.passages"), passage)
-            recall.plan_layout(v("target"), passages=per_sequence, passage_tokens=passage, head=1)
+            for head in (0, 1):   # with and without a BOS first
+                extend_report.judge_layout(v("target"), v("judge.passages"),
+                                           extend_report.judge_passage(plan.facts.original), head, seed=0)
             recall.distance_bins(v("target"), v("judge.bin"))
         except ValueError as err:
             raise ConfigError(f"judge: {err}") from None
@@ -466,7 +468,7 @@ def finetune_sections(plan: Plan):
     return (fc.DataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
             fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
                          longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
-                         warmup_steps=min(10, max(1, steps // 5)), scheduler="constant_with_warmup",
+                         warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",   # a step at lr 0: none
                          save_every=max(1, steps // 3), seed=v("train.seed")))
 
 

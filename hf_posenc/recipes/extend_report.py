@@ -47,6 +47,18 @@ def judge_passage(original: int) -> int:
     return int(min(192, max(8, original // 32)))
 
 
+def judge_layout(target: int, passages: int, passage: int, head: int, seed: int):
+    """(layout, sequences) of a judge's recall cell: the passages' distances even over the whole window, so every bin
+    holds its share (the halves layout puts few in the last quarter: 1 of 24 at 16k)."""
+    from hf_posenc.eval import recall
+
+    per_sequence, sequences = recall.cell_sequences(target, passages, passage)
+    longest = target - head - passage
+    distances = [int(passage + (j + 0.5) * (longest - passage) / per_sequence) for j in range(per_sequence)]
+    return recall.plan_layout(target, passages=per_sequence, passage_tokens=passage, distances=distances, head=head,
+                              seed=seed), sequences
+
+
 def wanted_cells(run, row: str) -> list[str]:
     v = run.plan.value
     if row == "base":   # the unpatched model: the perplexity the extended one is held to inside its context
@@ -103,9 +115,7 @@ def judge(run) -> None:
             print(f"judge: {row}, {cell}", flush=True)
             if cell.startswith("recall_seed"):
                 seed = int(cell.removeprefix("recall_seed"))
-                per_sequence, sequences = recall.cell_sequences(T, v("judge.passages"), passage)
-                layout = recall.plan_layout(T, passages=per_sequence, passage_tokens=passage, head=len(prefix),
-                                            seed=seed)
+                layout, sequences = judge_layout(T, v("judge.passages"), passage, len(prefix), seed)
                 sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
                 scored = recall.score_recall(model, sets, control=True)
                 found = recall.summarize_recall(scored, length=T, bin_width=v("judge.bin"))
@@ -291,7 +301,7 @@ def report(run) -> str:
         lines += ["## Judged", "", f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
                   f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
                   f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
-                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed over {v('judge.seeds')} seed(s). "
+                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed at distances even over the window over {v('judge.seeds')} seed(s). "
                   f"`start` is the untrained search result, `yarn` and `self_extend` the base model patched to the "
                   f"target, no training.", "", *table, "", "Goals:", "", *goal_lines(goals, rise), "",
                   f"![recall by distance]({FIGURE})", "", "Perplexity on the same text (its first tokens):", "",
