@@ -66,7 +66,7 @@ def test_the_plan_at_32k_is_the_shipped_path(tmp_path):
 @pytest.mark.parametrize("target", [16384, 24576, 32768, 65536])
 def test_every_ratio_plans_a_search_the_search_takes(tmp_path, target):
     plan = plan_of(smollm2_like(tmp_path / "m"), "--target", str(target))
-    settings = extend.search_settings(plan, "float32")   # its own checks: bands, passages, race, floor
+    settings = extend.search_settings(plan)   # the search recipe's own checks: bands, passages, race, floor
     assert settings.floor_factor == pytest.approx(1.33 * target / 8192)
     assert len(settings.bands) >= 3 and plan.value("judge.bin") == (8192 if target > 32768 else 4096)
     assert plan.value("train.tokens") == int(9.375 * target)

@@ -266,15 +266,12 @@ class Plan:
 
     def estimates(self) -> dict:
         """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length)."""
-        candidate_s, tokens_s = RATES[self.machine[0]]
-        scale = self.facts.parameters / REFERENCE_PARAMETERS
-        target = self.value("target")
-        length = (target / 32768) ** 1.2
+        candidate = candidate_seconds(self.facts, self.machine, self.value("target"))
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
-        search = candidates * candidate_s * scale * length
-        train = self.value("train.tokens") / tokens_s * scale
-        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 6
-        judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate_s / 2 * scale * length
+        train = self.value("train.tokens") / RATES[self.machine[0]][1] * self.facts.parameters / REFERENCE_PARAMETERS
+        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 6   # a cell ~ half a candidate
+        judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate / 2
+        search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "judge": judge / 60, "export": 0.1}
 
     def text(self) -> str:
@@ -387,7 +384,7 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
                 continue   # every band needs 2 passages a sequence
             try:
                 SearchSettings(model="", target=T, original=L, passages=2 * per_sequence, passage_tokens=tokens,
-                               far_from=far, guard_length=min(2048, L // 4), band_width=band, race=True)
+                               far_from=far, guard_length=guard_length(L), band_width=band, race=True)
             except ValueError:
                 continue
             return 2 * per_sequence, band
@@ -399,11 +396,11 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
     search at this machine's rate."""
     T = args.target
     if args.hours:
-        candidate_s, tokens_s = RATES[machine[0]]
+        tokens_s = RATES[machine[0]][1]
         scale = facts.parameters / REFERENCE_PARAMETERS
         seconds = args.hours * 3600
         searched = any(s.name == "search" and s.value for s in settings)
-        per_candidate = candidate_s * scale * (T / 32768) ** 1.2
+        per_candidate = candidate_seconds(facts, machine, T)
         if searched:   # the search takes at most 45 % of the hours (the shipped path's share)
             given = args.search.candidates is not None
             candidates = args.search.candidates if given else max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
@@ -435,7 +432,7 @@ def check_plan(plan: Plan) -> None:
     v = plan.value
     if v("search"):
         try:
-            search_settings(plan, "")
+            search_settings(plan)
         except ValueError as err:
             raise ConfigError(f"search: {err}") from None
     try:
@@ -472,17 +469,39 @@ def finetune_sections(plan: Plan):
                          save_every=max(1, steps // 3), seed=v("train.seed")))
 
 
-def search_settings(plan: Plan, dtype: str):
-    from hf_posenc.train.search import SearchSettings
+def search_config(plan: Plan, model: recipe_config.ModelArgs, output_dir: str):
+    """The search stage's config (the search recipe's own: `hf-posenc search` with these flags is the same search)."""
+    from hf_posenc.recipes import search as search_recipe
 
     v = plan.value
-    return SearchSettings(model=plan.facts.ref, target=v("target"), original=plan.facts.original, mode="static",
-                          budget=v("search.candidates"), passages=v("search.passages"),
-                          passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
-                          guard_length=min(2048, plan.facts.original // 4), guard_share=v("search.guard_share"),
-                          top_range=[1.0, 2.0], attention_range=[1.0, 1.3], corpus=v("search.corpus"),
-                          dtype=dtype or "float32", band_width=v("search.band_width"),
-                          critical_floor=v("search.critical_floor"), race=True)
+    return search_recipe.SearchConfig(
+        model=dataclasses.replace(model, attn_implementation=model.attention()),
+        data=recipe_config.DataArgs(corpus=v("search.corpus")),
+        search=search_recipe.SearchArgs(
+            target=v("target"), mode="static", budget=v("search.candidates"), passages=v("search.passages"),
+            passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
+            guard_length=guard_length(plan.facts.original), guard_share=v("search.guard_share"),
+            top_range=[1.0, 2.0], attention_range=[1.0, 1.3], band_width=v("search.band_width"),
+            critical_floor=v("search.critical_floor"), race=True),
+        output_dir=output_dir)
+
+
+def search_settings(plan: Plan):
+    """The search's settings as the search recipe derives them from its config, checked by their own class."""
+    from hf_posenc.recipes import search as search_recipe
+
+    args = search_config(plan, recipe_config.ModelArgs(name=plan.facts.ref), "")
+    return search_recipe.settings(args, plan.facts.ref, plan.facts.original, "float32")
+
+
+def guard_length(original: int) -> int:
+    """Tokens of the search's perplexity guard: 2048, at most a quarter of the original context."""
+    return min(2048, original // 4)
+
+
+def candidate_seconds(facts: Facts, machine: tuple, target: int) -> float:
+    """What a search candidate should take on this machine: RATES' 32k figure, scaled by parameters and length."""
+    return RATES[machine[0]][0] * facts.parameters / REFERENCE_PARAMETERS * (target / 32768) ** 1.2
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -564,17 +583,7 @@ class ExtendRun:
     def stage_search(self) -> None:
         from hf_posenc.recipes import search as search_recipe
 
-        v = self.plan.value
-        args = search_recipe.SearchConfig(
-            model=dataclasses.replace(self.args.model, attn_implementation=self.args.model.attention()),
-            data=recipe_config.DataArgs(corpus=v("search.corpus")),
-            search=search_recipe.SearchArgs(
-                target=v("target"), mode="static", budget=v("search.candidates"), passages=v("search.passages"),
-                passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
-                guard_length=min(2048, self.plan.facts.original // 4), guard_share=v("search.guard_share"),
-                top_range=[1.0, 2.0], attention_range=[1.0, 1.3], band_width=v("search.band_width"),
-                critical_floor=v("search.critical_floor"), race=True),
-            output_dir=str(self.out / "search"))
+        args = search_config(self.plan, self.args.model, str(self.out / "search"))
         search_recipe.check_args(args)
         search_recipe.run(args)
 

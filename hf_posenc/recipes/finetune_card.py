@@ -79,7 +79,8 @@ def corpus_name(spec: str) -> str:
     """A corpus as a card names it: a built-in or hub corpus as given, local files by their own name (no path)."""
     from .. import data as hdata
 
-    return ", ".join(sorted({p.name for p in hdata.corpus_paths(spec)})) if hdata.corpus_paths(spec) else spec
+    paths = hdata.corpus_paths(spec)
+    return ", ".join(sorted({p.name for p in paths})) if paths else spec
 
 
 def objective_teacher(cfg) -> str:
