@@ -22,7 +22,8 @@ import torch
 
 import hf_posenc as hp
 from hf_posenc import eval as hpe
-from hf_posenc.train.losses import longce_weights, short_context_losses
+from hf_posenc.causal_lm import short_context_losses
+from hf_posenc.train.losses import longce_weights
 
 GRAMS = (1, 2, 4)
 

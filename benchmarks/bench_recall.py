@@ -34,7 +34,7 @@ import torch
 
 import common
 import hf_posenc as hp
-from hf_posenc import data
+from hf_posenc import corpora
 from hf_posenc import eval as hpe
 from hf_posenc.eval import probes as probes_module
 from hf_posenc.eval import recall, ruler, stats
@@ -92,7 +92,7 @@ def recall_sets(tokenizer, ids: list[int], length: int, passages: int, seed: int
     """The recall sequences of a cell at `length`: the same for every row (refused, before any model loads, when
     the text cannot hold them)."""
     per_sequence, sequences = recall.cell_sequences(length, passages, PASSAGE)   # 24 a sequence at 16k, 48 at 32k
-    prefix = data.bos_prefix(tokenizer)
+    prefix = corpora.bos_prefix(tokenizer)
     layout = recall.plan_layout(length, passages=per_sequence, passage_tokens=PASSAGE, head=len(prefix), seed=seed)
     return recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
 

@@ -1,5 +1,5 @@
 """The factor search judged (issue 38): SmolLM2-135M (8k native) at --target tokens, the searched longrope checkpoint
-(`hf-posenc search`, hf_posenc/train/search.py) against YaRN, the ramp `longrope`, Self-Extend, DCA and the unpatched
+(`hf-posenc search`, hf_posenc/search/) against YaRN, the ramp `longrope`, Self-Extend, DCA and the unpatched
 model, on texts the search never saw (it tuned on the plays; these are books of the King James Bible).
 
 Cells, each saved as it completes (--out; a rerun goes on where the last stopped):
@@ -59,7 +59,7 @@ def transfer(folder: str, out: str, target: int, unmarked: bool = False) -> None
     import json
     from pathlib import Path
 
-    from hf_posenc.train import search
+    from hf_posenc import search
     from hf_posenc import user_input
 
     out = user_input.output_folder(out, "--transfer OUT", [folder], replaces=True)   # before anything loads

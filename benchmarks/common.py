@@ -30,7 +30,7 @@ import torch
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import _compat, assets, data
+from hf_posenc import _compat, assets, corpora
 from hf_posenc.loading import resolve_dtype
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where the benchmarks run their models
@@ -122,7 +122,7 @@ def plays(tokenizer, names: Sequence[str], n: int) -> dict[str, list[int]]:
 def corpus_ids(tokenizer, spec: str) -> list[int]:
     """The token ids of a load_corpus spec's documents joined by newlines, in order (no special tokens): the
     held-out text of bench_recall and bench_short_to_long (`kjv`: Genesis on)."""
-    return tokenizer("\n".join(data.load_corpus(spec)["text"]), add_special_tokens=False)["input_ids"]
+    return tokenizer("\n".join(corpora.load_corpus(spec)["text"]), add_special_tokens=False)["input_ids"]
 
 
 def refuse(message: str) -> NoReturn:

@@ -1,8 +1,9 @@
 """A causal LM's next-token scoring, the output layer a block of positions at a time: what training
-(hf_posenc/train/losses.py) and evaluation (hf_posenc/eval/, hf_posenc/metrics/) both compute. The checks that a
-model predicts next tokens and that ids are in its vocabulary, its last hidden states, the logits its forward would
-make of them (the families' own scalings included), per-token losses `chunk` positions at a time, eval mode for a
-block. A PEFT wrapper is looked through (`unwrapped`)."""
+(hf_posenc/train/losses.py) and evaluation (hf_posenc/eval/) both compute. The checks that a model predicts next
+tokens and that ids are in its vocabulary, its last hidden states, the logits its forward would make of them (the
+families' own scalings included), per-token losses `chunk` positions at a time, eval mode for a block, and the
+losses given only a short window of context (LongCE's weights, LongPPL's key tokens). A PEFT wrapper is looked
+through (`unwrapped`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import check_number
-from .errors import InvalidInputError, UnsupportedModelError
+from .errors import InvalidInputError, InvalidParameterError, UnsupportedModelError
 
 # what a class of transformers' causal LMs is named (a PEFT wrapper is looked through first)
 CAUSAL_LM_NAMES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -129,3 +130,51 @@ def next_token_losses(model: nn.Module, hidden: torch.Tensor, labels: torch.Tens
     out = [F.cross_entropy(output_logits(model, hidden[:, b]).float().flatten(0, 1), labels[:, b].flatten(),
                            ignore_index=-100, reduction="none").view(labels[:, b].shape) for b in blocks]
     return torch.cat(out, dim=1)
+
+
+def check_window(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@torch.no_grad()
+def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int,
+                         stride: int, position_ids: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """The loss of each next token given only a short context, [batch, n - 1] aligned with the long pass's
+    labels (entry t - 1: token t): windows of window + stride tokens at stride, 2 stride, ..., each scoring
+    its tokens from window on (`LongCE`), at the long pass's ids (`position_ids`; None: 0..n-1); NaN where a
+    token's context is not shortened (t < window + stride) or it is padding. Eval mode, no gradient."""
+    check_window("window", window)
+    check_window("stride", stride)
+    check_number("chunk", chunk, minimum=1, integer=True, optional=False)
+    batch, n = input_ids.shape
+    out = torch.full((batch, n - 1), float("nan"), device=input_ids.device)
+    if position_ids is None:
+        position_ids = torch.arange(n, device=input_ids.device).expand(batch, n)
+    # a rope that follows the input's length (longrope's two sets, dynamic scaling) is set by the largest id: each
+    # short window moved up to the long pass's, the same distances, so that it reads them with the long pass's rope
+    top = position_ids.amax(dim=1, keepdim=True) if rope_follows_length(model) else None
+    with evaluating(model):
+        for start in range(stride, n - window, stride):
+            end = min(start + window + stride, n)
+            ids, mask, at = input_ids[:, start:end], attention_mask[:, start:end], position_ids[:, start:end]
+            if top is not None:
+                at = at + (top - at.amax(dim=1, keepdim=True))
+            hidden = hidden_states(model, ids, mask, at)[:, window - 1:-1]
+            labels = ids[:, window:].masked_fill(mask[:, window:] == 0, -100)
+            losses = next_token_losses(model, hidden, labels, chunk)
+            out[:, start + window - 1:end - 1] = losses.masked_fill(labels == -100, float("nan"))
+    return out
+
+
+def rope_follows_length(model: nn.Module) -> bool:
+    """Whether the model's rotary frequencies change with the input's largest position id: transformers' longrope
+    (short and long factors) and dynamic scaling, hf_posenc's length-dependent methods."""
+    from .methods.rope import LengthDependentRotary
+
+    inner = unwrapped(model)
+    if any(isinstance(m, LengthDependentRotary) for m in inner.modules()):
+        return True
+    params = getattr(inner.config.get_text_config(), "rope_parameters", None) or {}   # none: a bias, a table
+    nested = [v for v in params.values() if isinstance(v, dict)]   # one set per layer type (Gemma 3)
+    return any(p.get("rope_type") in ("longrope", "dynamic") for p in [params, *nested])

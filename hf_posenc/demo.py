@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import api, assets, data, loading
+from . import api, assets, corpora, loading
 from . import eval as hpe
 from .eval.perplexity import pass_progress
 
@@ -109,9 +109,9 @@ def run(model: str = "smollm2", *, tokens: int = 512, methods: tuple[str, ...] =
     if tokens > context:
         raise ValueError(f"--tokens {tokens} is past the model's context ({context}); part 1 compares inside it")
     tokenizer = loading.load_tokenizer(ref)
-    text = data.load_corpus(corpus)[0]["text"]
+    text = corpora.load_corpus(corpus)[0]["text"]
     # as the tokenizer frames an input: BOS first for models that always see it (Llama, Gemma, Mistral)
-    ids = torch.tensor(data.bos_prefix(tokenizer) + tokenizer(text, add_special_tokens=False).input_ids)
+    ids = torch.tensor(corpora.bos_prefix(tokenizer) + tokenizer(text, add_special_tokens=False).input_ids)
     if len(ids) < max(tokens, long_tokens):
         raise ValueError(f"{corpus} has {len(ids)} tokens; the demo needs {max(tokens, long_tokens)}")
     trials = (hpe.make_trials("passkey", tokenizer, lengths=[long_tokens], depths=[0.5], seed=0)

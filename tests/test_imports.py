@@ -28,8 +28,8 @@ LAYERS = {
     "families": ("hf_posenc.families",),
     "patch calls": ("hf_posenc.registry", "hf_posenc.export.serving", "hf_posenc.export.gguf_tokenizer",
                     "hf_posenc.export.gguf_writer", "hf_posenc.loading", "hf_posenc.api", "hf_posenc.configs"),
-    "uses": ("hf_posenc.causal_lm", "hf_posenc.eval", "hf_posenc.analysis", "hf_posenc.metrics", "hf_posenc.data",
-             "hf_posenc.train"),
+    "uses": ("hf_posenc.causal_lm", "hf_posenc.eval", "hf_posenc.analysis", "hf_posenc.metrics", "hf_posenc.corpora",
+             "hf_posenc.train", "hf_posenc.search"),
     "front ends": ("hf_posenc", "hf_posenc.user_input", "hf_posenc.cli", "hf_posenc.demo", "hf_posenc.recipes"),
 }
 

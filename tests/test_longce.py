@@ -1,7 +1,7 @@
 """LongCE (hf_posenc/train/losses.py; Fang et al., ICLR 2025) against references written out by hand on a tiny Llama:
 the weights are min(exp(loss_short - loss_long), clip), 1 where the losses are equal or no short window
 exists; the short losses are forwards of the short windows alone, at the long pass's ids; the loss and its
-gradients are the weighted mean. LongPPL (hf_posenc/metrics/longppl.py) against its definition. The recipe's
+gradients are the weighted mean. LongPPL (hf_posenc/eval/longppl.py) against its definition. The recipe's
 train.loss=longce: tests/test_finetune_long.py."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_posenc.train.losses import LongCE, TrainingLoss, longce_loss, longce_weights, short_context_losses
+from hf_posenc.causal_lm import short_context_losses
+from hf_posenc.train.losses import LongCE, TrainingLoss, longce_loss, longce_weights
 from tiny import tiny_model, token_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -167,7 +168,7 @@ def text_model():
 
 
 def test_key_tokens_pass_both_thresholds():
-    from hf_posenc.metrics.longppl import key_tokens
+    from hf_posenc.eval.longppl import key_tokens
 
     long = torch.tensor([0.5, 0.5, 3.0, 0.5, 1.0])
     short = torch.tensor([3.0, 2.4, 6.0, float("nan"), 3.5])
@@ -178,7 +179,7 @@ def test_key_tokens_pass_both_thresholds():
 def test_longppl_is_the_perplexity_of_the_key_tokens(text_model):
     """The model as its own evaluator, against the definition written out: the key tokens from its long and
     short losses, the perplexity of the model's long losses on them."""
-    from hf_posenc.metrics.longppl import longppl
+    from hf_posenc.eval.longppl import longppl
 
     model, tokenizer = text_model
     alpha, beta = 0.01, -10.0   # a random tiny model: a low bar, so that some tokens pass it
@@ -197,7 +198,7 @@ def test_longppl_is_the_perplexity_of_the_key_tokens(text_model):
 def test_another_evaluator_tokenizer_carries_the_key_tokens_by_their_characters(text_model):
     """An evaluator with its own tokenizer object (the same bytes here): the key tokens mapped through the
     characters are the ones found token by token."""
-    from hf_posenc.metrics.longppl import longppl
+    from hf_posenc.eval.longppl import longppl
     from tiny import tiny_tokenizer
 
     model, tokenizer = text_model
@@ -221,7 +222,7 @@ def test_another_evaluator_tokenizer_carries_the_key_tokens_by_their_characters(
 ])
 def test_longppl_refuses_bad_input(text_model, kwargs, message):
     from hf_posenc.errors import PosEncError
-    from hf_posenc.metrics.longppl import longppl
+    from hf_posenc.eval.longppl import longppl
 
     model, tokenizer = text_model
     texts = kwargs.pop("texts", [TEXT])
@@ -231,7 +232,7 @@ def test_longppl_refuses_bad_input(text_model, kwargs, message):
 
 def test_the_default_evaluator_window_is_the_native_context(text_model):
     import hf_posenc as hp
-    from hf_posenc.metrics.longppl import native_window
+    from hf_posenc.eval.longppl import native_window
 
     model, _ = text_model
     assert native_window(model) == 256

@@ -1,4 +1,4 @@
-"""The factor search (hf_posenc/train/search.py) and its recipe (hf_posenc/recipes/search.py) on tiny models: the form
+"""The factor search (hf_posenc/search/) and its recipe (hf_posenc/recipes/search.py) on tiny models: the form
 holds LongRoPE's constraints and its seeds, the seeds are the closed forms transformers computes, a candidate is
 the longrope patch it says, a killed search resumes to the same candidates, bad input is refused before loading,
 and the best candidate saves as a checkpoint stock transformers loads with the same logits."""
@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posenc as hp
-from hf_posenc.train import search
+from hf_posenc import search
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError
 from hf_posenc.recipes import search as recipe
 from hf_posenc.user_input import UsageError

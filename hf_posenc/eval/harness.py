@@ -230,9 +230,9 @@ def write_tasks(folder: str | os.PathLike, tokenizer, *, lengths: Sequence[int],
     for name, value in (("lengths", lengths), ("kinds", kinds), ("depths", depths)):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
             raise ParameterTypeError(f"{name} must be a list (e.g. {_EXAMPLES[name]}), got {value!r}")
-    unknown = [k for k in kinds if k not in retrieval.TASKS]
+    unknown = [k for k in kinds if k not in retrieval.KINDS]
     if unknown or not kinds:
-        raise InvalidParameterError(f"kinds must name some of {list(retrieval.TASKS)}, got {list(kinds)!r}")
+        raise InvalidParameterError(f"kinds must name some of {list(retrieval.KINDS)}, got {list(kinds)!r}")
     if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
         raise InvalidParameterError(f"lengths must be positive ints, got {list(lengths)!r}")
     folder = Path(folder)

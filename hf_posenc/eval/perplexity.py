@@ -122,7 +122,7 @@ def token_list(value, name: str) -> list[int]:
 def as_token_ids(doc, name: str) -> torch.Tensor:
     """One document (a list or 1-d tensor of token ids) as a tensor; refused naming it when it is not one."""
     if isinstance(doc, (str, bytes)) or doc is None:
-        raise InvalidInputError(f"{name} must be token ids (a list of ints, data.tokenize's input_ids), got "
+        raise InvalidInputError(f"{name} must be token ids (a list of ints, corpora.tokenize's input_ids), got "
                                 f"{doc!r:.60}")
     try:
         ids = torch.as_tensor(doc)
@@ -138,7 +138,7 @@ def _documents(documents, what: str) -> list[torch.Tensor]:
     any pass."""
     if documents is None or isinstance(documents, (str, bytes)) or not hasattr(documents, "__len__") \
             or not hasattr(documents, "__getitem__"):
-        raise InvalidInputError(f"{what} takes documents as a list of token id lists (data.tokenize's input_ids), "
+        raise InvalidInputError(f"{what} takes documents as a list of token id lists (corpora.tokenize's input_ids), "
                                 f"got {documents!r:.60}")
     return [as_token_ids(doc, f"documents[{i}]") for i, doc in enumerate(documents)]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .perplexity import curve_perplexity
-from .retrieval import TASKS
+from .retrieval import KINDS
 from .variants import NONE
 
 FRAMING_NOTE = {"bos": "bos (each document, window and prompt starts with the tokenizer's BOS token, as the model "
@@ -90,7 +90,7 @@ def summary(results: dict, context: int) -> str:
         lines += ["Sliding-window perplexity (window = context the model sees):", "",
                   *table(["variant", *(f"window {w}" for w in windows)],
                          ([shown[k], *(number(s[w]["perplexity"]) for w in windows)] for k, s in strided.items())), ""]
-    for task in TASKS:
+    for task in KINDS:
         runs = {shown[k]: v[task] for k, v in variants.items() if task in v}
         if runs:
             first = next(iter(runs.values()))
@@ -164,7 +164,7 @@ def figures(results: dict, out: str | Path, context: int) -> list[Path]:
     if curves:
         written.append(plots.plot_perplexity_curves(curves, out / "perplexity_curve.png", original_context=context,
                                                     title=f"{model}: perplexity by position"))
-    for task in TASKS:
+    for task in KINDS:
         runs = {variant_label(k, v): v[task] for k, v in variants.items() if task in v}
         if runs:
             written.append(plots.plot_retrieval_by_length(runs, out / f"{task}.png", original_context=context,

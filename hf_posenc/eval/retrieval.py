@@ -19,12 +19,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import check_number
-from ..data import bos_prefix
+from ..corpora import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError
 from ..causal_lm import check_causal_lm, check_token_ids
 from .perplexity import check_length
 
-TASKS = ("passkey", "needle")
+KINDS = ("passkey", "needle")   # the classic trials; RULER's families are ruler.TASKS
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
          "memorize it. I will quiz you about it.\n\n")
@@ -68,7 +68,7 @@ def check_depths(depths, name: str = "depths") -> list[float]:
 
 
 def framing(tokenizer, bos) -> list[int]:
-    """`data.bos_prefix`, its refusals (a plain ValueError there) as the project's error, checked once before
+    """`corpora.bos_prefix`, its refusals (a plain ValueError there) as the project's error, checked once before
     any sample is built."""
     try:
         return bos_prefix(tokenizer, bos)
@@ -127,7 +127,7 @@ class Haystack:
 def build_trial(tokenizer, haystack: Haystack, *, needle: str, question: str, answer: str, length: int,
                 depth: float, start: int = 0, bos: bool | str = "auto") -> Trial:
     """intro + haystack lines with `needle` inserted at the line boundary nearest `depth` + question;
-    the answer follows the question. The prompt starts as `data.bos_prefix(tokenizer, bos)` says (by
+    the answer follows the question. The prompt starts as `corpora.bos_prefix(tokenizer, bos)` says (by
     default as the tokenizer starts an input: BOS first for Llama, Gemma, Mistral).
 
     The trial is written as text and tokenized once, prompt and answer together, as lm-eval (or anyone
@@ -180,8 +180,8 @@ def make_trials(task: str, tokenizer, *, lengths: Sequence[int], depths: Sequenc
     """`trials` trials per (length, depth), each with its own random key (same seed, same trials).
     `haystack` is the text of the needle task (ignored by passkey, which uses its filler line); `bos`
     as in `build_trial`."""
-    if task not in TASKS:
-        raise InvalidParameterError(f"unknown retrieval task {task!r}; known: {', '.join(TASKS)}")
+    if task not in KINDS:
+        raise InvalidParameterError(f"unknown retrieval task {task!r}; known: {', '.join(KINDS)}")
     if not callable(tokenizer):
         raise InvalidInputError(f"tokenizer must be a transformers tokenizer (hp.load_tokenizer), got {tokenizer!r:.60}")
     if isinstance(lengths, Sequence) and isinstance(depths, Sequence) and (not lengths or not depths):

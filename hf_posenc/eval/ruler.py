@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..config import check_number
 from ..named import Registry
-from ..data import bos_prefix
+from ..corpora import bos_prefix
 from ..errors import InvalidInputError, InvalidParameterError
 from ..causal_lm import check_causal_lm
 from . import stats

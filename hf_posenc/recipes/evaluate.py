@@ -206,11 +206,11 @@ def check_model_and_paths(args: EvalConfig) -> str:
     """The model reference (checked like the CLI's) and, from its config alone, that it is a causal LM, that
     every variant's method applies to it and that no length is far past every context in play; output_dir
     neither a file nor an input. Returns the reference."""
-    from hf_posenc import data as hdata
+    from hf_posenc import corpora
     from hf_posenc import eval as hpe
 
     ref = user_input.model_ref(args.model.name)
-    inputs = [p for p in (Path(ref), *hdata.corpus_paths(args.data.corpus)) if p.is_dir()]
+    inputs = [p for p in (Path(ref), *corpora.corpus_paths(args.data.corpus)) if p.is_dir()]
     user_input.output_folder(args.output_dir, "output_dir", inputs)
     methods = {spec.split()[0] for spec in [*args.eval.variants, *args.eval.grid]} - {hpe.variants.NONE}
     skeleton = user_input.model_skeleton(ref, methods=sorted(methods), causal_lm_for="the evaluate recipe")
@@ -265,13 +265,13 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
     tune_documents long enough are the tuning split, and the other perplexity measures read only the
     documents after them (held out). Each document and prompt starts as `framing` says (by default as the
     tokenizer starts an input); the sliding window puts that BOS before every window instead."""
-    from hf_posenc import data
+    from hf_posenc import corpora
     from hf_posenc import eval as hpe
 
     corpus = args.data.load()
     bos = FRAMINGS[args.data.framing]
-    prefix = data.bos_prefix(tokenizer, bos)
-    tokenized = data.tokenize(corpus, tokenizer, bos=bos)
+    prefix = corpora.bos_prefix(tokenizer, bos)
+    tokenized = corpora.tokenize(corpus, tokenizer, bos=bos)
     names = corpus["title"] if "title" in corpus.column_names else [f"#{i}" for i in range(len(corpus))]
     docs = list(zip(names, tokenized["input_ids"]))
     out = {"tune": [], "lengths": [], "curve": [], "strided": [], "trials": {},
@@ -319,11 +319,11 @@ def prepare_data(args: EvalConfig, tokenizer) -> dict:
 
 def recall_sets(args: EvalConfig, tokenizer, corpus, prefix: list[int]) -> dict:
     """The recall sequences of each length, from eval.recall_corpus (default: the corpus read)."""
-    from hf_posenc import data
+    from hf_posenc import corpora
     from hf_posenc.eval import recall
 
     ev = args.eval
-    text_corpus = data.load_corpus(ev.recall_corpus) if ev.recall_corpus else corpus
+    text_corpus = corpora.load_corpus(ev.recall_corpus) if ev.recall_corpus else corpus
     ids = tokenizer("\n".join(text_corpus["text"]), add_special_tokens=False)["input_ids"]
     out = {}
     for length in ev.recall_lengths:

@@ -162,7 +162,7 @@ def model_facts(args: ExtendConfig) -> Facts:
     from hf_posenc import _compat
     from hf_posenc.recipes.patch_card import base_name
     from hf_posenc.record_reader import read_record
-    from hf_posenc.train.search import critical_pair
+    from hf_posenc.search import critical_pair
 
     ref = user_input.model_ref(args.model.name)
     skeleton = user_input.model_skeleton(ref, methods=["yarn"], causal_lm_for="hf-posenc extend")   # RoPE, causal
@@ -371,7 +371,7 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
     """(passages, band width) of the search: 56 % of 2 sequences in passages, the distances from far_from to the
     target cut into bands of about target / 8 (even widths, 2 passages a band in each sequence); where the layout
     cannot place them, fewer bands, then fewer passages. Given values stay as given."""
-    from hf_posenc.train.search import SearchSettings
+    from hf_posenc.search import SearchSettings
 
     span = T - far
     derived = int(0.5625 * T / (2 * tokens)) if passages is None else passages // 2
@@ -425,7 +425,7 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
 def check_plan(plan: Plan) -> None:
     """The settings the stages will get, checked now by their own classes (numbers and paths only: no text, no
     weights), so that nothing is refused hours into a run."""
-    from hf_posenc import data
+    from hf_posenc import corpora
     from hf_posenc.eval import recall
     from hf_posenc.train.positions import scheme
 
@@ -442,8 +442,8 @@ def check_plan(plan: Plan) -> None:
         raise ConfigError(f"train: {err}") from None
     for name in ("search.corpus", "train.corpus", "judge.corpus"):
         spec = v(name) if any(s.name == name for s in plan.settings) else None
-        if spec and spec.partition(":")[0] not in data.BUILTIN and data._looks_like_path(spec) \
-                and not data.corpus_paths(spec):
+        if spec and spec.partition(":")[0] not in corpora.BUILTIN and corpora._looks_like_path(spec) \
+                and not corpora.corpus_paths(spec):
             raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
                               f".txt/.jsonl/.parquet files, or a hub dataset)")
     if v("judge.mode") != "skip":

@@ -84,7 +84,7 @@ def judge(run) -> None:
     import torch
 
     import hf_posenc as hp
-    from hf_posenc import data, loading
+    from hf_posenc import corpora, loading
     from hf_posenc.eval import recall, retrieval
     from hf_posenc.eval.perplexity import perplexity_by_length
 
@@ -97,9 +97,9 @@ def judge(run) -> None:
         return
     T, L = v("target"), facts.original
     tokenizer = hp.load_tokenizer(facts.ref)
-    text = "\n".join(data.load_corpus(v("judge.corpus"))["text"])
+    text = "\n".join(corpora.load_corpus(v("judge.corpus"))["text"])
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    prefix = data.bos_prefix(tokenizer)
+    prefix = corpora.bos_prefix(tokenizer)
     if len(ids) < T:
         from hf_posenc.errors import ConfigError
 

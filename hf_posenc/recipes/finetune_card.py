@@ -77,9 +77,9 @@ Load it with `transformers.AutoModel*.from_pretrained(folder)` or `hf_posenc.fro
 
 def corpus_name(spec: str) -> str:
     """A corpus as a card names it: a built-in or hub corpus as given, local files by their own name (no path)."""
-    from .. import data as hdata
+    from .. import corpora
 
-    paths = hdata.corpus_paths(spec)
+    paths = corpora.corpus_paths(spec)
     return ", ".join(sorted({p.name for p in paths})) if paths else spec
 
 

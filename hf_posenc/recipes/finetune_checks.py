@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..train import checkpoints as ckpt
-from .. import data as hdata
+from .. import corpora
 from .. import loading
 from ..errors import ConfigError, PosEncError
 from ..train.positions import Contiguous, PositionScheme, scheme
@@ -327,7 +327,7 @@ def _inputs(cfg: FinetuneConfig, ref: str) -> list[tuple[str, str]]:
     found = [("model folder" if not extra else "folder of the model's .gguf file", name)]
     for field, spec in (("data.corpus", cfg.data.corpus), ("eval.corpus", cfg.eval.corpus)):
         if spec:
-            found += [(field, str(path)) for path in hdata.corpus_paths(spec)]
+            found += [(field, str(path)) for path in corpora.corpus_paths(spec)]
     return [(what, path) for what, path in found if Path(path).exists()]
 
 
@@ -353,8 +353,8 @@ def check_output_dir(cfg: FinetuneConfig, ref: str) -> None:
 def check_corpus(field: str, spec: str, args: DataArgs) -> None:
     """Built-in and local corpora are read (and must hold some text); a hub dataset must answer."""
     name, _, subset = spec.partition(":")
-    files = [] if name in hdata.BUILTIN else hdata._local_files(spec)
-    if name in hdata.BUILTIN or files:
+    files = [] if name in corpora.BUILTIN else corpora._local_files(spec)
+    if name in corpora.BUILTIN or files:
         try:
             docs = load_documents(args, spec)
         except Exception as err:   # a malformed file, an unknown play, ...: the loader's own words, one line
@@ -365,8 +365,8 @@ def check_corpus(field: str, spec: str, args: DataArgs) -> None:
         if not any(row["text"] and row["text"].strip() for row in docs):   # stops at the first text
             raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
                               f"to train or evaluate on")
-    elif Path(spec).is_dir() or hdata._looks_like_path(spec):
-        raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(hdata.FILE_LOADERS))} "
+    elif Path(spec).is_dir() or corpora._looks_like_path(spec):
+        raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(corpora.FILE_LOADERS))} "
                           f"files: a path, a folder or a glob)")
     else:
         import datasets

@@ -37,7 +37,7 @@ from transformers import get_scheduler  # noqa: E402
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc.train import checkpoints as ckpt  # noqa: E402
-from hf_posenc import data as hdata  # noqa: E402
+from hf_posenc import corpora  # noqa: E402
 from hf_posenc.train import documents  # noqa: E402
 from hf_posenc.train import mixed_windows  # noqa: E402
 from hf_posenc.train import data as train_data  # noqa: E402
@@ -530,7 +530,7 @@ def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teache
         if preflight.causal:
             from hf_posenc import eval as hpe
 
-            ids = hdata.tokenize(docs, tokenizer)["input_ids"]
+            ids = corpora.tokenize(docs, tokenizer)["input_ids"]
             for length in cfg.eval.lengths:
                 chosen = [d[:length] for d in ids if len(d) >= length][:cfg.eval.documents]
                 if chosen:

@@ -99,7 +99,7 @@ class ModelArgs:
         return "sdpa" if self.attn_implementation == "auto" else self.attn_implementation
 
 
-FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_posenc.data.bos_prefix's bos=
+FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_posenc.corpora.bos_prefix's bos=
 
 
 @dataclasses.dataclass
@@ -109,7 +109,7 @@ class DataArgs:
 
     corpus: str = dataclasses.field(default="shakespeare", metadata={
         "help": "a load_corpus spec: shakespeare / kjv / stdlib, local .txt/.jsonl/.parquet files, a hub dataset "
-                "NAME[:CONFIG] (hf_posenc/data.py)"})
+                "NAME[:CONFIG] (hf_posenc/corpora.py)"})
     split: str = dataclasses.field(default="train", metadata={"help": "the split of a hub dataset"})
     text_column: str = dataclasses.field(default="text", metadata={
         "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
@@ -124,10 +124,10 @@ class DataArgs:
         need(self.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
 
     def load(self):
-        """The corpus as hf_posenc.data.load_corpus reads it, with this section's split and column."""
-        from .. import data
+        """The corpus as hf_posenc.corpora.load_corpus reads it, with this section's split and column."""
+        from .. import corpora
 
-        return data.load_corpus(self.corpus, split=self.split, text_column=self.text_column)
+        return corpora.load_corpus(self.corpus, split=self.split, text_column=self.text_column)
 
 
 def program(script: str, prog: str | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Search RoPE's per-pair rescale factors for a longer context (LongRoPE / LongRoPE2, hf_posenc/train/search.py) and
+"""Search RoPE's per-pair rescale factors for a longer context (LongRoPE / LongRoPE2, hf_posenc/search/) and
 save the best as a stock `longrope` checkpoint that transformers, vLLM and llama.cpp run, no training.
 
     hf-posenc search --config smollm2_search_16k
@@ -102,8 +102,8 @@ def check_args(args: SearchConfig) -> None:
 
 
 def settings(args: SearchConfig, ref: str, original: int, dtype: str):
-    """The search's settings (hf_posenc.train.search.SearchSettings), checked against the model's original context."""
-    from hf_posenc.train.search import SearchSettings
+    """The search's settings (hf_posenc.search.SearchSettings), checked against the model's original context."""
+    from hf_posenc.search import SearchSettings
 
     s = args.search
     try:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
 def run(args: SearchConfig) -> dict:
     """The recipe's phases in order; returns the best candidate."""
-    from hf_posenc.train import search
+    from hf_posenc import search
 
     recipe = SearchRecipe(args)
     recipe.setup()
@@ -170,7 +170,7 @@ class SearchRecipe:
         import torch
 
         from hf_posenc import loading
-        from hf_posenc.train import search
+        from hf_posenc import search
 
         self.args = args
         self.ref = user_input.model_ref(args.model.name)
@@ -189,12 +189,12 @@ class SearchRecipe:
         """The tokenizer and the text, its passages checked (refused before the weights load), then the model and
         the search over it."""
         import hf_posenc as hp
-        from hf_posenc import data
-        from hf_posenc.train import search
+        from hf_posenc import corpora
+        from hf_posenc import search
 
         args, s = self.args, self.settings
         self.tokenizer = tokenizer = hp.load_tokenizer(self.ref)
-        prefix = data.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
+        prefix = corpora.bos_prefix(tokenizer, FRAMINGS[args.data.framing])
         corpus = args.data.load()
         ids = tokenizer("\n".join(corpus["text"]), add_special_tokens=False)["input_ids"]
         try:
@@ -225,7 +225,7 @@ class SearchRecipe:
 
     def save(self, best: dict) -> None:
         """The convergence figure, summary.md, and the best candidate as a stock checkpoint (`save`)."""
-        from hf_posenc.train import search
+        from hf_posenc import search
 
         args, s, out = self.args, self.settings, self.out
         rows = search.read_candidates(out / "candidates.jsonl", self.runner.record)
@@ -246,7 +246,7 @@ def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
     would be rounded), patched with it, saved as `hf-posenc patch` saves."""
     import hf_posenc as hp
     from hf_posenc.recipes import patch_card as card
-    from hf_posenc.train import search
+    from hf_posenc import search
 
     method, params = search.best_method(best, s.target, s.original)
     model = hp.load_model(ref)

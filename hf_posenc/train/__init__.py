@@ -1,5 +1,5 @@
-"""Training a patched model to its new context: what the fine-tune recipe (hf_posenc/recipes/finetune_*.py) and the
-factor search are made of.
+"""Training a patched model to its new context: what the fine-tune recipe (hf_posenc/recipes/finetune_*.py) is
+made of (the factor search, which trains nothing, is hf_posenc/search/).
 
     positions.py       position schemes: the ids a short window trains at (PoSE, CREAM, randomized)
     data.py            the training text: documents loaded, packed into windows, collated
@@ -9,7 +9,6 @@ factor search are made of.
     documents.py       packed documents kept apart (position ids restart, attention stays inside each)
     checkpoints.py     the run's checkpoints, loss log and resume
     trainable.py       what trains: parameter groups or regexes, LoRA adapters, dropout off for distillation
-    search.py          the factor search (LongRoPE's, without gradients): factors scored on far-repeat recall
 
 Nothing is imported here: `from hf_posenc.train import losses` loads what it names.
 """

@@ -1,5 +1,5 @@
 """Training data for the fine-tune recipe: documents loaded (the first ones of a stream), tokenized and
-packed exactly (`hf_posenc.data.pack_exact`), framed as the tokenizer frames an input, cached on disk; and
+packed exactly (`hf_posenc.corpora.pack_exact`), framed as the tokenizer frames an input, cached on disk; and
 the collate that pads a batch of blocks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .. import data as hdata
+from .. import corpora
 from .. import loading
 from ..errors import ConfigError
 
@@ -45,19 +45,19 @@ def load_documents(args, corpus: Optional[str] = None):
     import datasets
 
     spec = corpus or args.corpus
-    if args.streaming and spec.partition(":")[0] not in hdata.BUILTIN and not hdata._local_files(spec):
+    if args.streaming and spec.partition(":")[0] not in corpora.BUILTIN and not corpora._local_files(spec):
         name, _, subset = spec.partition(":")
         stream = datasets.load_dataset(name, subset or None, split=args.split, streaming=True)
         rows = [{"text": r[args.text_column]} for r, _ in zip(stream, range(args.max_documents))]
         return datasets.Dataset.from_list(rows)
-    docs = hdata.load_corpus(spec, split=args.split, text_column=args.text_column)
+    docs = corpora.load_corpus(spec, split=args.split, text_column=args.text_column)
     if args.max_documents:
         docs = docs.select(range(min(args.max_documents, len(docs))))
     return docs
 
 
 def prepare_data(args, tokenizer, preflight, cache_root: Optional[str] = None):
-    """Tokenized, exactly packed sequences (`hf_posenc.data.pack_exact`), cached on disk by what
+    """Tokenized, exactly packed sequences (`hf_posenc.corpora.pack_exact`), cached on disk by what
     determines them (corpus, tokenizer, lengths, boundaries): a second run loads them in a second.
     For encoders, each block is framed as the tokenizer frames one input ([CLS] ... [SEP]), as the
     model always sees it (position 0 is [CLS]), within seq_len.
@@ -69,7 +69,7 @@ def prepare_data(args, tokenizer, preflight, cache_root: Optional[str] = None):
     if args.bos is True and bos is None:
         raise ConfigError("data.bos is true, but the tokenizer has no BOS (nor CLS) token; use auto or false")
     if args.bos == "auto":  # a causal LM's documents start as its tokenizer starts an input (Llama, Gemma: BOS)
-        bos = next(iter(hdata.bos_prefix(tokenizer)), None) if preflight.causal else None
+        bos = next(iter(corpora.bos_prefix(tokenizer)), None) if preflight.causal else None
     head, tail = ([], []) if preflight.causal else frame_ids(tokenizer)
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,
                       "max_documents": args.max_documents, "tokenizer": _fingerprint(tokenizer),
@@ -81,9 +81,9 @@ def prepare_data(args, tokenizer, preflight, cache_root: Optional[str] = None):
     if (folder / "dataset_info.json").exists():
         return datasets.load_from_disk(str(folder))
     docs = load_documents(args)
-    tokenized = hdata.tokenize(docs, tokenizer, bos=False)  # pack_exact puts the BOS
+    tokenized = corpora.tokenize(docs, tokenizer, bos=False)  # pack_exact puts the BOS
     extra = len(head) + len(tail)
-    packed = hdata.pack_exact(tokenized, preflight.block_len - extra, eos_token_id=eos, bos_token_id=bos,
+    packed = corpora.pack_exact(tokenized, preflight.block_len - extra, eos_token_id=eos, bos_token_id=bos,
                               short_share=args.short_share, short_length=preflight.short_len and preflight.short_len - extra)
     if extra:
         blocks = [head + b + tail for b in packed["input_ids"]]

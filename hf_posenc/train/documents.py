@@ -1,6 +1,6 @@
 """Documents kept apart inside a packed training window (document masking: ProLong, Gao et al. 2024; Llama 3).
 
-A window of packed documents (each one ended by EOS, `hf_posenc.data.pack_exact`) is trained as if each document
+A window of packed documents (each one ended by EOS, `hf_posenc.corpora.pack_exact`) is trained as if each document
 were its own sequence: the position ids restart at 0 where a document begins, and no token attends to a token of
 another document. The mask is the one transformers builds itself from position ids that restart when the model
 gets no 2D attention mask (`masking_utils.find_packed_sequence_indices`): a block-diagonal causal mask for SDPA

@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import Refused, check_number
-from ..causal_lm import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
-                         output_logits, position_blocks, unwrapped)
+from ..causal_lm import (check_causal_lm, check_token_ids, check_window, hidden_states, next_token_losses,
+                         output_logits, position_blocks, short_context_losses, unwrapped)
 from ..named import Registry
 from ..errors import (ConfigError, InvalidInputError, InvalidParameterError, ParameterTypeError, PosEncError,
                       UnsupportedModelError)
@@ -302,7 +302,7 @@ class LongCE(TrainLoss):
 
     def __post_init__(self):
         for name in ("window", "stride"):
-            _check_window(name, getattr(self, name))
+            check_window(name, getattr(self, name))
         _check_weights(self.clip, self.floor)
 
     def lm_loss(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, chunk: int = 0,
@@ -345,11 +345,6 @@ class LongCE(TrainLoss):
                 f"{self.window}-{self.window + self.stride - 1} tokens")
 
 
-def _check_window(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _check_weights(clip, floor, owner: str = "") -> None:
     """clip >= 1 (the largest weight: below 1 every weight would shrink) and floor in [0, 1] (the smallest)."""
     if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and 1 <= clip < math.inf):
@@ -368,49 +363,6 @@ def longce_weights(long: torch.Tensor, short: torch.Tensor, clip: float, floor: 
     has = ~torch.isnan(short)
     ratio = torch.exp(torch.where(has, short - long, torch.zeros_like(long))).clamp(min=floor, max=clip)
     return torch.where(has, ratio, torch.ones_like(ratio))
-
-
-@torch.no_grad()
-def short_context_losses(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int,
-                         stride: int, position_ids: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
-    """The loss of each next token given only a short context, [batch, n - 1] aligned with the long pass's
-    labels (entry t - 1: token t): windows of window + stride tokens at stride, 2 stride, ..., each scoring
-    its tokens from window on (`LongCE`), at the long pass's ids (`position_ids`; None: 0..n-1); NaN where a
-    token's context is not shortened (t < window + stride) or it is padding. Eval mode, no gradient."""
-    _check_window("window", window)
-    _check_window("stride", stride)
-    check_number("chunk", chunk, minimum=1, integer=True, optional=False)
-    batch, n = input_ids.shape
-    out = torch.full((batch, n - 1), float("nan"), device=input_ids.device)
-    if position_ids is None:
-        position_ids = torch.arange(n, device=input_ids.device).expand(batch, n)
-    # a rope that follows the input's length (longrope's two sets, dynamic scaling) is set by the largest id: each
-    # short window moved up to the long pass's, the same distances, so that it reads them with the long pass's rope
-    top = position_ids.amax(dim=1, keepdim=True) if rope_follows_length(model) else None
-    with evaluating(model):
-        for start in range(stride, n - window, stride):
-            end = min(start + window + stride, n)
-            ids, mask, at = input_ids[:, start:end], attention_mask[:, start:end], position_ids[:, start:end]
-            if top is not None:
-                at = at + (top - at.amax(dim=1, keepdim=True))
-            hidden = hidden_states(model, ids, mask, at)[:, window - 1:-1]
-            labels = ids[:, window:].masked_fill(mask[:, window:] == 0, -100)
-            losses = next_token_losses(model, hidden, labels, chunk)
-            out[:, start + window - 1:end - 1] = losses.masked_fill(labels == -100, float("nan"))
-    return out
-
-
-def rope_follows_length(model: nn.Module) -> bool:
-    """Whether the model's rotary frequencies change with the input's largest position id: transformers' longrope
-    (short and long factors) and dynamic scaling, hf_posenc's length-dependent methods."""
-    from ..methods.rope import LengthDependentRotary
-
-    inner = unwrapped(model)
-    if any(isinstance(m, LengthDependentRotary) for m in inner.modules()):
-        return True
-    params = getattr(inner.config.get_text_config(), "rope_parameters", None) or {}   # none: a bias, a table
-    nested = [v for v in params.values() if isinstance(v, dict)]   # one set per layer type (Gemma 3)
-    return any(p.get("rope_type") in ("longrope", "dynamic") for p in [params, *nested])
 
 
 def longce_loss(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, longce: LongCE,

@@ -11,12 +11,12 @@ well with it (the paper's Eq. for LSD / LCL, alpha = 2, beta = -2):
 LongPPL = exp(mean over the key tokens of -log P_model(x_t | x_<t)), the evaluated model's loss on them, all
 texts pooled. The evaluator is any causal LM the user names; by default the model itself at its native window
 (the context before its patch), the paper's "the model itself" variant. The short windows are cut as LongCE's
-(hf_posenc.train.losses.short_context_losses: windows of window + stride tokens, each token with window ..
+(hf_posenc.causal_lm.short_context_losses: windows of window + stride tokens, each token with window ..
 window + stride - 1 tokens of context, at their own ids). With another tokenizer than the evaluated model's,
 the key tokens are carried over by their characters (a token of the evaluated model counts when its characters
 lie inside a key token's, both fast tokenizers).
 
-    from hf_posenc.metrics.longppl import longppl
+    from hf_posenc.eval.longppl import longppl
     longppl(model, tokenizer, [text], max_length=32768)                   # the model as its own evaluator
     longppl(model, tokenizer, [text], evaluator=big, evaluator_tokenizer=big_tok, short_window=4096)
 """
@@ -29,10 +29,16 @@ import math
 import torch
 
 from .. import api
+from ..causal_lm import (
+    check_causal_lm,
+    check_token_ids,
+    evaluating,
+    hidden_states,
+    next_token_losses,
+    short_context_losses,
+)
 from ..errors import InvalidInputError, InvalidParameterError
-from ..eval.perplexity import check_length
-from ..causal_lm import check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses
-from ..train.losses import short_context_losses
+from .perplexity import check_length
 
 
 @torch.no_grad()
