@@ -1,6 +1,6 @@
 """The documentation speaks for the code: README.md starts with the two commands CI and users run, every
 relative link in README.md, docs/ and benchmarks/RESULTS.md reaches a file (and a heading, for #anchors),
-README and the docs page of its kind name every method the package registers, no page counts the methods in
+RESULTS.md's summary gives each interval as the section it links states it, README and the docs page of its kind name every method the package registers, no page counts the methods in
 prose (a count goes stale with the next method), README names every model_type a family matches, and
 docs/ARCHITECTURE.md's worked examples (methods, a training loss, a RULER task family) are the files the suite
 runs (tests/examples/)."""
@@ -57,8 +57,8 @@ def test_readme_starts_with_the_two_commands():
 
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_relative_links_resolve(page):
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of `page` whose file does not exist, or whose #anchor names no heading of that file."""
     broken = []
     for target in LINK.findall(page.read_text(encoding="utf-8")):
         if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
@@ -68,8 +68,77 @@ def test_relative_links_resolve(page):
         if not file.exists():
             broken.append(f"{target}: no such file")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
-            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+            broken.append(f"{target}: no heading #{anchor} in {file.name}")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = broken_links(page)
     assert not broken, broken
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## Its part: a title\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n[ok](other.md#its-part-a-title), [ok](#page), [web](https://example.org/a#b)\n"
+                    "[gone](missing.md) [no heading](other.md#its-part) [none here](#nowhere)\n", encoding="utf-8")
+    assert broken_links(page) == ["missing.md: no such file", "other.md#its-part: no heading #its-part in other.md",
+                                  "#nowhere: no heading #nowhere in page.md"]
+
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+INTERVAL = re.compile(r"[+-]?\d+(?:\.\d+)? \[[+-]?\d+(?:\.\d+)?, [+-]?\d+(?:\.\d+)?\]")
+
+
+def sections(text: str) -> dict[str, str]:
+    """Each heading's anchor -> its text, up to the next heading of its level or above (its subsections included),
+    with runs of white space as one space (a figure may wrap)."""
+    lines = text.splitlines()
+    heads = [(i, len(m.group(1)), slug(m.group(2))) for i, line in enumerate(lines)
+             if (m := re.match(r"(#+) (.*)", line))]
+    found = {}
+    for k, (i, level, anchor) in enumerate(heads):
+        end = next((j for j, lv, _ in heads[k + 1:] if lv <= level), len(lines))
+        found.setdefault(anchor, " ".join(" ".join(lines[i + 1:end]).split()))
+    return found
+
+
+def summary_entries(text: str) -> list[str]:
+    """The rows of RESULTS.md's summary table and the items of its superseded answers (a list item with its
+    wrapped lines)."""
+    summary = text.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and not line.startswith("| question ")]
+    superseded = text.split("\n# Superseded answers\n", 1)[1].split("\n# ", 1)[0]
+    items = re.findall(r"^- .*?(?=^- |\Z)", superseded, re.M | re.S)
+    return rows + items
+
+
+def uncopied_figures(entry: str, text: str) -> list[str]:
+    """The intervals an entry gives that no section it links states, word for word."""
+    found = sections(text)
+    linked = [found[a] for a in re.findall(r"\]\(#([^)\s]+)\)", entry) if a in found]
+    if not linked:
+        return [f"links no section of RESULTS.md: {entry[:80]}"]
+    return [f for f in INTERVAL.findall(" ".join(entry.split())) if not any(f in s for s in linked)]
+
+
+def test_the_summary_states_each_interval_as_the_section_it_links():
+    """A summary row (or a superseded answer) copies its figures from the sections it links: an interval they do not
+    state is a figure rounded differently or gone stale."""
+    text = RESULTS.read_text(encoding="utf-8")
+    entries = summary_entries(text)
+    assert len(entries) >= 6, entries
+    problems = {entry[:80]: wrong for entry in entries if (wrong := uncopied_figures(entry, text))}
+    assert not problems, problems
+
+
+def test_an_interval_its_section_does_not_state_is_caught():
+    text = RESULTS.read_text(encoding="utf-8")
+    row = ("| q | +0.72 [+0.58, +0.85] past 16k; +0.72 [+0.58, +0.86] |"
+           " [recall](#recall-at-a-distance-the-training-free-rows-re-judged-with-intervals) |")
+    assert uncopied_figures(row, text) == ["+0.72 [+0.58, +0.86]"]
+    assert uncopied_figures("| q | +0.72 [+0.58, +0.85] | none |", text)[0].startswith("links no section")
 
 
 @pytest.mark.parametrize("method", SHIPPED)
