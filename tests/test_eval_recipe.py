@@ -16,6 +16,7 @@ import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import corpora
 from hf_posenc import eval as hpe
+from hf_posenc.recipes import evaluate_config
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, write_corpus
 
@@ -80,15 +81,15 @@ def test_recipe_config_yaml_then_command_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("eval:\n  variants: [none, 'yarn beta_fast=16']\n  max_position_embeddings: [16384, 32768]\n"
                       "  curve_length: 4096\n")
-    args = recipe.parse_args(["--config", str(config), "--eval.curve_length", "2048"])
+    args = evaluate_config.parse_args(["--config", str(config), "--eval.curve_length", "2048"])
     assert (args.eval.variants, args.eval.curve_length, args.model.name) == (["none", "yarn beta_fast=16"], 2048, "smollm2")
-    assert [label for label, _, _ in recipe.variant_runs(args)] == ["none", "yarn beta_fast=16 @16384",
+    assert [label for label, _, _ in evaluate_config.variant_runs(args)] == ["none", "yarn beta_fast=16 @16384",
                                                                      "yarn beta_fast=16 @32768"]
     config.write_text("eval:\n  curve_lenght: 4096\n")
     with pytest.raises(recipe.ConfigError, match=r"section eval: unknown key\(s\) \['curve_lenght'\]"):
-        recipe.parse_args(["--config", str(config)])
+        evaluate_config.parse_args(["--config", str(config)])
     with pytest.raises(hp.UnknownMethodError, match="unknown method 'yarnn'"):
-        recipe.parse_args(["--eval.variants", "none", "yarnn"])
+        evaluate_config.parse_args(["--eval.variants", "none", "yarnn"])
 
 
 def base_args(checkpoint, corpus_dir, out):
@@ -174,8 +175,8 @@ def test_recipe_never_overwrites_results_of_another_configuration(checkpoint, co
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eval*.yaml")), ids=lambda p: p.name)
 def test_shipped_eval_configs_parse(path):
-    args = recipe.parse_args(["--config", str(path)])
-    assert args.eval.variants and recipe.variant_runs(args)
+    args = evaluate_config.parse_args(["--config", str(path)])
+    assert args.eval.variants and evaluate_config.variant_runs(args)
 
 
 def test_perplexity_metric_loads_by_path_and_matches_document_perplexity(checkpoint):

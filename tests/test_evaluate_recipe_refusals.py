@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel
 
 from hf_posenc.eval import ruler
 from hf_posenc.recipes import evaluate as recipe
+from hf_posenc.recipes import evaluate_config
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, save_text_models, tiny_model, write_corpus
 
@@ -126,8 +127,8 @@ def test_a_resume_ignores_task_needles_without_a_needle_family_and_names_them_wi
     assert "eval.task_hops 4 -> 2" in said
     monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured again"))
     recipe.main(argv(root, "llama", tmp_path, *tasks, "--eval.task_needles", "6"))   # no needle family: unread
-    assert recipe.unread({**recipe.dataclasses.asdict(recipe.EvalArgs()), "tasks": ["multikey"]}) >= {"task_hops"}
-    assert "task_needles" not in recipe.unread({**recipe.dataclasses.asdict(recipe.EvalArgs()), "tasks": ["multikey"]})
+    assert recipe.unread({**recipe.dataclasses.asdict(evaluate_config.EvalArgs()), "tasks": ["multikey"]}) >= {"task_hops"}
+    assert "task_needles" not in recipe.unread({**recipe.dataclasses.asdict(evaluate_config.EvalArgs()), "tasks": ["multikey"]})
 
 
 def no_nan(text: str):

@@ -18,6 +18,7 @@ from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import CONFIGS
 from hf_posenc.recipes import recipe_config as rc
 from hf_posenc.recipes import evaluate, finetune_config
+from hf_posenc.recipes import evaluate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ def test_both_recipes_take_their_shipped_configs_with_flags_over_them(tmp_path):
             assert got[section] == values, section
 
     raw = yaml.safe_load((CONFIGS / "eval_smollm2_cpu.yaml").read_text())
-    args = evaluate.parse_args(["--config", "eval_smollm2_cpu", "--eval.curve_length", "4096",
+    args = evaluate_config.parse_args(["--config", "eval_smollm2_cpu", "--eval.curve_length", "4096",
                                 "--eval.variants", "none", "yarn beta_fast=16", "--model.dtype", "float32"])
     expected = {**raw, "eval": {**raw["eval"], "curve_length": 4096, "variants": ["none", "yarn beta_fast=16"]},
                 "model": {**raw["model"], "dtype": "float32"}}
@@ -132,10 +133,10 @@ def test_help_lists_every_field_in_process(capsys):
 
 HELP_COMMANDS = {   # (hf-posenc finetune --help and -m hf_posenc.recipes.finetune --help: tests/test_cli.py)
     "recipes/finetune.py": ([sys.executable, str(ROOT / "recipes" / "finetune.py"), "--help"], finetune_config.FinetuneConfig),
-    "recipes/evaluate.py -h": ([sys.executable, str(ROOT / "recipes" / "evaluate.py"), "-h"], evaluate.EvalConfig),
+    "recipes/evaluate.py -h": ([sys.executable, str(ROOT / "recipes" / "evaluate.py"), "-h"], evaluate_config.EvalConfig),
     # the console script's code path, without needing `hf-posenc` on PATH (an inactive venv)
-    "hf-posenc evaluate": ([sys.executable, "-m", "hf_posenc.cli", "evaluate", "--help"], evaluate.EvalConfig),
-    "-m evaluate": ([sys.executable, "-m", "hf_posenc.recipes.evaluate", "--help"], evaluate.EvalConfig),
+    "hf-posenc evaluate": ([sys.executable, "-m", "hf_posenc.cli", "evaluate", "--help"], evaluate_config.EvalConfig),
+    "-m evaluate": ([sys.executable, "-m", "hf_posenc.recipes.evaluate", "--help"], evaluate_config.EvalConfig),
 }
 
 

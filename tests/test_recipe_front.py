@@ -10,6 +10,7 @@ import pytest
 from hf_posenc import cli
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import evaluate as eval_recipe
+from hf_posenc.recipes import evaluate_config
 from hf_posenc.recipes import finetune_config
 from test_eval_recipe import checkpoint, corpus_dir  # noqa: F401  (fixtures)
 
@@ -43,7 +44,7 @@ def test_an_empty_config_file_is_refused_by_both_recipes(tmp_path, text):
     with pytest.raises(ConfigError, match=r"config file .*empty\.yaml is empty: give its sections"):
         finetune_config.parse_config(["--config", str(path)])
     with pytest.raises(ConfigError, match="is empty"):
-        eval_recipe.parse_args(["--config", str(path)])
+        evaluate_config.parse_args(["--config", str(path)])
 
 
 def test_evaluate_says_where_its_files_went(checkpoint, corpus_dir, tmp_path, capsys):  # noqa: F811
@@ -87,7 +88,7 @@ def test_evaluate_ctrl_c_says_what_was_saved_and_how_to_continue(checkpoint, cor
 
 
 def test_evaluate_passes_are_counted_per_measure():
-    args = eval_recipe.parse_args(["--eval.variants", "none", "--eval.perplexity_lengths", "100", "200",
+    args = evaluate_config.parse_args(["--eval.variants", "none", "--eval.perplexity_lengths", "100", "200",
                                    "--eval.perplexity_documents", "2", "--eval.strided_windows", "100",
                                    "--eval.strided_tokens", "300", "--eval.passkey_lengths", "50", "80",
                                    "--eval.depths", "0.5", "--eval.trials", "2"])

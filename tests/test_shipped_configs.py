@@ -12,6 +12,7 @@ import pytest
 
 from hf_posenc.recipes import CONFIGS
 from hf_posenc.recipes import evaluate as eval_recipe
+from hf_posenc.recipes import evaluate_config
 from hf_posenc.recipes import extend as extend_recipe
 from hf_posenc.recipes import search as search_recipe
 from hf_posenc.recipes.finetune_checks import check_config
@@ -108,8 +109,8 @@ def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags
         args = search_recipe.parse_args(argv)
         search_recipe.settings(args, args.model.name, search_recipe.original_context(args.model.name), "float32")
     else:
-        args = eval_recipe.parse_args(argv)
-        eval_recipe.check_model_and_paths(args)
+        args = evaluate_config.parse_args(argv)
+        evaluate_config.check_model_and_paths(args)
 
 
 def test_a_short_len_left_at_its_default_says_how_to_fix_it(tmp_path):

@@ -26,6 +26,7 @@ from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterError
 from hf_posenc.eval import ruler
 from hf_posenc.eval.retrieval import FILLER
+from hf_posenc.recipes import evaluate_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -135,8 +136,8 @@ def test_the_recipe_takes_its_name_and_lets_go_what_it_does_not_read(name):
         if not ok:
             raise ConfigError(message)
 
-    ev = recipe.EvalArgs(tasks=[name], task_lengths=[700])
-    recipe.check_recall_and_tasks(ev, need)
+    ev = evaluate_config.EvalArgs(tasks=[name], task_lengths=[700])
+    evaluate_config.check_recall_and_tasks(ev, need)
     unread = recipe.unread(dataclasses.asdict(ev))
     reads = ruler.TASKS[name].reads
     assert {setting for setting, field in (("depths", "depths"), ("needles", "task_needles"), ("hops", "task_hops"))
@@ -157,7 +158,7 @@ def test_the_recipe_measures_a_family_it_never_names(checkpoint, corpus_dir, tmp
 @pytest.mark.contract
 @pytest.mark.parametrize("name", SHIPPED)
 def test_the_help_and_the_docs_name_every_shipped_family(name):
-    help_text = recipe.EvalArgs.__dataclass_fields__["tasks"].metadata["help"]
+    help_text = evaluate_config.EvalArgs.__dataclass_fields__["tasks"].metadata["help"]
     assert re.search(rf"\b{name}\b", help_text), f"eval.tasks' help (recipes/evaluate.py) omits {name}"
     rows = docs_rows()
     assert name in rows, f"docs/evaluate.md's table of families has no row for {name}"
