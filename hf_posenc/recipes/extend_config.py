@@ -1,0 +1,104 @@
+"""The extend recipe's config (recipes/extend.py): `--model` and `--target`, the budget (`--tokens` or `--hours`),
+and one section a stage (search, train, judge) whose fields default to null: the plan's rule
+(hf_posenc/recipes/extend.py, `make_plan`) sets each from the model, the target and the machine, and a value given
+here wins. `parse_args` reads them through the recipes' one config system (hf_posenc/recipes/recipe_config.py) and
+checks the values alone."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hf_posenc.recipes import recipe_config
+from hf_posenc.recipes.recipe_config import need
+
+JUDGE_MODES = ("full", "quick", "skip")
+
+
+@dataclass
+class SearchPlanArgs:
+    corpus: str = field(default="shakespeare", metadata={"help": "the search's tuning text (a load_corpus spec)"})
+    candidates: int | None = field(default=None, metadata={
+        "help": "CMA-ES candidates after the 5 seeds (null: 16, fewer where --hours leaves no time for them)"})
+    critical_floor: float | None = field(default=None, metadata={
+        "help": "the critical pairs' least factor in multiples of s (null: 1.33, their farthest position at the "
+                "target lands at 3/4 of the original context)"})
+    far_from: int | None = field(default=None, metadata={
+        "help": "the fitness reads passages at least this far back (null: half the original context)"})
+    band_width: int | None = field(default=None, metadata={
+        "help": "distance bands the fitness weighs alike (null: target / 8, wider where the passages are few)"})
+    passages: int | None = field(default=None, metadata={
+        "help": "recall passages over 2 sequences (null: what fills 56 % of them, as the shipped search)"})
+    passage_tokens: int | None = field(default=None, metadata={
+        "help": "tokens of a passage (null: 192, less for a short original context)"})
+    guard_share: float = field(default=0.08, metadata={
+        "help": "largest rise of perplexity inside the original context a candidate may have"})
+
+
+@dataclass
+class TrainPlanArgs:
+    corpus: str = field(default="stdlib", metadata={"help": "the fine-tune's text (long documents)"})
+    seq_len: int | None = field(default=None, metadata={
+        "help": "tokens of a training window (null: half the original context)"})
+    lr: float = field(default=6e-5, metadata={"help": "AdamW learning rate (constant after 10 warmup steps)"})
+    longce_window: int | None = field(default=None, metadata={
+        "help": "LongCE's short window (null: 1/16 of the original context)"})
+    seed: int = field(default=42, metadata={"help": "seed of the data order"})
+
+
+@dataclass
+class JudgePlanArgs:
+    mode: str = field(default="full", metadata={
+        "help": "full (recall over two passage seeds, perplexity, passkey), quick (one seed, no passkey), skip"})
+    corpus: str | None = field(default=None, metadata={
+        "help": "the held-out text (null: the first of kjv, shakespeare, stdlib that no stage reads)"})
+    passages: int | None = field(default=None, metadata={
+        "help": "recall passages a seed (null: 48 per 32k of target)"})
+    bin: int | None = field(default=None, metadata={
+        "help": "width of the distance bins (null: the larger of half the original context and target / 8)"})
+
+
+@dataclass
+class ExtendConfig:
+    model: recipe_config.ModelArgs = field(default_factory=recipe_config.ModelArgs,
+                                           metadata={"help": "the checkpoint to extend (--model NAME for short)"})
+    target: int = field(default=0, metadata={"help": "the context to extend to (tokens), > the original"})
+    tokens: int = field(default=0, metadata={
+        "help": "the fine-tune's training tokens (0: 9.375 x target, the shipped 307k at 32k; or from --hours)"})
+    hours: float = field(default=0.0, metadata={
+        "help": "wall time for the search and the fine-tune on this machine (0: --tokens' rule): the fine-tune "
+                "gets what the search leaves, at this machine's measured rate"})
+    search: SearchPlanArgs = field(default_factory=SearchPlanArgs, metadata={"help": "the factor search"})
+    train: TrainPlanArgs = field(default_factory=TrainPlanArgs, metadata={"help": "the fine-tune"})
+    judge: JudgePlanArgs = field(default_factory=JudgePlanArgs, metadata={"help": "the report card"})
+    output_dir: str = field(default="", metadata={"help": "the run's folder (empty: runs/extend_NAME_TARGET)"})
+    plan_only: bool = field(default=False, metadata={"help": "print the plan and stop"})
+
+
+USAGE = "--model NAME --target TOKENS [--hours H | --tokens N] [--section.field VALUE ...]"
+ABOUT = "Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, judge, export."
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> ExtendConfig:
+    argv = ["--model.name" if a == "--model" else "--model.name=" + a[8:] if a.startswith("--model=") else a
+            for a in (sys.argv[1:] if argv is None else argv)]
+    args = recipe_config.parse(ExtendConfig, argv, usage=f"{recipe_config.program('extend', prog)} {USAGE}",
+                               about=ABOUT, shipped=lambda name: name.startswith("extend_"))
+    from hf_posenc.eval.retrieval import MAX_LENGTH
+
+    need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
+    need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
+                                    f"out ({MAX_LENGTH} tokens)")
+    for name in ("passages", "bin"):
+        value = getattr(args.judge, name)
+        need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
+    need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
+    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
+    need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
+                                           f"length: give one")
+    need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
+    if not args.output_dir.strip():
+        args.output_dir = f"runs/extend_{Path(args.model.name).name.removesuffix('.gguf')}_{args.target}"
+    return args
