@@ -294,7 +294,7 @@ def test_help_prints_every_field_with_its_default(capsys):
     text = capsys.readouterr().out
     for section in ("model", "data", "train", "eval"):
         assert f"  {section}:" in text
-        for name, field in schema_fields(getattr(FC, f"{section.capitalize()}Args")).items():
+        for name, field in schema_fields(schema_fields(FC.FinetuneConfig)[section].type).items():
             shown = f"    {name}: {json.dumps(field.default)}"   # the default, the type, the doc
             assert field.help and any(line.startswith(shown) and line.endswith(f"({type_name(field.type)}) {field.help}")
                                       for line in text.splitlines()), name
@@ -374,8 +374,8 @@ RESUME_CHANGES = [
     ("steps-below-the-checkpoint-and-warmup", {"train": {"steps": 1, "warmup_steps": 0}},
      r"train\.steps 6 -> 1 \(the checkpoint --resume continues from is at step 2, past the new end\), "
      r"train\.warmup_steps 2 -> 0"),
-    ("several", {"train": {"seed": 5, "positions": "cream"}, "data": {"bos": True}},
-     r'data\.bos "auto" -> true, train\.seed 3 -> 5, train\.positions "pose" -> "cream"'),
+    ("several", {"train": {"seed": 5, "positions": "cream"}, "data": {"framing": "bos"}},
+     r'data\.framing "auto" -> "bos", train\.seed 3 -> 5, train\.positions "pose" -> "cream"'),
 ]
 
 

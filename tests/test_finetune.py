@@ -25,7 +25,6 @@ from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
-from hf_posenc.recipes import finetune_recipe
 from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +259,7 @@ def test_one_token_blocks_are_dropped_and_zero_tokens_refused(tmp_path):
     preflight = checks.Preflight(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("x" * 64)
-    args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
+    args = FC.FinetuneDataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
     packed = train_data.prepare_data(args, tok, preflight)
     assert packed["length"] == [64]
     assert corpora.pack_exact(corpora.tokenize(corpora.load_corpus(args.corpus), tok), 64, eos_token_id=EOS)["length"] == [64, 1]
@@ -277,7 +276,7 @@ def test_two_runs_building_the_same_data_cache_side_by_side_both_go_on(tmp_path,
     preflight = checks.Preflight(original_context=128, target_context=128, seq_len=64, short_len=None, causal=True)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("x" * 200)
-    args = FC.DataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
+    args = FC.FinetuneDataArgs(corpus=str(tmp_path / "c"), seq_len=64, cache_dir=str(tmp_path / "cache"))
     real = train_data.load_documents
     first = []
 
@@ -395,7 +394,9 @@ def test_unreached_parameters_are_found_and_mixtures_of_experts_left_to_ddp(bert
     teacher = AutoModel.from_pretrained(bert_dir).eval()
     probe = {"input_ids": torch.arange(3, 40)[None], "attention_mask": torch.ones(1, 37, dtype=torch.long)}
     rng = torch.get_rng_state()
-    frozen = finetune_recipe.freeze_unreached(TrainingLoss(model, objective="distill", causal=False), "cpu", probe, teacher)
+    from hf_posenc.train.trainable import freeze_unreached
+
+    frozen = freeze_unreached(TrainingLoss(model, objective="distill", causal=False), "cpu", probe, teacher)
     assert frozen == ["pooler.dense.weight", "pooler.dense.bias"]
     assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == frozen

@@ -271,13 +271,12 @@ def test_settings_compare_as_saved_nan_and_tuples_included(tmp_path):
     assert checks.setting_changes(cfg, saved) == []
     del saved["train"]["seed"], saved["eval"]                      # settings added since: their defaults
     assert checks.setting_changes(cfg, saved) == []
-    saved["data"]["bos"] = 1
+    saved["data"]["framing"] = 1
     saved["train"]["steps"] = 7
     saved["output_dir"] = "elsewhere"                              # per command: not compared
-    assert checks.setting_changes(cfg, saved) == [("data.bos", False, 1, "auto"), ("train.steps", True, 7, 400)]
-    cfg.data.bos = True
-    saved["data"]["bos"] = 1
-    assert [c[0] for c in checks.setting_changes(cfg, saved)] == ["data.bos", "train.steps"]
+    assert checks.setting_changes(cfg, saved) == [("data.framing", False, 1, "auto"), ("train.steps", True, 7, 400)]
+    cfg.data.framing = "bos"
+    assert [c[0] for c in checks.setting_changes(cfg, saved)] == ["data.framing", "train.steps"]
     assert not checks.lr_follows_steps(TrainArgs(scheduler="constant_with_warmup", warmup_steps=2), 6, 10)
     assert checks.lr_follows_steps(TrainArgs(scheduler="linear", warmup_steps=2), 6, 10)
     assert checks.lr_follows_steps(TrainArgs(scheduler="cosine", warmup_steps=2), 6, 10)

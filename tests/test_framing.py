@@ -165,28 +165,29 @@ def test_eval_recipe_scores_as_the_tokenizer_frames_and_says_so(tmp_path, corpus
 
 # -- fine-tuning data -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("adds_bos,bos,starts", [(True, "auto", [BOS]), (False, "auto", []), (True, False, []),
-                                                 (False, True, [BOS])])
-def test_finetune_data_follows_the_tokenizer_by_default(tmp_path, corpus_dir, adds_bos, bos, starts):
+@pytest.mark.parametrize("adds_bos,framing,starts", [(True, "auto", [BOS]), (False, "auto", []), (True, "none", []),
+                                                     (False, "bos", [BOS])])
+def test_finetune_data_follows_the_tokenizer_by_default(tmp_path, corpus_dir, adds_bos, framing, starts):
     preflight = checks.Preflight(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
-    args = FC.DataArgs(corpus=str(corpus_dir), bos=bos, cache_dir=str(tmp_path / "cache"))
+    args = FC.FinetuneDataArgs(corpus=str(corpus_dir), framing=framing, cache_dir=str(tmp_path / "cache"))
     packed = train_data.prepare_data(args, byte_tokenizer(adds_bos), preflight)
     stream = [t for block in packed["input_ids"] for t in block]
     assert stream == starts + plain_ids(TEXT) + [EOS]  # every token once, the BOS first when there is one
 
 
-def test_finetune_bos_setting_is_checked_and_the_shipped_configs_follow_the_tokenizer():
-    with pytest.raises(ConfigError, match="data.bos must be auto, true or false, got 'maybe'"):
-        FC.DataArgs(bos="maybe")
-    assert FC.DataArgs().bos == "auto"
+def test_finetune_framing_is_checked_and_the_shipped_configs_follow_the_tokenizer():
+    with pytest.raises(ConfigError, match="data.framing must be one of auto, bos, none, got 'maybe'"):
+        FC.FinetuneDataArgs(framing="maybe")
+    assert FC.FinetuneDataArgs().framing == "auto"
     for path in sorted((ROOT / "recipes" / "configs").glob("*finetune.yaml")):
-        assert "bos" not in (yaml.safe_load(path.read_text()).get("data") or {}), path.name
+        data = yaml.safe_load(path.read_text()).get("data") or {}
+        assert "framing" not in data and "bos" not in data, path.name
 
 
 def test_finetune_evaluation_scores_documents_after_the_bos(corpus_dir):
     model = tiny_model(vocab_size=TINY_TEXT_VOCAB)
-    cfg = FC.FinetuneConfig(model=FC.ModelArgs(), data=FC.DataArgs(corpus=str(corpus_dir)), train=FC.TrainArgs(),
-                   eval=FC.EvalArgs(lengths=[32], documents=1))
+    cfg = FC.FinetuneConfig(model=FC.FinetuneModelArgs(), data=FC.FinetuneDataArgs(corpus=str(corpus_dir)), train=FC.TrainArgs(),
+                   eval=FC.FinetuneEvalArgs(lengths=[32], documents=1))
     preflight = checks.Preflight(original_context=64, target_context=64, seq_len=64, short_len=None, causal=True)
     reference = prefix_nll(model, [BOS, *plain_ids(TEXT)[:31]])
     assert finetune_recipe.evaluate(model, byte_tokenizer(True), cfg, preflight)["perplexity@32"] == pytest.approx(

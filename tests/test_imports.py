@@ -158,3 +158,10 @@ def test_every_top_level_module_has_code_of_its_own():
         defines = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign))]
         assert defines or path.name == "__init__.py", f"{path.relative_to(PACKAGE)} defines nothing of its own"
         assert "sys.modules[__name__]" not in path.read_text(), f"{path.relative_to(PACKAGE)} hands over a module"
+
+
+def test_only_the_command_line_imports_the_demo():
+    """The demo is a front end of its own: a recipe or a library module that needs one of its pieces takes it from
+    where the piece lives (the pass progress bar is hf_posenc.eval.perplexity's)."""
+    users = sorted(name for name, targets in graph().items() if "hf_posenc.demo" in targets)
+    assert users == ["hf_posenc.cli"], users

@@ -681,7 +681,7 @@ def test_an_unpatched_rope_model_trains_with_a_target_inside_its_context(tmp_pat
 @pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "no")])
 def test_auto_dtype_takes_bf16_autocast_only_where_the_hardware_runs_it(monkeypatch, native, expected):
     from hf_posenc import _compat
-    from hf_posenc.recipes.finetune_model import mixed_precision
+    from hf_posenc.train.hardware import mixed_precision
 
     monkeypatch.setattr(_compat, "native_bfloat16", lambda device=None: (native, "probe"))
     assert mixed_precision("auto") == expected

@@ -543,7 +543,7 @@ def evaluate_all(model, args: EvalConfig, inputs: dict, results: dict, runs: lis
     """The grids (the best point of each joins `runs`), then every variant; results saved after each. A
     pass of at least half the longest input shows a bar over the model's layers."""
     from hf_posenc import eval as hpe
-    from hf_posenc.demo import pass_progress
+    from hf_posenc.eval.perplexity import pass_progress
 
     long_pass = max(512, max_length(args) // 2)
     # 1. grids: every point on the tuning documents; the best of each joins the variants (held-out documents)

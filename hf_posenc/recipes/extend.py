@@ -98,7 +98,7 @@ def model_facts(args: ExtendConfig) -> Facts:
     inv_freq, _ = _compat.rope_init(text, layers[0], None, type(rotary), device="cpu")
     critical = critical_pair(inv_freq, original) if layers == [None] else None
     parameters = sum(p.numel() for p in skeleton.parameters())
-    from hf_posenc.recipes.finetune_model import choose_attention
+    from hf_posenc.train.hardware import choose_attention
     from hf_posenc.train.documents import why_not_per_document
 
     apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
@@ -372,7 +372,7 @@ def finetune_sections(plan: Plan):
 
     v = plan.value
     steps = v("train.steps")
-    return (fc.DataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
+    return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
             fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
                          longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
                          warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",   # a step at lr 0: none
@@ -513,9 +513,9 @@ class ExtendRun:
         resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
         data, train = finetune_sections(self.plan)
         cfg = fc.FinetuneConfig(
-            model=fc.ModelArgs(name=self.start_folder(), dtype=self.args.model.dtype,
+            model=fc.FinetuneModelArgs(name=self.start_folder(), dtype=self.args.model.dtype,
                                attn_implementation=self.args.model.attn_implementation),
-            data=data, train=train, eval=fc.EvalArgs(lengths=[]),
+            data=data, train=train, eval=fc.FinetuneEvalArgs(lengths=[]),
             posenc=None if v("search") else {"method": "yarn", "max_position_embeddings": v("target")},
             output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
         recipe = FinetuneRecipe(cfg, progress=RUN)

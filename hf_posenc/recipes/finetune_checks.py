@@ -23,9 +23,10 @@ from ..train.data import load_documents
 from ..errors import one_line
 from .recipe_config import differences, plain, shown_setting
 from ..train.trainable import GROUPS, select_trainable
-from .finetune_config import DataArgs, FinetuneConfig, ModelArgs, TrainArgs
-from .finetune_model import _model_ref, choose_attention
-from . import finetune_teacher
+from .finetune_config import FinetuneConfig, FinetuneDataArgs, FinetuneModelArgs, TrainArgs
+from ..assets import resolve_alias
+from ..train import teacher as train_teacher
+from ..train.hardware import choose_attention
 from .finetune_long import LongTraining, check_documents, check_long_training, check_mixed_windows
 
 
@@ -71,7 +72,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
         raise ConfigError("train.lora needs the peft package, which is not installed: pip install peft "
                           "(or remove train.lora to train the model's own weights)")
     check_schedule(cfg.train)
-    ref = _model_ref(cfg.model)
+    ref = resolve_alias(cfg.model.name)
     check_start_folder(ref)   # first: a pipeline's stage started before the stage that makes its model
     check_output_dir(cfg, ref)
     resume_changes = check_resume(cfg)
@@ -107,13 +108,13 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the patched context ({target} positions"
                           f"{'' if cfg.posenc else ', no posenc patch'}); raise posenc.max_position_embeddings "
                           f"or lower data.seq_len")
-    if cfg.train.objective == "distill" and not finetune_teacher.reads_position_ids(cfg.train.teacher):
+    if cfg.train.objective == "distill" and not train_teacher.reads_position_ids(cfg.train.teacher):
         if seq_len > original:
             raise ConfigError(f"train.objective=distill matches the unpatched model at its original context, so "
                               f"data.seq_len={seq_len} must be <= {original} (or train.teacher self_extend, which "
                               f"reads longer contexts)")
     elif cfg.train.objective == "distill":
-        finetune_teacher.check(cfg.train.teacher, loading.meta_model(ref, gguf_file=cfg.model.gguf_file), target, ref)
+        train_teacher.check(cfg.train.teacher, loading.meta_model(ref, gguf_file=cfg.model.gguf_file), target, ref)
     short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
     if short_len is not None and not 2 <= short_len < seq_len:
         default = "" if cfg.data.short_len else f" (its default: the original context)"
@@ -169,7 +170,7 @@ def check_positions(cfg: FinetuneConfig, model, context: int, window: int) -> Po
     if not chosen.spreads:
         return chosen.resolve(context)
     where = f"train.positions={cfg.train.positions!r}"
-    if cfg.train.objective != "lm" and not finetune_teacher.reads_position_ids(cfg.train.teacher):
+    if cfg.train.objective != "lm" and not train_teacher.reads_position_ids(cfg.train.teacher):
         raise ConfigError(f"{where} needs train.objective=lm, or distill from a teacher that reads spread ids "
                           f"(train.teacher: self_extend): the unpatched teacher matches the same tokens at their own "
                           f"positions, inside the original context")
@@ -230,6 +231,9 @@ def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
     except (ValueError, UnicodeDecodeError) as err:
         raise ConfigError(f"--resume: {saved_file} cannot be read ({one_line(err)}), so whether this is the same "
                           f"run cannot be told; put the run's finetune_config.json back, or {new_run}") from None
+    data = saved.get("data")
+    if isinstance(data, dict) and "bos" in data and "framing" not in data:   # saved when data.framing was data.bos
+        data["framing"] = {True: "bos", False: "none"}.get(data.pop("bos"), "auto")
     refused, taken = [], []
     for key, may_change, old, new in setting_changes(cfg, saved):
         change = f"{key} {shown_setting(old)} -> {shown_setting(new)}"
@@ -350,7 +354,7 @@ def check_output_dir(cfg: FinetuneConfig, ref: str) -> None:
                           f"--overwrite_output_dir to replace it, or choose another --output_dir")
 
 
-def check_corpus(field: str, spec: str, args: DataArgs) -> None:
+def check_corpus(field: str, spec: str, args: FinetuneDataArgs) -> None:
     """Built-in and local corpora are read (and must hold some text); a hub dataset must answer."""
     name, _, subset = spec.partition(":")
     files = [] if name in corpora.BUILTIN else corpora._local_files(spec)
@@ -379,7 +383,7 @@ def check_corpus(field: str, spec: str, args: DataArgs) -> None:
                               f"local .txt/.jsonl/.parquet files, or a reachable hub dataset") from None
 
 
-def check_attention(args: ModelArgs, model) -> None:
+def check_attention(args: FinetuneModelArgs, model) -> None:
     requested = choose_attention(args.attn_implementation)
     try:
         model.set_attn_implementation(requested)

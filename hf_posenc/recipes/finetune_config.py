@@ -37,7 +37,7 @@ def _is_number(value) -> bool:
 
 
 @dataclasses.dataclass
-class ModelArgs(recipe_config.ModelArgs):
+class FinetuneModelArgs(recipe_config.ModelArgs):
     """The model section every recipe has, and what only training reads."""
 
     gguf_file: Optional[str] = field(default=None, metadata={**FIXED,
@@ -47,13 +47,10 @@ class ModelArgs(recipe_config.ModelArgs):
 
 
 @dataclasses.dataclass
-class DataArgs:
-    corpus: str = field(default="shakespeare", metadata={**FIXED,
-        "help": "a load_corpus spec: shakespeare / kjv / stdlib, local .txt/.jsonl/.parquet files, a hub dataset "
-                "NAME[:CONFIG]"})
-    split: str = field(default="train", metadata={**FIXED, "help": "the split of a hub dataset"})
-    text_column: str = field(default="text", metadata={**FIXED,
-        "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
+class FinetuneDataArgs(recipe_config.DataArgs):
+    """The data section every recipe has (the corpus, its split and column, the framing), and how the fine-tune
+    packs it into training windows."""
+
     streaming: bool = field(default=False, metadata={**FIXED,
         "help": "hub datasets: stream and keep the first max_documents"})
     max_documents: Optional[int] = field(default=None, metadata={**FIXED,
@@ -64,8 +61,6 @@ class DataArgs:
         "help": "share of sequences cut to short_len (keeps short-context quality)"})
     short_len: Optional[int] = field(default=None, metadata={**FIXED,
         "help": "length of the short sequences (null: the original context)"})
-    bos: Union[bool, str] = field(default="auto", metadata={**FIXED,
-        "help": "BOS before each document: auto (as the tokenizer starts an input), true, false"})
     packing: str = field(default="joined", metadata={**FIXED,
         "help": "joined: documents packed end to end, EOS between them, a window's tokens attend across them; "
                 "documents: each document kept apart inside its window (position ids restart after each EOS, no "
@@ -75,18 +70,15 @@ class DataArgs:
         "help": "where packed data is cached (null: $HF_POSENC_CACHE/data)"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.seq_len is not None and self.seq_len < 2:
             raise ConfigError(f"data.seq_len must be >= 2, got {self.seq_len}")
         if not 0.0 <= self.short_share < 1.0:
             raise ConfigError(f"data.short_share must be in [0, 1), got {self.short_share}")
         need(self.packing in PACKINGS, f"data.packing must be one of {', '.join(PACKINGS)} (documents: attention "
                                         f"kept inside each document), got {self.packing!r}")
-        if not (isinstance(self.bos, bool) or self.bos == "auto"):
-            raise ConfigError(f"data.bos must be auto, true or false, got {self.bos!r}")
         if self.streaming and not self.max_documents:
             raise ConfigError("data.streaming needs data.max_documents (how many documents to take from the stream)")
-        need(bool(self.corpus.strip()), "data.corpus must name a corpus (built-in, local files or a hub dataset), "
-                                         "got ''")
         need(self.max_documents is None or self.max_documents >= 1,
               f"data.max_documents must be >= 1 (or null), got {self.max_documents}")
         need(self.short_len is None or self.short_len >= 2,
@@ -117,7 +109,7 @@ class TrainArgs:
     teacher: str = field(default="unpatched", metadata={**FIXED,
         "help": "distill: the model matched, unpatched (inside the original context) or self_extend [group_size=G "
                 "window=W] (the same weights with Self-Extend to the patched context, at the window's ids: a "
-                "PoSE window's spread ids too) (hf_posenc/recipes/finetune_teacher.py)"})
+                "PoSE window's spread ids too) (hf_posenc/train/teacher.py)"})
     seed: int = field(default=42, metadata={**FIXED, "help": "seed of the data order, the initialisation and dropout"})
     save_every: int = field(default=100, metadata={**ADJUSTABLE,
         "help": "accelerator.save_state every N steps (and at the end)"})
@@ -180,9 +172,9 @@ class TrainArgs:
         need(self.max_grad_norm is None or 0 < self.max_grad_norm < math.inf,
               f"train.max_grad_norm must be a positive number (or null: no clipping), got {self.max_grad_norm}")
         need(0 < self.temperature < math.inf, f"train.temperature must be a positive number, got {self.temperature}")
-        from . import finetune_teacher
+        from ..train import teacher as train_teacher
 
-        need(self.objective == "distill" or finetune_teacher.parse(self.teacher)[0] == "unpatched",
+        need(self.objective == "distill" or train_teacher.parse(self.teacher)[0] == "unpatched",
               f"train.teacher={self.teacher!r} is the model train.objective=distill matches; this run's objective is "
               f"{self.objective!r}")
         need(_is_number(self.mixed_windows) and 0 <= self.mixed_windows < 1,
@@ -225,7 +217,10 @@ class TrainArgs:
 
 
 @dataclasses.dataclass
-class EvalArgs:
+class FinetuneEvalArgs:
+    """The fine-tune's own check of its model: perplexity (encoders: embedding cosine) at a few lengths before, during
+    and after training. The evaluate recipe's section, hf_posenc/recipes/evaluate_config.py, measures far more."""
+
     lengths: list = field(default_factory=list, metadata={**ADJUSTABLE,
         "help": "perplexity (encoders: embedding cosine) at these lengths, before and after training"})
     corpus: Optional[str] = field(default=None, metadata={**ADJUSTABLE,
@@ -249,10 +244,12 @@ class EvalArgs:
 class FinetuneConfig:
     """The fine-tune recipe's config: its YAML file's sections and top-level keys."""
 
-    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "the checkpoint and how it loads"})
-    data: DataArgs = field(default_factory=DataArgs, metadata={"help": "the training text and how it is packed"})
+    model: FinetuneModelArgs = field(default_factory=FinetuneModelArgs,
+                                     metadata={"help": "the checkpoint and how it loads"})
+    data: FinetuneDataArgs = field(default_factory=FinetuneDataArgs,
+                                   metadata={"help": "the training text and how it is packed"})
     train: TrainArgs = field(default_factory=TrainArgs, metadata={"help": "objective, optimizer, what trains"})
-    eval: EvalArgs = field(default_factory=EvalArgs, metadata={"help": "evaluation before and after training"})
+    eval: FinetuneEvalArgs = field(default_factory=FinetuneEvalArgs, metadata={"help": "evaluation before and after training"})
     posenc: Optional[dict] = field(default=None, metadata={**FIXED,
         "help": "the patch: {method: NAME, max_position_embeddings: N | factor: F, ...} (hf-posenc methods lists "
                 "them); null: none"})

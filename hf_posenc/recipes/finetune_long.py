@@ -210,18 +210,3 @@ def check_documents(cfg: FinetuneConfig, model, causal: bool, positions: Positio
                           f"masks start a new one at every jump); here {why}: use model.attn_implementation=sdpa "
                           f"on a model without sliding windows, or contiguous positions")
     return documents.mask_kind(backend, model.config)
-
-
-def enable_s2(model, long: Optional[LongTraining]) -> None:
-    """S2-Attn on `model` (a PEFT wrapper too) for the training forwards, when the run asks for it."""
-    if long is not None and long.s2_group:
-        from ..train import s2_attention
-
-        s2_attention.enable(model, long.s2_group, long.s2_shift)
-
-
-def disable_s2(model) -> None:
-    """Full attention again, before the model is saved and evaluated after training."""
-    from ..train import s2_attention
-
-    s2_attention.disable(model)

@@ -12,9 +12,10 @@ order raises PhaseOrderError naming the order (a resumed run is then the straigh
 The canonical accelerate loop: Accelerator -> data under main_process_first -> output folder -> model +
 patch -> prepare -> resume -> train under accumulate -> periodic save_state -> final save on the main
 process. The command line (parsing, a refusal's one line, Ctrl-C) is finetune.py; the pieces live beside
-it: the config (finetune_config.py), the checks (finetune_checks.py), the model and what trains
-(finetune_model.py), the model card (finetune_card.py); and in hf_posenc/train/: the data (data.py), the checkpoints
-and the loss log (checkpoints.py).
+it: the config (finetune_config.py), the checks (finetune_checks.py, and finetune_long.py for the long-context
+options), the model card (finetune_card.py); and in hf_posenc/train/ what any training loop could use: the data
+(data.py), what trains (trainable.py), the teacher (teacher.py), the attention and precision the hardware runs
+(hardware.py), the checkpoints, the loss log and a diverged loss (checkpoints.py).
 """
 
 from __future__ import annotations
@@ -47,12 +48,17 @@ from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
 from hf_posenc.causal_lm import output_logits_mismatch  # noqa: E402
 from hf_posenc.train.losses import TrainingLoss  # noqa: E402
-from hf_posenc.recipes import finetune_teacher  # noqa: E402
+from hf_posenc.train import teacher as train_teacher  # noqa: E402
 from hf_posenc.recipes.finetune_checks import Preflight, check_config, check_engine, prepare_output_dir  # noqa: E402
 from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
-from hf_posenc.recipes.finetune_long import disable_s2, enable_s2, unused_settings  # noqa: E402
-from hf_posenc.recipes.finetune_model import load_model, load_tokenizer, mixed_precision  # noqa: E402
-from hf_posenc.train.trainable import apply_lora, disable_dropout, select_trainable  # noqa: E402
+from hf_posenc.recipes.finetune_long import unused_settings  # noqa: E402
+from hf_posenc import loading  # noqa: E402
+from hf_posenc.assets import resolve_alias  # noqa: E402
+from hf_posenc.errors import ConfigError, one_line  # noqa: E402
+from hf_posenc.train import s2_attention  # noqa: E402
+from hf_posenc.train.checkpoints import stop_if_diverged  # noqa: E402
+from hf_posenc.train.hardware import choose_attention, mixed_precision  # noqa: E402
+from hf_posenc.train.trainable import apply_lora, disable_dropout, freeze_unreached, select_trainable  # noqa: E402
 
 
 class FinetuneRecipe:
@@ -165,7 +171,7 @@ class FinetuneRecipe:
         cfg, preflight = self.cfg, self.preflight
         model = load_model(cfg)
         if cfg.train.objective == "distill":   # before the student's patch: the loaded weights
-            self.teacher = finetune_teacher.build(model, cfg.train.teacher, preflight.target_context,
+            self.teacher = train_teacher.build(model, cfg.train.teacher, preflight.target_context,
                                                   self.accelerator.device)
             disable_dropout(model)
         long = preflight.long_training
@@ -180,7 +186,8 @@ class FinetuneRecipe:
         select_trainable(model, cfg.train.trainable)
         if cfg.train.lora:
             model = apply_lora(model, cfg.train.lora, cfg.train.trainable)
-        enable_s2(model, long)   # train.attention=s2: grouped in training mode only
+        if long.s2_group:   # train.attention=s2: grouped in training mode only
+            s2_attention.enable(model, long.s2_group, long.s2_shift)
         return model
 
     def _objective(self, model: torch.nn.Module) -> TrainingLoss:
@@ -196,7 +203,7 @@ class FinetuneRecipe:
         objective = TrainingLoss(model, objective=cfg.train.objective, causal=preflight.causal, chunk=chunk,
                                  temperature=cfg.train.temperature, loss=long.loss,
                                  documents=bool(long.document_mask),
-                                 teacher_reads_ids=finetune_teacher.reads_position_ids(cfg.train.teacher))
+                                 teacher_reads_ids=train_teacher.reads_position_ids(cfg.train.teacher))
         if wraps_in_ddp(accelerator) and not preflight.routed_experts:
             probe = train_data.collate(self.pad_id)([self.dataset[0]])
             unreached = freeze_unreached(objective, accelerator.device, probe, self.teacher)
@@ -360,7 +367,7 @@ class FinetuneRecipe:
         cfg, accelerator = self.cfg, self.accelerator
         accelerator.wait_for_everyone()
         unwrapped = accelerator.unwrap_model(self.objective).model
-        disable_s2(unwrapped)   # the saved model and its evaluation: full attention
+        s2_attention.disable(unwrapped)   # the saved model and its evaluation: full attention
         if self.preflight.long_training.document_mask:
             documents.plain_sdpa(unwrapped)   # and transformers' own SDPA for what comes after training
         if cfg.train.lora:
@@ -466,28 +473,6 @@ def wraps_in_ddp(accelerator) -> bool:
     return accelerator.multi_device or accelerator.distributed_type == DistributedType.MULTI_CPU
 
 
-def freeze_unreached(objective: torch.nn.Module, device, probe: dict, teacher=None, tokens: int = 16) -> list[str]:
-    """Freeze the trainable parameters the objective's loss never depends on (an encoder's pooler under
-    distill, which matches hidden states; a head the loss does not use), found by one forward and backward
-    on the first `tokens` tokens of a training block; returns their names. Nothing changes in what trains:
-    AdamW and gradient clipping skip a parameter without a gradient, so one process leaves them as they are,
-    and frozen, DDP leaves them too instead of stopping at the second step ("Parameter indices which did
-    not receive grad"). The RNG state (dropout) is restored and the gradients cleared afterwards.
-    Models whose use of parameters depends on the data (routed experts) are not probed: DDP looks for
-    unused parameters at every step there (Preflight.routed_experts)."""
-    objective.to(device)
-    ids, mask = (probe[k][:, :tokens].to(device) for k in ("input_ids", "attention_mask"))
-    trainable = [(n, p) for n, p in objective.named_parameters() if p.requires_grad]
-    with torch.random.fork_rng(devices=[]):
-        objective(ids, mask, teacher=teacher).backward()
-    unreached = [n.removeprefix("model.") for n, p in trainable if p.grad is None]
-    for n, p in trainable:
-        if p.grad is None:
-            p.requires_grad_(False)
-        p.grad = None
-    return unreached
-
-
 def window_batch(preflight: Preflight, batch: dict, cfg: FinetuneConfig, accelerator, step: int, micro: int) -> dict:
     """The micro-batch as train.positions trains it: with the position ids of its windows (none: contiguous,
     the model's own 0..n-1), and for text=span each target-long span cut to its window's tokens at those ids.
@@ -549,18 +534,17 @@ def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teache
     return results
 
 
-class TrainingDiverged(hp.PosEncError, ValueError):
-    """The loss became NaN or inf: the run stops, its last checkpoint is kept."""
+def load_model(cfg: FinetuneConfig):
+    """The model to train, with the attention implementation and the dtype the hardware runs."""
+    kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation)}
+    if cfg.model.dtype != "auto":
+        kwargs["dtype"] = getattr(torch, cfg.model.dtype)
+    return loading.load_model(resolve_alias(cfg.model.name), gguf_file=cfg.model.gguf_file, **kwargs)
 
 
-def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
-    """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
-    bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
-    if accelerator.reduce(bad, reduction="sum").item():
-        if bar is not None:
-            bar.close()   # its line ends before the error's
-        saved = ckpt.latest_checkpoint(cfg.output_dir)[0]
-        raise TrainingDiverged(
-            f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
-            f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
-            + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))
+def load_tokenizer(cfg: FinetuneConfig):
+    ref = resolve_alias(cfg.model.name)
+    try:
+        return loading.load_tokenizer(ref, gguf_file=cfg.model.gguf_file)
+    except (OSError, ValueError) as err:   # no tokenizer files beside the model, a backend missing, ...
+        raise ConfigError(f"cannot load the tokenizer of {ref!r}: {one_line(err)}") from None

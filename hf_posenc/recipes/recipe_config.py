@@ -104,21 +104,23 @@ FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_p
 
 @dataclasses.dataclass
 class DataArgs:
-    """The text a recipe reads (the `data` section of evaluate and search; the fine-tune's packs training
-    windows, hf_posenc/recipes/finetune_config.py)."""
+    """The text a recipe reads (the `data` section of every recipe; the fine-tune's extends it with how it packs
+    training windows, hf_posenc/recipes/finetune_config.py)."""
 
-    corpus: str = dataclasses.field(default="shakespeare", metadata={
+    corpus: str = dataclasses.field(default="shakespeare", metadata={**FIXED,
         "help": "a load_corpus spec: shakespeare / kjv / stdlib, local .txt/.jsonl/.parquet files, a hub dataset "
                 "NAME[:CONFIG] (hf_posenc/corpora.py)"})
-    split: str = dataclasses.field(default="train", metadata={"help": "the split of a hub dataset"})
-    text_column: str = dataclasses.field(default="text", metadata={
+    split: str = dataclasses.field(default="train", metadata={**FIXED, "help": "the split of a hub dataset"})
+    text_column: str = dataclasses.field(default="text", metadata={**FIXED,
         "help": "the column that holds the text (.jsonl, .parquet, hub datasets)"})
-    framing: str = dataclasses.field(default="auto", metadata={
+    framing: str = dataclasses.field(default="auto", metadata={**FIXED,
         "help": "what starts each document, sequence and prompt: auto (as the tokenizer starts an input: BOS for "
                 "Llama, Gemma, Mistral; nothing for GPT-2, SmolLM2), bos (the tokenizer's BOS token), none"})
 
     def __post_init__(self):
-        for name in ("corpus", "split", "text_column"):
+        need(isinstance(self.corpus, str) and bool(self.corpus.strip()),
+             f"data.corpus must name a corpus (built-in, local files or a hub dataset), got {self.corpus!r}")
+        for name in ("split", "text_column"):
             value = getattr(self, name)
             need(isinstance(value, str) and bool(value.strip()), f"data.{name} is empty")
         need(self.framing in FRAMINGS, f"data.framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")

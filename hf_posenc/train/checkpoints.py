@@ -1,6 +1,7 @@
 """A fine-tuning run's checkpoints and its loss log: where each checkpoint goes, when it is complete (a
 manifest of its file sizes, then a `done` mark), which ones to keep, the seed of each micro-batch (so a
-resumed run draws what the uninterrupted one drew), and log.jsonl, one line per optimizer step."""
+resumed run draws what the uninterrupted one drew), log.jsonl, one line per optimizer step, and the stop at the
+first loss that is NaN or inf, naming the last good checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ..errors import one_line
+from ..errors import PosEncError, one_line
 
 
 def checkpoint_dir(output_dir: str, step: int) -> Path:
@@ -149,3 +150,20 @@ def resume(accelerator, output_dir) -> int:
                           f"resuming from step 0")
     accelerator.print(f"no complete checkpoint in {output_dir}/checkpoints: starting from step 0")
     return 0
+
+
+class TrainingDiverged(PosEncError, ValueError):
+    """The loss became NaN or inf: the run stops, its last checkpoint is kept."""
+
+
+def stop_if_diverged(accelerator, losses, step, cfg, bar) -> None:
+    """Stop, before the optimizer applies it, at the first non-finite loss on any process."""
+    bad = torch.tensor(float(not torch.isfinite(torch.stack(losses)).all()), device=accelerator.device)
+    if accelerator.reduce(bad, reduction="sum").item():
+        if bar is not None:
+            bar.close()   # its line ends before the error's
+        saved = latest_checkpoint(cfg.output_dir)[0]
+        raise TrainingDiverged(
+            f"the loss became NaN or inf at step {step}; check train.lr ({cfg.train.lr}), model.dtype "
+            f"({cfg.model.dtype}; float16 overflows easily) and the data ({cfg.data.corpus}); "
+            + (f"the last good checkpoint is {saved}" if saved else "no checkpoint was saved before it"))

@@ -65,10 +65,10 @@ def prepare_data(args, tokenizer, preflight, cache_root: Optional[str] = None):
     fine-tune config's data section; `preflight`: the recipe's checks' result (its lengths, its position scheme)."""
     import datasets
 
-    eos, bos = boundary_ids(tokenizer, args.bos is True)
-    if args.bos is True and bos is None:
-        raise ConfigError("data.bos is true, but the tokenizer has no BOS (nor CLS) token; use auto or false")
-    if args.bos == "auto":  # a causal LM's documents start as its tokenizer starts an input (Llama, Gemma: BOS)
+    eos, bos = boundary_ids(tokenizer, args.framing == "bos")
+    if args.framing == "bos" and bos is None:
+        raise ConfigError("data.framing is bos, but the tokenizer has no BOS (nor CLS) token; use auto or none")
+    if args.framing == "auto":  # a causal LM's documents start as its tokenizer starts an input (Llama, Gemma: BOS)
         bos = next(iter(corpora.bos_prefix(tokenizer)), None) if preflight.causal else None
     head, tail = ([], []) if preflight.causal else frame_ids(tokenizer)
     key = json.dumps({"corpus": args.corpus, "split": args.split, "column": args.text_column,

@@ -1,6 +1,7 @@
 """What trains in a fine-tune: parameter groups or regexes left trainable (the rest frozen), LoRA adapters
 (peft; LongLoRA's embeddings and norms may train beside them), dropout off where a deterministic target is
-matched. Plain Python at import (torch and peft load inside the calls): a recipe's --help reads GROUPS."""
+matched; what the objective never reaches, frozen. Plain Python at import (torch and peft load inside the calls): a
+recipe's --help reads GROUPS."""
 
 from __future__ import annotations
 
@@ -71,3 +72,27 @@ def apply_lora(model: torch.nn.Module, lora: dict, trainable) -> torch.nn.Module
             if pattern.search(name) and "lora_" not in name and not name.endswith("original_module"):
                 p.requires_grad_(True)
     return model
+
+
+def freeze_unreached(objective: torch.nn.Module, device, probe: dict, teacher=None, tokens: int = 16) -> list[str]:
+    """Freeze the trainable parameters the objective's loss never depends on (an encoder's pooler under
+    distill, which matches hidden states; a head the loss does not use), found by one forward and backward
+    on the first `tokens` tokens of a training block; returns their names. Nothing changes in what trains:
+    AdamW and gradient clipping skip a parameter without a gradient, so one process leaves them as they are,
+    and frozen, DDP leaves them too instead of stopping at the second step ("Parameter indices which did
+    not receive grad"). The RNG state (dropout) is restored and the gradients cleared afterwards.
+    Models whose use of parameters depends on the data (routed experts) are not probed: DDP looks for
+    unused parameters at every step there (Preflight.routed_experts)."""
+    import torch
+
+    objective.to(device)
+    ids, mask = (probe[k][:, :tokens].to(device) for k in ("input_ids", "attention_mask"))
+    trainable = [(n, p) for n, p in objective.named_parameters() if p.requires_grad]
+    with torch.random.fork_rng(devices=[]):
+        objective(ids, mask, teacher=teacher).backward()
+    unreached = [n.removeprefix("model.") for n, p in trainable if p.grad is None]
+    for n, p in trainable:
+        if p.grad is None:
+            p.requires_grad_(False)
+        p.grad = None
+    return unreached

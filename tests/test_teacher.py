@@ -1,4 +1,4 @@
-"""A fine-tune's distill teacher (hf_posenc/recipes/finetune_teacher.py): the same weights with
+"""A fine-tune's distill teacher (hf_posenc/train/teacher.py): the same weights with
 Self-Extend, matched at the training window's ids (a PoSE window's spread ids): the loss against a KL written
 out, a run that resumes bit-exact, and the configs it cannot run refused before anything loads."""
 
