@@ -12,7 +12,8 @@ import torch
 import hf_posenc as hp
 from hf_posenc.train import checkpoints as ckpt
 from hf_posenc.errors import ConfigError
-from hf_posenc.recipes.finetune_config import parse_config
+from hf_posenc.recipes import finetune_checks as checks
+from hf_posenc.recipes.finetune_config import FinetuneConfig, parse_config
 from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
 from test_finetune import text_file, tiny_dir, write_config  # noqa: F401  (fixtures)
 
@@ -295,3 +296,21 @@ def test_the_card_says_whether_the_evaluation_text_was_held_out(tmp_path, tiny_d
         assert said in card and "3 optimizer steps, 384 training tokens" in card
         assert ("held-out" in card) == (corpus == "shakespeare:macbeth")
         assert str(text_file) not in card and str(tiny_dir) not in card   # names, no machine path
+
+
+@pytest.mark.parametrize("saved_bos,framing,refused", [(False, "none", False), (True, "bos", False),
+                                                        ("auto", "auto", False), (False, "auto", True)])
+def test_a_run_saved_with_data_bos_resumes_under_its_framing(tmp_path, saved_bos, framing, refused):
+    """Runs saved before data.bos became data.framing (true / false / auto: bos / none / auto) resume unchanged;
+    any other framing is a change of the data, refused naming it."""
+    cfg = FinetuneConfig(output_dir=str(tmp_path), resume=True)
+    cfg.data.framing = framing
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    del saved["data"]["framing"]
+    saved["data"]["bos"] = saved_bos
+    (tmp_path / "finetune_config.json").write_text(json.dumps(saved))
+    if refused:
+        with pytest.raises(ConfigError, match=r'data\.framing "none" -> "auto"'):
+            checks.check_resume(cfg)
+    else:
+        assert checks.check_resume(cfg) == ()
