@@ -284,12 +284,7 @@ def summarize_recall(rows: Sequence[dict], *, length: int | None = None, bin_wid
     the upper edge of the last bin, counted from the shortest distances, whose mean gap stays above half the
     first bin's (None when the first bin is empty or its gap is not positive; `beyond_measured` when no bin
     falls below, so the model recalls at least that far)."""
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
-        raise InvalidInputError(f"summarize_recall needs the rows of score_recall, got {rows!r:.60}")
-    for i, row in enumerate(rows):
-        missing = ROW_KEYS - set(row) if isinstance(row, dict) else ROW_KEYS
-        if missing:
-            raise InvalidInputError(f"rows[{i}] is not a row of score_recall: it lacks {', '.join(sorted(missing))}")
+    stats.check_rows(rows, ROW_KEYS, "summarize_recall", "score_recall")
     longest = max(r["distance"] for r in rows)
     if length is not None:
         check_number("length", length, minimum=1, integer=True, optional=False)

@@ -37,15 +37,19 @@ KEYS = ("apple", "river", "candle", "falcon", "garden", "harbor", "lantern", "me
 MAX_LENGTH = 2**20
 
 
+def _listed(values, name: str, items: str, item: str) -> list:
+    """`values` as a non-empty list (a str or a bare number is refused, naming what the list holds)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ParameterTypeError(f"{name} must be a list of {items}, got {values!r:.60} ({type(values).__name__})")
+    if not values:
+        raise InvalidParameterError(f"{name} is empty: give at least one {item}")
+    return list(values)
+
+
 def check_lengths(lengths, name: str = "lengths") -> list[int]:
     """`lengths` as a list of prompt lengths: a non-empty list of ints in 2..MAX_LENGTH, refused naming the
     entry (an int where a list is expected, a str, 10**7 tokens)."""
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
-        raise ParameterTypeError(f"{name} must be a list of ints (token counts), got {lengths!r:.60} "
-                                 f"({type(lengths).__name__})")
-    lengths = list(lengths)
-    if not lengths:
-        raise InvalidParameterError(f"{name} is empty: give at least one length")
+    lengths = _listed(lengths, name, "ints (token counts)", "length")
     for i, length in enumerate(lengths):
         check_number(f"{name}[{i}]", length, minimum=2, integer=True, optional=False)
         if length > MAX_LENGTH:
@@ -56,12 +60,7 @@ def check_lengths(lengths, name: str = "lengths") -> list[int]:
 
 def check_depths(depths, name: str = "depths") -> list[float]:
     """`depths` as a non-empty list of shares of the haystack in [0, 1]."""
-    if isinstance(depths, (str, bytes)) or not isinstance(depths, Sequence):
-        raise ParameterTypeError(f"{name} must be a list of numbers in [0, 1], got {depths!r:.60} "
-                                 f"({type(depths).__name__})")
-    depths = list(depths)
-    if not depths:
-        raise InvalidParameterError(f"{name} is empty: give at least one depth")
+    depths = _listed(depths, name, "numbers in [0, 1]", "depth")
     for i, depth in enumerate(depths):
         check_number(f"{name}[{i}]", depth, minimum=0, maximum=1, optional=False)
     return depths

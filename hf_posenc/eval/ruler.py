@@ -345,12 +345,8 @@ def summarize_samples(rows: Sequence[dict], *, threshold: float = RULER_THRESHOL
     interval, and how the probes ran. Per family the effective length: the longest length up to which accuracy
     stays above `threshold` (RULER's 0.856) or, with `native` and `share_of_native`, above that share of the
     model's own score at its native length (a small model never reaches RULER's bar)."""
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
-        raise InvalidInputError(f"summarize_samples needs the rows of score_samples, got {rows!r:.60}")
+    stats.check_rows(rows, ROW_KEYS, "summarize_samples", "score_samples")
     for i, row in enumerate(rows):
-        missing = ROW_KEYS - set(row) if isinstance(row, dict) else ROW_KEYS
-        if missing:
-            raise InvalidInputError(f"rows[{i}] is not a row of score_samples: it lacks {', '.join(sorted(missing))}")
         if isinstance(row["length"], bool) or not isinstance(row["length"], int) \
                 or not isinstance(row["correct"], (bool, int)) or isinstance(row["logprob"], bool) \
                 or not isinstance(row["logprob"], (int, float)):

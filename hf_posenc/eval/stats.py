@@ -125,3 +125,14 @@ def _cell(cell, keys: tuple[str, ...], what: str, maker: str) -> None:
     if missing:
         raise InvalidInputError(f"{what} needs a cell of {maker} ({', '.join(keys)}); {cell!r:.60} lacks "
                                 f"{', '.join(missing)}")
+
+
+def check_rows(rows, keys: set[str], summary: str, scorer: str) -> None:
+    """`rows` as `scorer` returns them (a non-empty list of mappings, each with `keys`) before `summary` reads
+    them; refused naming the first row that is not one."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
+        raise InvalidInputError(f"{summary} needs the rows of {scorer}, got {rows!r:.60}")
+    for i, row in enumerate(rows):
+        missing = keys - set(row) if isinstance(row, dict) else keys
+        if missing:
+            raise InvalidInputError(f"rows[{i}] is not a row of {scorer}: it lacks {', '.join(sorted(missing))}")
