@@ -464,6 +464,9 @@ class ExtendRun:
         write_json(self.out / "stages.json", done)
 
     def run(self) -> Path:
+        if self.plan.value("judge.mode") != "skip" and "judge" not in self.done:   # before anything is written
+            extend_report.check_judge_text(self.plan.facts.ref, self.plan.value("judge.corpus"),
+                                           self.plan.value("target"))
         self.out.mkdir(parents=True, exist_ok=True)
         if self.rejudge:   # other judge settings: the search and the fine-tune stand, the judge and the export again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in ("search", "finetune")})

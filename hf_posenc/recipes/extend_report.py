@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from hf_posenc.errors import ConfigError
+
 # what the fine-tune's folder holds for its own run, not for the checkpoint's users
 RUN_RECORDS = ("README.md", "finetune_config.json", "log.jsonl", "eval_before.json", "eval_after.json")
 FIGURE = "recall_by_distance.png"
@@ -40,6 +42,21 @@ def cells_path(run) -> Path:
     settings = {k: v for k, v in run.plan.record().items() if k.startswith("judge.") or k == "target"}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     return run.out / "judge" / f"cells-{key}.json"
+
+
+def check_judge_text(ref: str, spec: str, target: int) -> None:
+    """The held-out text holds at least `target` tokens: refused now, not after the search and the fine-tune (the
+    tokenizer only, the documents counted until there are enough)."""
+    import hf_posenc as hp
+    from hf_posenc import corpora
+
+    tokenizer, total = hp.load_tokenizer(ref), 0
+    for text in corpora.load_corpus(spec)["text"]:
+        total += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1   # the newline between documents
+        if total >= target:
+            return
+    raise ConfigError(f"judge.corpus {spec!r} has {total} tokens, fewer than the target {target}: name a longer "
+                      f"held-out text, or --judge.mode skip")
 
 
 def judge_passage(original: int) -> int:
@@ -101,8 +118,6 @@ def judge(run) -> None:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     prefix = corpora.bos_prefix(tokenizer)
     if len(ids) < T:
-        from hf_posenc.errors import ConfigError
-
         raise ConfigError(f"judge.corpus {v('judge.corpus')!r} has {len(ids)} tokens, fewer than the target {T}")
     dtype = loading.resolve_dtype(run.args.model.dtype)[0]
     passage = judge_passage(L)
