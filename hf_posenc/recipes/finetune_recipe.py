@@ -44,7 +44,6 @@ from hf_posenc.train import mixed_windows  # noqa: E402
 from hf_posenc.train import data as train_data  # noqa: E402
 from hf_posenc.recipes.patch_card import carried_rope, fit_tokenizer  # noqa: E402
 from hf_posenc.recipes.finetune_card import write_model_card  # noqa: E402
-from hf_posenc.errors import ParameterTypeError  # noqa: E402
 from hf_posenc.eval.similarity import embedding_cosine, held_out_passages  # noqa: E402
 from hf_posenc.causal_lm import output_logits_mismatch  # noqa: E402
 from hf_posenc.train.losses import TrainingLoss  # noqa: E402
@@ -54,7 +53,7 @@ from hf_posenc.recipes.finetune_config import FinetuneConfig  # noqa: E402
 from hf_posenc.recipes.finetune_long import unused_settings  # noqa: E402
 from hf_posenc import loading  # noqa: E402
 from hf_posenc.assets import resolve_alias  # noqa: E402
-from hf_posenc.errors import ConfigError, one_line  # noqa: E402
+from hf_posenc.errors import ConfigError, ParameterTypeError, one_line  # noqa: E402
 from hf_posenc.train import s2_attention  # noqa: E402
 from hf_posenc.train.checkpoints import stop_if_diverged  # noqa: E402
 from hf_posenc.train.hardware import choose_attention, mixed_precision  # noqa: E402
@@ -172,7 +171,7 @@ class FinetuneRecipe:
         model = load_model(cfg)
         if cfg.train.objective == "distill":   # before the student's patch: the loaded weights
             self.teacher = train_teacher.build(model, cfg.train.teacher, preflight.target_context,
-                                                  self.accelerator.device)
+                                               self.accelerator.device)
             disable_dropout(model)
         long = preflight.long_training
         if long.switched:   # mixed windows: the patch as the rope that switches with the window's length
