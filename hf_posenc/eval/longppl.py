@@ -29,14 +29,8 @@ import math
 import torch
 
 from .. import api
-from ..causal_lm import (
-    check_causal_lm,
-    check_token_ids,
-    evaluating,
-    hidden_states,
-    next_token_losses,
-    short_context_losses,
-)
+from ..causal_lm import (check_causal_lm, check_token_ids, evaluating, hidden_states, next_token_losses,
+                         short_context_losses)
 from ..errors import InvalidInputError, InvalidParameterError
 from .perplexity import check_length
 

@@ -31,15 +31,8 @@ import hf_posenc as hp
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import recipe_config
-from hf_posenc.recipes.evaluate_config import (
-    OUTPUT_ONLY,
-    EvalConfig,
-    check_model_and_paths,
-    max_length,
-    parse_args,
-    recall_plan,
-    variant_runs,
-)
+from hf_posenc.recipes.evaluate_config import (OUTPUT_ONLY, EvalConfig, check_model_and_paths, max_length, parse_args,
+                                               recall_plan, variant_runs)
 from hf_posenc.recipes.recipe_config import FRAMINGS
 
 # torch, transformers and the measures (hf_posenc.eval) load inside the functions that use them, once the

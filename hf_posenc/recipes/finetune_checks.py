@@ -117,7 +117,7 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
         train_teacher.check(cfg.train.teacher, loading.meta_model(ref, gguf_file=cfg.model.gguf_file), target, ref)
     short_len = (cfg.data.short_len or original) if cfg.data.short_share else None
     if short_len is not None and not 2 <= short_len < seq_len:
-        default = "" if cfg.data.short_len else f" (its default: the original context)"
+        default = "" if cfg.data.short_len else " (its default: the original context)"
         raise ConfigError(f"data.short_len={short_len}{default} must be in 2..{seq_len - 1} (below data.seq_len="
                           f"{seq_len}); set data.short_len below {seq_len}, or data.short_share 0 for no short "
                           f"sequences")

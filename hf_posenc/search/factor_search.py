@@ -24,25 +24,9 @@ from ..eval import recall, stats
 from ..eval.perplexity import as_token_ids, pass_progress, token_nll
 from ..export.serving import whole_file
 from ..record_reader import read_record
-from .factors import (
-    SEED_NAMES,
-    closed_forms,
-    critical_pair,
-    longrope_params,
-    rotary_module,
-)
-from .record import (
-    SearchSettings,
-    append_candidate,
-    candidate_identity,
-    keep_finished,
-    only_search,
-    read_candidates,
-    resume_record,
-    text_identity,
-    weights_identity,
-    write_whole,
-)
+from .factors import SEED_NAMES, closed_forms, critical_pair, longrope_params, rotary_module
+from .record import (SearchSettings, append_candidate, candidate_identity, keep_finished, only_search, read_candidates,
+                     resume_record, text_identity, weights_identity, write_whole)
 
 REJECTED = 1000.0   # what a rejected candidate scores, plus how far it missed: below every accepted one
 
