@@ -44,6 +44,7 @@ class Preflight:
     routed_experts: bool = False   # a mixture of experts: which parameters a step uses depends on its tokens
     resume_changes: tuple[str, ...] = ()   # --resume: the settings changed that leave the run as it was
     long_training: LongTraining = dataclasses.field(default_factory=LongTraining)   # train.attention, train.loss
+    carried: dict = dataclasses.field(default_factory=dict)   # the RoPE scaling the folder carries (patch_card)
 
     @property
     def block_len(self) -> int:
@@ -139,8 +140,10 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
                 check_length(model, length)
             except PosEncError as err:
                 raise ConfigError(f"eval.lengths: {err}") from None
+    from .patch_card import carried_rope
+
     return Preflight(original, target, seq_len, short_len, causal, positions, routes_to_experts(model_config),
-                     resume_changes, long_training=long_training)
+                     resume_changes, long_training=long_training, carried=carried_rope(model_config))
 
 
 def check_start_folder(ref: str) -> None:

@@ -423,8 +423,10 @@ def run_summary(cfg: FinetuneConfig, preflight: Preflight, processes: int) -> st
     """What the run is about to do, printed before anything loads: the model, the patch, the objective, the
     steps and tokens, the output folder, and when a time can be told (after the first step, or at once when
     resuming a run whose steps are logged)."""
-    patch = ("no posenc patch" if not cfg.posenc else "posenc " + " ".join(
-        [cfg.posenc["method"], *(f"{k}={v}" for k, v in cfg.posenc.items() if k != "method")]))
+    carried = preflight.carried.get("rope_type") if not cfg.posenc else None
+    patch = (f"the {carried} RoPE it carries, no posenc patch" if carried else "no posenc patch" if not cfg.posenc
+             else "posenc " + " ".join([cfg.posenc["method"], *(f"{k}={v}" for k, v in cfg.posenc.items()
+                                                                  if k != "method")]))
     context = (f"{preflight.original_context} -> {preflight.target_context} positions"
                if preflight.target_context != preflight.original_context else f"{preflight.target_context} positions")
     trains = "LoRA adapters" if cfg.train.lora else ("all weights" if cfg.train.trainable == "all"
