@@ -65,7 +65,7 @@ def test_a_run_whose_settings_differ_from_the_file_is_refused_naming_the_key(tmp
 
 
 def test_two_runs_with_other_settings_on_one_new_file_the_later_save_refuses(tmp_path, capsys):
-    """The issue's case: both open a new --out; the second save used to replace the first run's cells, exit 0."""
+    """Both open a new --out; the second save used to replace the first run's cells, exit 0."""
     out = tmp_path / "r.json"
     a, save_a = common.results_file(out, SETTINGS, SECTIONS)
     b, save_b = common.results_file(out, SETTINGS | {"dtype": "bfloat16"}, SECTIONS)
@@ -273,7 +273,7 @@ def test_bench_recall_refuses_a_row_it_cannot_load_before_loading_anything(tmp_p
     bench_recall.check_rows(["none", "yarn", "yarn_switched", f"ft={tmp_path / 'saved'}"])   # each of its kinds passes
 
 
-# -- issue 40, item 4: every flag refused in one line before anything loads --------------------------------------
+# -- every flag refused in one line before anything loads ---------------------------------------------------------
 
 def script_refusal(capsys, monkeypatch, module, argv: list[str]) -> str:
     """The one `error:` line (exit code 2) of a benchmark script's main() on argv; nothing loads before it."""

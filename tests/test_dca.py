@@ -237,7 +237,7 @@ def runnable_cache(implementation: str) -> str:
     return implementation
 
 
-# every cache generate offers (issue 23): static caches hand the attention all max_cache_len slots, the
+# every cache generate offers: static caches hand the attention all max_cache_len slots, the
 # unfilled ones masked; sliding / hybrid ones are the static cache on a model without a sliding window
 CACHE_IMPLEMENTATIONS = list(ALL_CACHE_IMPLEMENTATIONS)
 

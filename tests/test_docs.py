@@ -3,8 +3,9 @@ relative link in README.md, docs/ and benchmarks/RESULTS.md reaches a file (and 
 RESULTS.md's summary gives each interval as the section it links states it, README and the docs page of its kind name every method the package registers, no page counts the methods in
 prose (a count goes stale with the next method), README names every model_type a family matches, and
 docs/ARCHITECTURE.md's worked examples (methods, a training loss, a RULER task family) are the files the suite
-runs (tests/examples/)."""
+runs (tests/examples/), and docs/rope_methods.md lists the parameters dynamic_yarn takes."""
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from hf_posenc.attention import AttentionMethodConfig
 from hf_posenc.config import LearnedMethodConfig, RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
-from hf_posenc.registry import FAMILIES, METHODS
+from hf_posenc.registry import FAMILIES, METHODS, get_method
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -250,3 +251,14 @@ def test_no_anchor_of_results_or_docs_carries_a_date_or_an_issue_number():
     dated = {page.name: sorted(a for a in anchors(page) if re.search(r"\d{4}-\d\d-\d\d|issue-\d", a))
              for page in pages}
     assert {name: found for name, found in dated.items() if found} == {}
+
+
+def test_docs_list_exactly_the_parameters_dynamic_yarn_takes():
+    """docs/rope_methods.md's row names the method's own parameters (those beyond what every RoPE method takes)."""
+    row = next(line for line in (ROOT / "docs" / "rope_methods.md").read_text().splitlines()
+               if line.startswith("| `dynamic_yarn` |"))
+    listed = set(re.findall(r"`(\w+)`", row.split(" | ")[3]))
+    shared = {f.name for f in dataclasses.fields(get_method("ntk"))}
+    own = {f.name for f in dataclasses.fields(get_method("dynamic_yarn"))} - shared
+    assert own <= listed and "attention_factor" in listed  # named, as refused
+    assert "attention_factor" not in own

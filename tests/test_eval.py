@@ -1,7 +1,10 @@
 """hf_posenc.eval on tiny models: every perplexity against a reference computed here from the plain
-logits, the one-pass curve against prefix scoring, retrieval scoring against greedy generation."""
+logits, the one-pass curve against prefix scoring, retrieval scoring against greedy generation; bad input refused
+in one line that names the argument, the value and what is allowed, before any work (past a learned table: before
+any forward)."""
 
 import math
+from functools import cache
 
 import pytest
 import torch
@@ -10,7 +13,11 @@ import torch.nn.functional as F
 import hf_posenc as hp
 from hf_posenc import assets
 from hf_posenc import eval as hpe
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
+from hf_posenc.errors import SequenceTooLongError
+from refusals import (Case, CallCase, encoder, llama, refused_clearly_and_unchanged, refused_in_one_line, table,
+                      tok)
+from tiny import GPT2_POSITIONS as N
+from tiny import TINY_TEXT_VOCAB, gpt2, tiny_model, tiny_tokenizer, token_ids
 
 CTX = 64  # the tiny models' original context
 
@@ -41,8 +48,8 @@ def test_token_nll_is_the_cross_entropy_of_the_logits(model_type, length, chunk)
 
 @pytest.mark.parametrize("model_type,scaling", [("cohere", {}), ("granite", {"logits_scaling": 4.0})])
 def test_token_nll_chunks_the_head_of_scaled_logits(model_type, scaling):
-    """Issue 40: logits times logit_scale (Cohere) or over logits_scaling (Granite) ran the full [1, n, vocab]
-    logits of a long pass; the head with the family's scaling runs `chunk_size` positions at a time."""
+    """Logits times logit_scale (Cohere) or over logits_scaling (Granite) once ran the full [1, n, vocab] logits
+    of a long pass; the head with the family's scaling runs `chunk_size` positions at a time."""
     model = tiny_model(model_type, **scaling)
     assert hpe.perplexity._chunked_head(model) is not None
     positions = []
@@ -261,7 +268,7 @@ def retrieval_tokenizer(name: str):
 @pytest.mark.parametrize("name", ["tiny", pytest.param("smollm2", marks=pytest.mark.real),
                                   pytest.param("minilm", marks=pytest.mark.real)])
 def test_a_trial_is_the_tokenization_of_its_own_text(name, task):
-    """Issue 23: the prompt (and prompt + answer) are what the tokenizer makes of their decoded text, as
+    """The prompt (and prompt + answer) are what the tokenizer makes of their decoded text, as
     lm-eval or a user re-encoding it sees them (no two "\n" where the tokenizer writes one "\n\n"), and
     the trial still fills its length with whole haystack lines."""
     tok = retrieval_tokenizer(name)
@@ -403,3 +410,166 @@ def test_accuracy_figure_keeps_coinciding_series_apart(monkeypatch):
     lines = [c.lines[0] for c in kept[0].axes[0].containers if c.get_label() in ("none passkey", "yarn passkey")]
     assert len(lines) == 2 and lines[0].get_marker() != lines[1].get_marker()
     assert list(lines[0].get_xdata()) != list(lines[1].get_xdata())   # not drawn on top of each other
+
+
+# -- bad input to hf_posenc.eval, as a hostile new user would give it: refused clearly, nothing changed --------------
+
+CASES = [
+    Case("token-nll-empty", lambda c: hpe.token_nll(c.model, torch.tensor([], dtype=torch.long)),
+         hp.InvalidInputError, "non-empty", "llama"),
+    Case("token-nll-empty-row", lambda c: hpe.token_nll(c.model, torch.zeros(1, 0, dtype=torch.long)),
+         hp.InvalidInputError, "got shape (1, 0)", "llama"),
+    Case("token-nll-float-ids", lambda c: hpe.token_nll(c.model, torch.tensor([1.5, 2.5])), hp.InvalidInputError,
+         "of torch.float32", "llama"),
+    Case("token-nll-3d", lambda c: hpe.token_nll(c.model, torch.ones(1, 1, 4, dtype=torch.long)),
+         hp.InvalidInputError, "got shape (1, 1, 4)", "llama"),
+    Case("token-nll-past-the-vocabulary", lambda c: hpe.token_nll(c.model, torch.tensor([1, 500])),
+         hp.InvalidInputError, "vocabulary is 0..127", "llama"),
+    Case("token-nll-negative-id", lambda c: hpe.token_nll(c.model, torch.tensor([1, -5])), hp.InvalidInputError,
+         "token ids -5..1", "llama"),
+    Case("token-nll-none", lambda c: hpe.token_nll(c.model, None), hp.InvalidInputError, "got None", "llama"),
+    Case("token-nll-chunk-0", lambda c: hpe.token_nll(c.model, torch.arange(10), chunk_size=0),
+         hp.InvalidParameterError, "chunk_size must be >= 1", "llama"),
+    Case("document-perplexity-no-documents", lambda c: hpe.document_perplexity(c.model, [], max_length=8),
+         hp.InvalidInputError, "at least one document", "llama"),
+    Case("perplexity-by-length-a-str", lambda c: hpe.perplexity_by_length(c.model, [list(range(10))], ["a"]),
+         hp.ParameterTypeError, "lengths[0] must be an int", "llama"),
+    Case("strided-stride-none", lambda c: hpe.strided_perplexity(c.model, list(range(10)), window=4, stride=None),
+         hp.InvalidParameterError, "stride is required", "llama"),
+    Case("curve-bucket-0", lambda c: hpe.perplexity_curve(c.model, [list(range(10))], length=8, bucket=0),
+         hp.InvalidParameterError, "bucket must be >= 1", "llama"),
+    Case("curve-bucket-negative", lambda c: hpe.perplexity_curve(c.model, [list(range(10))], length=8, bucket=-1),
+         hp.InvalidParameterError, "bucket must be >= 1", "llama"),
+    Case("curve-length-0", lambda c: hpe.perplexity_curve(c.model, [list(range(10))], length=0),
+         hp.InvalidParameterError, "length must be >= 2", "llama"),
+    Case("curve-perplexity-not-a-curve", lambda c: hpe.curve_perplexity({}, 0), hp.InvalidInputError,
+         "what perplexity_curve returns"),
+    Case("trials-no-lengths", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[], depths=[0.5]),
+         hp.InvalidParameterError, "at least one length and one depth"),
+    Case("trials-depth-past-1", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[1.5]),
+         hp.InvalidParameterError, "depths[0] must be <= 1"),
+    Case("trials-depth-a-str", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=["a"]),
+         hp.ParameterTypeError, "depths[0] must be a number"),
+    Case("trials-zero", lambda c: hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[0.5], trials=0),
+         hp.InvalidParameterError, "trials must be >= 1"),
+    Case("trials-no-tokenizer", lambda c: hpe.make_trials("passkey", None, lengths=[256], depths=[0.5]),
+         hp.InvalidInputError, "tokenizer must be a transformers tokenizer"),
+    Case("summarize-scores-missing", lambda c: hpe.summarize(
+        hpe.make_trials("passkey", tiny_tokenizer(), lengths=[256], depths=[0.0, 1.0]), [{"correct": True, "logprob": 0.0}]),
+         hp.InvalidInputError, "2 trials and 1 scores"),
+    Case("variant-empty", lambda c: hpe.parse_variant(""), hp.InvalidParameterError, "a variant is 'none'"),
+    Case("variant-none", lambda c: hpe.parse_variant(None), hp.InvalidParameterError, "a variant is 'none'"),
+    Case("grid-empty", lambda c: hpe.expand_grid(""), hp.InvalidParameterError, "a grid is a method"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_clearly_and_changes_nothing(case, tmp_path):
+    refused_clearly_and_unchanged(case, tmp_path)
+
+
+# -- wrong-type, empty and out-of-range input to retrieval and perplexity: one line naming the argument ----------
+
+DOC = list(range(3, 200))
+
+
+@cache
+def trials():
+    return hpe.make_trials("passkey", tok(), lengths=[600], depths=[0.5])
+
+
+CALL_CASES = [
+    CallCase("make_trials-lengths-an-int", lambda: hpe.make_trials("passkey", tok(), lengths=600, depths=[0.5]),
+             hp.ParameterTypeError, "lengths must be a list of ints (token counts), got 600 (int)"),
+    CallCase("make_trials-lengths-huge", lambda: hpe.make_trials("passkey", tok(), lengths=[10**7], depths=[0.5]),
+             hp.InvalidParameterError, "lengths[0]=10000000 is past the longest prompt built here"),
+    CallCase("make_trials-bos-unknown", lambda: hpe.make_trials("passkey", tok(), lengths=[600], depths=[0.5], bos="x"),
+             hp.InvalidParameterError, "bos must be 'auto', True or False, got 'x'"),
+    CallCase("make_trials-haystack-an-int",
+             lambda: hpe.make_trials("needle", tok(), lengths=[600], depths=[0.5], haystack=5),
+             hp.ParameterTypeError, "haystack must be a text (a str), got 5"),
+    CallCase("score_trials-encoder", lambda: hpe.score_trials(encoder(), trials(), progress=False),
+             hp.UnsupportedModelError, "score_trials: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("score_trials-past-the-table", lambda: hpe.score_trials(table(), trials(), progress=False),
+             hp.SequenceTooLongError, "an input of 598 tokens is longer than this model's learned position table"),
+    CallCase("score_trials-none", lambda: hpe.score_trials(llama(), None, progress=False), hp.InvalidInputError,
+             "trials must be a non-empty list of the Trials make_trials gives, got None"),
+    CallCase("score_trials-past-the-vocabulary", lambda: hpe.score_trials(tiny_model(), trials(), progress=False),
+             hp.InvalidInputError, "trials[0] hold token ids"),
+    CallCase("summarize-nothing", lambda: hpe.summarize([], []), hp.InvalidInputError,
+             "summarize needs at least one trial and its score, got none"),
+    CallCase("token_nll-encoder", lambda: hpe.token_nll(encoder(), torch.ones(1, 8, dtype=torch.long)),
+             hp.UnsupportedModelError, "token_nll: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("document_perplexity-no-documents", lambda: hpe.document_perplexity(llama(), None, max_length=8),
+             hp.InvalidInputError, "document_perplexity takes documents as a list of token id lists"),
+    CallCase("document_perplexity-ints-for-documents", lambda: hpe.document_perplexity(llama(), [1, 2], max_length=8),
+             hp.InvalidInputError, "documents[0] must be a list of int token ids, got shape ()"),
+    CallCase("document_perplexity-a-text", lambda: hpe.document_perplexity(llama(), ["hello"], max_length=8),
+             hp.InvalidInputError, "documents[0] must be token ids (a list of ints, corpora.tokenize's input_ids), got "
+             "'hello'"),
+    CallCase("perplexity_by_length-lengths-an-int", lambda: hpe.perplexity_by_length(llama(), [DOC], 8),
+             hp.ParameterTypeError, "lengths must be a list of ints (token counts), got 8 (int)"),
+    CallCase("perplexity_by_length-one_pass-a-str", lambda: hpe.perplexity_by_length(llama(), [DOC], [8], one_pass="no"),
+             hp.ParameterTypeError, "one_pass must be a bool, got 'no'"),
+    CallCase("perplexity_by_length-no-documents", lambda: hpe.perplexity_by_length(llama(), None, [8]),
+             hp.InvalidInputError, "perplexity_by_length takes documents as a list of token id lists"),
+    CallCase("strided-no-text", lambda: hpe.strided_perplexity(llama(), None, window=8, stride=4), hp.InvalidInputError,
+             "input_ids must be token ids (a list of ints, corpora.tokenize's input_ids), got None"),
+    CallCase("strided-bos-a-str", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos="a"),
+             hp.ParameterTypeError, "bos must be an int, got 'a'"),
+    CallCase("strided-bos-past-the-vocabulary", lambda: hpe.strided_perplexity(llama(), DOC, window=8, stride=4, bos=999),
+             hp.InvalidInputError, "bos=999 is not a token id of this model (0..259)"),
+    CallCase("curve-prefix-a-str", lambda: hpe.perplexity_curve(llama(), [DOC], length=8, prefix="no"),
+             hp.ParameterTypeError, "prefix must be a bool, got 'no'"),
+    CallCase("curve-no-documents", lambda: hpe.perplexity_curve(llama(), None, length=8), hp.InvalidInputError,
+             "perplexity_curve takes documents as a list of token id lists"),
+    CallCase("curve_perplexity-start-a-str", lambda: hpe.curve_perplexity({"positions": [7], "nll": [1.0]}, "a"),
+             hp.ParameterTypeError, "start must be a number, got 'a'"),
+    CallCase("curve_perplexity-end-before-start", lambda: hpe.curve_perplexity({"positions": [7], "nll": [1.0]}, 10, 2),
+             hp.InvalidParameterError, "end must be > 10, got 2"),
+    CallCase("build_trial-depth-a-str", lambda: hpe.build_trial(tok(), hpe.Haystack(tok(), "abc\n"), needle="x",
+                                                                question="q", answer="a", length=300, depth="a"),
+             hp.ParameterTypeError, "depth must be a number, got 'a'"),
+    CallCase("haystack-none", lambda: hpe.Haystack(tok(), None), hp.ParameterTypeError,
+             "the haystack must be a text (a str), got None"),
+    CallCase("is_length_dependent-none", lambda: hpe.is_length_dependent(None), hp.InvalidInputError,
+             "model must be a transformers model, got None"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)
+
+
+# -- evaluation past an unpatched learned table --------------------------------------------------------------------
+
+EVALUATIONS = {
+    "token_nll": lambda m, doc: hpe.token_nll(m, doc),
+    "document_perplexity": lambda m, doc: hpe.document_perplexity(m, [doc[:10], doc], max_length=200,
+                                                                  progress=False),
+    "perplexity_by_length": lambda m, doc: hpe.perplexity_by_length(m, [doc], [16, 200], progress=False),
+    "perplexity_curve": lambda m, doc: hpe.perplexity_curve(m, [doc], length=200, bucket=50, progress=False),
+    "strided_perplexity": lambda m, doc: hpe.strided_perplexity(m, doc, window=100, stride=50, progress=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVALUATIONS))
+def test_evaluation_past_a_learned_table_is_refused_before_any_forward(name):
+    model = gpt2()
+    calls = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
+    doc = token_ids(200, vocab=100)[0].tolist()
+    with pytest.raises(SequenceTooLongError, match=f"holds {N} positions") as err:
+        EVALUATIONS[name](model, doc)
+    with pytest.raises(SequenceTooLongError) as direct:
+        hp.check_length(model, len(doc) if name != "strided_perplexity" else 100)
+    assert str(err.value) == str(direct.value) and not calls
+
+
+def test_evaluation_within_a_learned_table_still_runs():
+    model = gpt2()
+    doc = token_ids(N, vocab=100)[0].tolist()
+    assert hpe.document_perplexity(model, [doc], max_length=N, progress=False)["tokens"] == N - 1
+    assert hpe.strided_perplexity(model, token_ids(200, vocab=100)[0].tolist(), window=N, stride=16,
+                                  progress=False)["window"] == N

@@ -1,5 +1,11 @@
 """recipes/evaluate.py, the local `evaluate` perplexity module and hf_posenc.corpora on a tiny checkpoint
-saved with a byte-level tokenizer and a corpus of local text files."""
+saved with a byte-level tokenizer and a corpus of local text files; the recipe given bad input, as a hostile new
+user would type it (one `error:` line, exit code 2, nothing on disk changed, in this process and in a shell), and
+the tracebacks and silent answers it once gave: a learned-table model whose variant extends its table (the time
+estimate ran the model as loaded past its table), an encoder (refused before loading), a length far past every
+context (refused before any input is built), a resume with changed settings (each named with both values;
+settings no asked measure reads ignored), results.json as strict JSON (NaN written as null with a note, read back
+on a rerun), and the "to do" line of a resumed run (what is left)."""
 
 import importlib.util
 import json
@@ -11,14 +17,17 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from transformers import AutoConfig, AutoModel
 
 import hf_posenc as hp
 import hf_posenc.metrics
 from hf_posenc import corpora
 from hf_posenc import eval as hpe
+from hf_posenc.eval import ruler
 from hf_posenc.recipes import evaluate_config
-from refusals import one_line_refusal
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, write_corpus
+from refusals import (CallCase, check_refusal, one_line_refusal, refused_in_one_line, root,  # noqa: F401 (fixtures)
+                      shell_refusal)
+from tiny import TINY_TEXT_VOCAB, checkpoint, save_text_models, tiny_model, tiny_tokenizer, write_corpus  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("eval_recipe", ROOT / "hf_posenc" / "recipes" / "evaluate.py")
@@ -26,14 +35,6 @@ recipe = sys.modules["eval_recipe"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(recipe)
 
 TEXT = "".join(f"Line {i}: the {['king', 'queen', 'fool'][i % 3]} speaks of {i * 7 % 13} ravens.\n" for i in range(60))
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -393,3 +394,274 @@ def test_the_demo_says_when_the_cpu_was_busy(monkeypatch):
     assert "the CPU was busy: load average 8.0 on 2 cores" in demo.busy_note()
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (0.3, 0.3, 0.3))
     assert demo.busy_note() == ""
+
+
+# -- bad input as a hostile new user would type it: one `error:` line, exit code 2, nothing on disk changed ---------
+
+EVAL = ["--model.name", "{root}/llama", "--model.dtype", "float32", "--data.corpus", "{root}/corpus",
+        "--output_dir", "{out}", "--eval.max_position_embeddings", "256"]
+
+EVAL_CASES = [
+    ("zero-length", [*EVAL, "--eval.perplexity_lengths", "0"], r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
+    ("zero-length-yaml", ["--config", "{root}/zero_length.yaml", "--output_dir", "{out}"],
+     r"perplexity_lengths must hold token counts >= 2, got \[0\]"),
+    ("dtype-float8", [*EVAL, "--model.dtype", "float8", "--eval.perplexity_lengths", "64"],
+     r"dtype must be one of auto, float32, bfloat16, float16, got 'float8'"),
+    ("framing-unknown", [*EVAL, "--data.framing", "always", "--eval.perplexity_lengths", "64"],
+     r"framing must be one of auto, bos, none, got 'always'"),
+    ("curve-bucket-zero", [*EVAL, "--eval.curve_length", "128", "--eval.curve_bucket", "0"], r"curve_bucket must be >= 1, got 0"),
+    ("curve-length-negative", [*EVAL, "--eval.curve_length", "-5"], r"curve_length must be 0 \(off\) or a token count >= 2"),
+    ("count-abc", [*EVAL, "--eval.curve_bucket", "abc"], r"--eval\.curve_bucket must be an integer, got 'abc'"),
+    ("yaml-tab", ["--config", "{root}/tab.yaml"], r"tab.yaml is not valid YAML: .*line 2, column 1"),
+    ("yaml-scalar-for-variants", ["--config", "{root}/scalar_variants.yaml"],
+     r"scalar_variants.yaml: eval\.variants must be a list of strings \(YAML \[a, b, ...\], even for one\), got 'none'"),
+    ("yaml-scalar-for-targets", ["--config", "{root}/scalar_targets.yaml"],
+     r"max_position_embeddings must be a list of integers .*got 16384"),
+    ("yaml-wrong-item-type", ["--config", "{root}/wrong_type.yaml"], r"perplexity_lengths must be a list of integers .*\['abc'\]"),
+    ("yaml-bool-for-count", ["--config", "{root}/bool_count.yaml"], r"trials must be an integer, got True"),
+    ("yaml-not-a-mapping", ["--config", "{root}/not_mapping.yaml"], r"must be a mapping of keys .*got \['variants', 'none'\]"),
+    ("yaml-unknown-key", ["--config", "{root}/unknown_key.yaml"], r"section eval: unknown key\(s\) \['curve_lenght'\]; the keys are: .*curve_length"),
+    ("yaml-missing", ["--config", "{root}/missing.yaml"], r"config file not found: .*missing.yaml"),
+    ("no-targets", ["--config", "{root}/no_targets.yaml", "--output_dir", "{out}"], r"max_position_embeddings is empty"),
+    ("no-variants", ["--config", "{root}/no_variants.yaml", "--output_dir", "{out}"], r"variants is empty: nothing to evaluate"),
+    ("nothing-to-measure", [*EVAL, "--eval.variants", "none"], r"nothing to measure: set at least one of eval\.perplexity_lengths"),
+    ("variant-twice", [*EVAL, "--eval.variants", "yarn", "yarn", "--eval.perplexity_lengths", "64"],
+     r"variants lists a value twice: \['yarn', 'yarn'\]"),
+    ("unknown-variant", [*EVAL, "--eval.variants", "yarnn", "--eval.perplexity_lengths", "64"], r"unknown method 'yarnn'"),
+    ("unknown-variant-parameter", [*EVAL, "--eval.variants", "yarn betafast=3", "--eval.perplexity_lengths", "64"],
+     r"unknown parameter\(s\) \['betafast'\] for method 'yarn'"),
+    ("depth-past-one", [*EVAL, "--eval.passkey_lengths", "128", "--eval.depths", "2"], r"depths must be fractions in \[0, 1\], got \[2.0\]"),
+    ("zero-trials", [*EVAL, "--eval.passkey_lengths", "128", "--eval.trials", "0"], r"trials must be >= 1, got 0"),
+    ("zero-documents", [*EVAL, "--eval.perplexity_lengths", "64", "--eval.perplexity_documents", "0"],
+     r"perplexity_documents must be >= 1, got 0"),
+    ("stride-past-window", [*EVAL, "--eval.strided_windows", "64", "--eval.strided_stride", "100"],
+     r"strided_stride must be 0 \(half the window\) or in 1..64"),
+    ("window-zero", [*EVAL, "--eval.strided_windows", "0"], r"strided_windows must hold token counts >= 2, got \[0\]"),
+    ("grid-without-length", [*EVAL, "--eval.grid", "yarn beta_fast=8|16"], r"grid needs eval\.tune_length"),
+    ("empty-corpus", [*EVAL, "--data.corpus", "", "--eval.perplexity_lengths", "64"], r"corpus is empty"),
+    ("missing-model", [*EVAL[:1], "/missing/path", *EVAL[2:], "--eval.perplexity_lengths", "64"],
+     r"model '/missing/path': no such file or folder"),
+    ("output-is-a-file", [*EVAL[:7], "{root}/afile", *EVAL[8:], "--eval.perplexity_lengths", "64"], r"output_dir .*afile is a file"),
+    ("output-inside-the-model", [*EVAL[:7], "{root}/llama/eval", *EVAL[8:], "--eval.perplexity_lengths", "64"],
+     r"output_dir .*llama/eval is or lies inside the input .*llama"),
+    ("output-is-the-corpus", [*EVAL[:7], "{root}/corpus", *EVAL[8:], "--eval.perplexity_lengths", "64"],
+     r"output_dir .*corpus is or lies inside the input .*corpus"),
+    ("variant-not-applicable", [*EVAL, "--eval.variants", "none", "interpolate", "--eval.perplexity_lengths", "64"],
+     r"method 'interpolate' applies to learned positions, but this llama model uses rope positions"),
+    ("corrupt-results", [*EVAL[:7], "{root}/results", *EVAL[8:], "--eval.perplexity_lengths", "64"],
+     r"results.json is not a results file of this recipe \(Expecting property name"),
+    # after loading the model and tokenizer (still nothing written)
+    ("missing-corpus", [*EVAL, "--data.corpus", "/missing/*.txt", "--eval.perplexity_lengths", "64"],
+     r"no corpus files match '/missing/\*.txt'"),
+    ("passkey-too-short", [*EVAL, "--eval.passkey_lengths", "5"],
+     r"passkey_lengths \[5\]: length 5 is too short for the retrieval prompt"),
+    ("documents-too-short", [*EVAL, "--eval.perplexity_lengths", "5000"], r"needs 2 documents of >= 5000 tokens, 0 have them"),
+    ("bad-attention", [*EVAL, "--model.attn_implementation", "bogus", "--eval.perplexity_lengths", "64"], r"bogus"),
+]
+AFTER_LOADING = {"missing-corpus", "passkey-too-short", "documents-too-short"}
+
+
+@pytest.mark.parametrize("argv,pattern", [c[1:] for c in EVAL_CASES], ids=[c[0] for c in EVAL_CASES])
+def test_evaluate_refuses_with_one_line_and_changes_nothing(argv, pattern, root, capsys, monkeypatch):
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured"))
+    name = next(c[0] for c in EVAL_CASES if c[1] is argv)
+    check_refusal(recipe.main, argv, pattern, root, capsys, alone=name not in AFTER_LOADING)
+
+
+# the same refusals as a shell sees them (a real process)
+SUBPROCESS_CASES = [
+    ("evaluate-yaml-tab", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), "--config", "{root}/tab.yaml"],
+     r"tab.yaml is not valid YAML"),
+    ("evaluate-zero-length", [sys.executable, str(ROOT / "recipes" / "evaluate.py"), *EVAL, "--eval.perplexity_lengths", "0"],
+     r"perplexity_lengths must hold token counts >= 2"),
+]
+
+
+@pytest.mark.parametrize("argv,pattern", [c[1:] for c in SUBPROCESS_CASES], ids=[c[0] for c in SUBPROCESS_CASES])
+def test_a_shell_sees_exit_code_2_and_one_error_line(argv, pattern, root):
+    shell_refusal(argv, pattern, root)
+
+
+# -- a learned-table model whose variant extends its table, an encoder, a length far past every context, a resume
+# with changed settings, results.json as strict JSON, and the "to do" line of a resumed run -------------------------
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny Llama, a tiny GPT-2 (a 64-position table), a tiny BERT encoder, a Llama whose head gives NaN, and
+    a corpus of two documents."""
+    path = tmp_path_factory.mktemp("evaluate_recipe")
+    nan = tiny_model(vocab_size=TINY_TEXT_VOCAB)
+    with torch.no_grad():
+        nan.lm_head.weight.fill_(float("nan"))
+    bert = AutoModel.from_config(AutoConfig.for_model(
+        "bert", vocab_size=TINY_TEXT_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64))
+    save_text_models(path, llama=tiny_model(vocab_size=TINY_TEXT_VOCAB), nan=nan, bert=bert,
+                     gpt2=tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))
+    write_corpus(path / "corpus", TEXT)
+    return path
+
+
+def argv(root, model: str, out, *extra) -> list[str]:
+    return ["--model.name", str(root / model), "--model.dtype", "float32", "--data.corpus", str(root / "corpus"),
+            "--output_dir", str(out), "--eval.max_position_embeddings", "256", "--plots", "false", *extra]
+
+
+def no_loading(monkeypatch):
+    monkeypatch.setattr(recipe.hp, "load_model", lambda *a, **k: pytest.fail("the weights loaded"))
+
+
+def test_a_variant_that_extends_a_learned_table_is_timed_as_patched(models, tmp_path, capsys):
+    """GPT-2's table holds 64 positions; `sinusoidal` takes 128. The estimate timed the model as loaded at 128
+    tokens: an IndexError before the first measure."""
+    results = recipe.main(argv(models, "gpt2", tmp_path, "--eval.variants", "sinusoidal", "--eval.perplexity_lengths",
+                               "128", "--eval.perplexity_documents", "1"))
+    assert results["variants"]["sinusoidal"]["lengths"]["lengths"] == [128]
+    assert re.search(r"^to do: 1 evaluation\(s\) x 1 forward passes of up to 128 tokens; .*timed passes of 128 and "
+                     r"128 tokens\)$", capsys.readouterr().err, re.M)
+
+
+@pytest.mark.parametrize("measure", [["--eval.recall_lengths", "60", "--eval.recall_passages", "2",
+                                      "--eval.recall_passage_tokens", "8"],
+                                     ["--eval.tasks", "passkey", "--eval.task_lengths", "400"],
+                                     ["--eval.perplexity_lengths", "32"]], ids=["recall", "tasks", "perplexity"])
+def test_an_encoder_is_refused_before_its_weights_load(models, tmp_path, capsys, monkeypatch, measure):
+    no_loading(monkeypatch)
+    said = refusal(capsys, argv(models, "bert", tmp_path / "out", "--eval.variants", "none", *measure))
+    assert re.search(r"model '.*bert' is a BertModel \(bert\), not a causal LM; the evaluate recipe scores each "
+                     r"next token", said), said
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("task_lengths", "10000000", r"eval\.task_lengths 10000000 is past 8192 tokens, the most a length may be: 32 x "
+                                 r"the longest context in play \(256: the model's own 64 and "
+                                 r"eval\.max_position_embeddings \[256\]\)"),
+    ("recall_lengths", "10000000", r"eval\.recall_lengths 10000000"),   # (recall's own layout bound may say it first)
+    ("curve_length", "10000000", r"eval\.curve_length 10000000 is past 8192 tokens"),
+    ("task_lengths", "3000000000", r"eval\.task_lengths must hold token counts <= 2147483647 .*got \[3000000000\]"),
+])
+def test_a_length_far_past_every_context_is_refused_before_loading(models, tmp_path, capsys, monkeypatch, field,
+                                                                   value, says):
+    no_loading(monkeypatch)
+    extra = ["--eval.tasks", "passkey"] if field == "task_lengths" else []
+    said = refusal(capsys, argv(models, "llama", tmp_path / "out", "--eval.variants", "none", f"--eval.{field}", value,
+                                *extra))
+    assert re.search(says, said), said
+
+
+def test_a_length_past_a_table_is_refused_before_the_inputs_are_built(models, tmp_path, capsys, monkeypatch):
+    """GPT-2's 64 positions against RULER samples of 400 tokens: refused before make_samples builds them."""
+    monkeypatch.setattr(ruler, "make_samples", lambda *a, **k: pytest.fail("samples built"))
+    said = refusal(capsys, argv(models, "gpt2", tmp_path / "out", "--eval.variants", "none", "--eval.tasks", "passkey",
+                                "--eval.task_lengths", "400"))
+    assert "variant 'none' cannot take the 400 tokens" in said
+
+
+PERPLEXITY = ["--eval.variants", "none", "--eval.perplexity_lengths", "32", "--eval.perplexity_documents", "1"]
+
+
+def test_a_resume_with_other_settings_names_each_and_both_values(models, tmp_path, capsys, monkeypatch):
+    recipe.main(argv(models, "llama", tmp_path, *PERPLEXITY))
+    before = (tmp_path / "results.json").read_text()
+    said = refusal(capsys, argv(models, "llama", tmp_path, *PERPLEXITY[:-1], "2", "--eval.curve_length", "64",
+                                "--model.attn_implementation", "eager"))
+    assert ("already holds another configuration: model.attn_implementation \"sdpa\" -> \"eager\", "
+            "eval.perplexity_documents 1 -> 2, eval.curve_length 0 -> 64 (saved -> this command)") in said, said
+    assert (tmp_path / "results.json").read_text() == before
+    # settings no asked measure reads change nothing: the run resumes, nothing measured again
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured again"))
+    for unread in (["--eval.task_needles", "6", "--eval.task_hops", "2"], ["--eval.curve_bucket", "16"],
+                   ["--eval.recall_passages", "3", "--eval.trials", "4", "--eval.depths", "0.2"]):
+        assert set(recipe.main(argv(models, "llama", tmp_path, *PERPLEXITY, *unread))["variants"]) == {"none"}
+
+
+def test_a_resume_ignores_task_needles_without_a_needle_family_and_names_them_with_one(models, tmp_path, capsys,
+                                                                                        monkeypatch):
+    tasks = ["--eval.variants", "none", "--eval.tasks", "vt", "--eval.task_lengths", "600", "--eval.task_samples", "1"]
+    recipe.main(argv(models, "llama", tmp_path, *tasks))
+    said = refusal(capsys, argv(models, "llama", tmp_path, *tasks, "--eval.task_hops", "2"))   # vt reads its hops
+    assert "eval.task_hops 4 -> 2" in said
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured again"))
+    recipe.main(argv(models, "llama", tmp_path, *tasks, "--eval.task_needles", "6"))   # no needle family: unread
+    assert recipe.unread({**recipe.dataclasses.asdict(evaluate_config.EvalArgs()), "tasks": ["multikey"]}) >= {"task_hops"}
+    assert "task_needles" not in recipe.unread({**recipe.dataclasses.asdict(evaluate_config.EvalArgs()), "tasks": ["multikey"]})
+
+
+
+def no_nan(text: str):
+    """json.loads that refuses NaN and Infinity (strict JSON)."""
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_results_json_is_strict_json_with_a_note_and_a_rerun_reads_the_nan_back(models, tmp_path, capsys, monkeypatch):
+    args = argv(models, "nan", tmp_path, *PERPLEXITY, "--eval.curve_length", "64", "--eval.curve_bucket", "16")
+    results = recipe.main(args)
+    assert math.isnan(results["variants"]["none"]["lengths"]["perplexity"][0])   # in memory: as measured
+    saved = no_nan((tmp_path / "results.json").read_text())
+    assert saved["variants"]["none"]["lengths"]["perplexity"] == [None]
+    assert saved["not_finite"]["note"].startswith("JSON has no NaN or infinity: these values are written as null")
+    assert [["variants", "none", "lengths", "perplexity", 0], "nan"] in saved["not_finite"]["values"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| none | - | one pass |" in summary
+    monkeypatch.setattr(recipe, "evaluate_variant", lambda *a, **k: pytest.fail("measured again"))
+    again = recipe.main(args)   # resumed: the NaN read back, the summary the same
+    assert math.isnan(again["variants"]["none"]["lengths"]["perplexity"][0])
+    assert (tmp_path / "summary.md").read_text() == summary
+    assert no_nan((tmp_path / "results.json").read_text())["not_finite"] == saved["not_finite"]
+
+
+def test_strict_json_lists_each_value_and_an_edited_list_is_refused(tmp_path):
+    text = recipe.strict_json({"a": {"b": [1.0, float("inf")], "c": float("-inf")}, "d": math.nan})
+    saved = no_nan(text)
+    assert saved["a"] == {"b": [1.0, None], "c": None} and saved["d"] is None
+    assert saved["not_finite"]["values"] == [[["a", "b", 1], "inf"], [["a", "c"], "-inf"], [["d"], "nan"]]
+    back = recipe.restore_not_finite(saved, tmp_path / "results.json")
+    assert back["a"]["b"][1] == math.inf and back["a"]["c"] == -math.inf and math.isnan(back["d"])
+    assert "not_finite" not in back
+    with pytest.raises(recipe.ConfigError, match="names .*'x'.*which holds no null there"):
+        recipe.restore_not_finite({"not_finite": {"values": [[["x"], "nan"]]}}, tmp_path / "results.json")
+    assert "not_finite" not in no_nan(recipe.strict_json({"a": 1.5}))
+
+
+def test_the_to_do_line_of_a_resumed_run_counts_what_is_left(models, tmp_path, capsys, monkeypatch):
+    """Two RULER cells (400 and 500 tokens); the run stopped after the first: the rerun has one pass left."""
+    args = argv(models, "llama", tmp_path, "--eval.variants", "none", "--eval.tasks", "passkey", "--eval.task_lengths",
+                "400", "500", "--eval.task_samples", "1")
+    real, calls = ruler.score_samples, []
+
+    def second_interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(ruler, "score_samples", second_interrupted)
+    with pytest.raises(SystemExit):
+        recipe.main(args)
+    assert re.search(r"^to do: 1 evaluation\(s\) x 2 forward passes of up to 500 tokens; ", capsys.readouterr().err,
+                     re.M)
+    monkeypatch.setattr(ruler, "score_samples", real)
+    recipe.main(args)
+    err = capsys.readouterr().err
+    assert re.search(r"^to do: 1 evaluation\(s\) x 1 forward passes of up to 500 tokens; .*; done already "
+                     r"\(results\.json\): 1 recall / task cell\(s\)$", err, re.M), err
+    capsys.readouterr()
+    recipe.main(args)   # everything saved: nothing left, nothing timed
+    assert re.search(r"^to do: nothing left; done already \(results\.json\): 1 evaluation\(s\)$",
+                     capsys.readouterr().err, re.M)
+
+
+# -- the local evaluate metric modules: an unknown name in one line ------------------------------------------------
+
+CALL_CASES = [
+    CallCase("metrics-unknown", lambda: hf_posenc.metrics.path("x"), hp.InvalidParameterError,
+             "no local metric 'x'; available: perplexity"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)

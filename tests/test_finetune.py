@@ -25,7 +25,7 @@ from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
-from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT_VOCAB, free_port, state, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "finetune.py"  # the clone's entry point (subprocesses)
@@ -82,10 +82,6 @@ def write_config(path, tiny_dir, **sections):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def state(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 # --------------------------------------------------------------------------------------------- packing
@@ -315,14 +311,6 @@ def test_lora_trains_and_saves_a_merged_model_that_reloads(tmp_path, tiny_dir, t
 
 
 # ------------------------------------------------------------------------------------------ DDP parity
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def two_processes(config, *flags, launcher="torchrun", timeout=240):
     """The recipe in 2 processes on this CPU (DDP over gloo): torchrun, or accelerate launch with the shipped
     ddp.yaml template (`--num_processes 2`); accelerate sees WORLD_SIZE=2 on a CPU-only machine."""
@@ -574,7 +562,7 @@ def test_sigterm_stops_a_single_process_run_like_ctrl_c_and_resume_goes_on(tmp_p
 
 
 def test_a_fine_tune_from_a_searched_folder_keeps_its_factors_and_the_engines_keys(tmp_path, tiny_dir, text_file):
-    """Search, then fine-tune (issue 45): a static longrope folder (a search's best) as model.name with no posenc
+    """Search, then fine-tune: a static longrope folder (a search's best) as model.name with no posenc
     patch trains at its factors and saves them back stock, with the scale vLLM reads (short_mscale / long_mscale)."""
     factors = [1.0, 1.0, 1.0, 1.0, 1.4, 2.0, 2.8, 3.9]
     searched = hp.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "longrope", long_factor=factors,

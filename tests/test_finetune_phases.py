@@ -16,6 +16,7 @@ from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes.finetune_config import FinetuneConfig, parse_config
 from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
 from test_finetune import text_file, tiny_dir, write_config  # noqa: F401  (fixtures)
+from tiny import state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,10 +35,6 @@ def recipe_for(tmp_path, tiny_dir, text_file, *flags, **sections):  # noqa: F811
     return FinetuneRecipe(parse_config(["--config", str(path), *flags]))
 
 
-def weights(model) -> dict:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 def test_the_constructor_checks_the_config_and_writes_nothing(tmp_path, tiny_dir, text_file):  # noqa: F811
     with pytest.raises(ConfigError, match="data.seq_len=512 is longer than the patched context"):
         recipe_for(tmp_path, tiny_dir, text_file, "--data.seq_len", "512")
@@ -46,6 +43,15 @@ def test_the_constructor_checks_the_config_and_writes_nothing(tmp_path, tiny_dir
     assert (recipe.preflight.original_context, recipe.preflight.target_context, recipe.preflight.seq_len) == (128, 256, 64)
     assert recipe.progress == {"output_dir": str(tmp_path / "out"), "steps": 6, "step": None, "bar": None, "main": True}
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cfg", [None, {}, "recipes/configs/smollm2_yarn_16k_finetune.yaml"])
+def test_finetune_recipe_refuses_what_is_not_a_config(cfg):
+    from hf_posenc.errors import ParameterTypeError
+    from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
+
+    with pytest.raises(ParameterTypeError, match="FinetuneRecipe needs a FinetuneConfig"):
+        FinetuneRecipe(cfg)
 
 
 def test_setup_data_packs_the_corpus_and_writes_the_run_config_before_any_weights_load(tmp_path, tiny_dir,  # noqa: F811
@@ -79,15 +85,15 @@ def test_train_steps_alone_update_the_weights_and_log_each_step(tmp_path, tiny_d
     recipe = recipe_for(tmp_path, tiny_dir, text_file)
     recipe.setup()
     assert recipe.resume() == 0
-    before = weights(recipe.model)
+    before = state(recipe.model)
     assert not recipe.model.training   # loaded in eval mode: a step taken by hand must switch it
     record = recipe.train_step(1)   # the warmup starts at lr 0: step 1 moves nothing
     assert recipe.objective.training and recipe.model.training   # dropout, S2-Attn: on as in train()
     assert record["step"] == 1 and record["tokens"] == 2 * 2 * 64 and torch.isfinite(torch.tensor(record["loss"]))
     assert record["lr"] == pytest.approx(1e-3 / 2)   # the lr after the step: linear warmup over 2 steps
-    assert all(torch.equal(before[k], v) for k, v in weights(recipe.model).items())
+    assert all(torch.equal(before[k], v) for k, v in state(recipe.model).items())
     recipe.train_step(2)
-    assert any(not torch.equal(before[k], v) for k, v in weights(recipe.model).items())
+    assert any(not torch.equal(before[k], v) for k, v in state(recipe.model).items())
     assert [r["step"] for r in ckpt.read_log(tmp_path / "out")] == [1, 2]
 
 
@@ -102,21 +108,21 @@ def test_save_checkpoint_then_resume_in_a_new_recipe_gives_the_same_next_step(tm
     first.save_checkpoint(2)
     assert ckpt.latest_checkpoint(tmp_path / "out") == (ckpt.checkpoint_dir(tmp_path / "out", 2), 2)
     expected = first.train_step(3)
-    expected_weights = weights(first.model)
+    expected_weights = state(first.model)
 
     again = recipe_for(tmp_path, tiny_dir, text_file, "--resume")
     again.setup()
     assert again.resume() == 2
     step3 = again.train_step(3)
     assert step3["loss"] == expected["loss"] and step3["lr"] == expected["lr"]
-    for k, v in weights(again.model).items():
+    for k, v in state(again.model).items():
         assert torch.equal(v, expected_weights[k]), k
 
 
 def test_train_goes_on_from_the_steps_taken_alone_and_ends_as_a_straight_run(tmp_path, tiny_dir, text_file):  # noqa: F811
     straight = recipe_for(tmp_path / "a", tiny_dir, text_file, "--output_dir", str(tmp_path / "a" / "out"))
     straight.setup()
-    expected = weights(straight.train())
+    expected = state(straight.train())
 
     by_hand = recipe_for(tmp_path / "b", tiny_dir, text_file, "--output_dir", str(tmp_path / "b" / "out"))
     by_hand.setup()
@@ -127,7 +133,7 @@ def test_train_goes_on_from_the_steps_taken_alone_and_ends_as_a_straight_run(tmp
     assert [r["step"] for r in ckpt.read_log(tmp_path / "b" / "out")] == list(range(1, 7))
     assert ([r["loss"] for r in ckpt.read_log(tmp_path / "b" / "out")]
             == [r["loss"] for r in ckpt.read_log(tmp_path / "a" / "out")])
-    for k, v in weights(final).items():
+    for k, v in state(final).items():
         assert torch.equal(v, expected[k]), k
 
 
@@ -187,7 +193,7 @@ def test_phases_out_of_order_are_refused_naming_the_order_and_the_run_stays_stra
     straight run, its log the straight run's."""
     straight = recipe_for(tmp_path / "a", tiny_dir, text_file, "--output_dir", str(tmp_path / "a" / "out"))
     straight.setup()
-    expected = weights(straight.train())
+    expected = state(straight.train())
 
     out = tmp_path / "b" / "out"
     recipe = recipe_for(tmp_path / "b", tiny_dir, text_file, "--output_dir", str(out))
@@ -227,7 +233,7 @@ def test_phases_out_of_order_are_refused_naming_the_order_and_the_run_stays_stra
     refused(recipe.setup, "after cleanup()")
 
     assert [r["loss"] for r in ckpt.read_log(out)] == [r["loss"] for r in ckpt.read_log(tmp_path / "a" / "out")]
-    for k, v in weights(final).items():
+    for k, v in state(final).items():
         assert torch.equal(v, expected[k]), k
     assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step_0000004", "step_0000006"]
     refused(straight.train, "after cleanup(): the run is over")   # train() ends with cleanup

@@ -1,7 +1,7 @@
 """The fine-tune's mixed context windows (train.mixed_windows, hf_posenc/train/mixed_windows.py) and documents kept
 apart (data.packing=documents, hf_posenc/train/documents.py): each against its reference (the unpatched model inside
-the original context, the patched one past it; per-document forwards), refused pairings, and a resume that ends
-as the uninterrupted run, bit for bit."""
+the original context, the patched one past it; per-document forwards), refused pairings, a resume that ends
+as the uninterrupted run, bit for bit, and bad arguments to the window draw refused in one line."""
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ from hf_posenc.train.losses import TrainingLoss
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
 from hf_posenc.recipes.finetune_recipe import window_batch
+from refusals import CallCase, refused_in_one_line
 from test_finetune import run_recipe, state, text_file, tiny_dir, write_config  # noqa: F401 (fixtures)
 from test_rope_families import FAMILIES, REFUSED, build
 from tiny import tiny_model, token_ids
@@ -324,3 +325,23 @@ def test_longce_short_windows_read_with_the_long_pass_rope_under_a_switched_patc
     scored = ~expected.isnan()
     assert scored[:, :CTX].any()   # windows that end inside the original context are among them
     torch.testing.assert_close(got[scored], expected[scored], rtol=1e-4, atol=1e-4)
+
+
+# -- wrong-type and out-of-range input to the window draw: one line naming the argument ---------------------------
+
+CALL_CASES = [
+    # train.mixed_windows
+    CallCase("drawn_short-share-a-str", lambda: mixed_windows.drawn_short(seed=0, index=0, share="0.5"),
+             hp.ParameterTypeError, "share must be a number"),
+    CallCase("drawn_short-seed-none", lambda: mixed_windows.drawn_short(seed=None, index=0, share=0.5),
+             hp.InvalidParameterError, "seed is required"),
+    CallCase("drawn_short-index-negative", lambda: mixed_windows.drawn_short(seed=0, index=-1, share=0.5),
+             hp.InvalidParameterError, "index must be >= 0"),
+    CallCase("drawn_short-index-a-float", lambda: mixed_windows.drawn_short(seed=0, index=2.5, share=0.5),
+             hp.ParameterTypeError, "index must be an int"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)

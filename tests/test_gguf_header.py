@@ -1,6 +1,7 @@
 """The header-only GGUF reader (hf_posenc.export.gguf_header) against the gguf library's full reader: the same keys,
 values and tensor names on written files of either byte order and on the embedded SmolLM2 file, the same
-config through transformers, and a clear error for files it cannot walk."""
+config through transformers, and a clear error for files it cannot walk (random damage to a header included:
+accepted, or refused in one line)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import transformers
 
 import hf_posenc as hp
 from hf_posenc.export import gguf_header
-from hf_posenc import loading
+from hf_posenc import cli, loading
+from refusals import cache, ggufs  # noqa: F401 (fixtures)
 
 gguf = pytest.importorskip("gguf")
 
@@ -221,3 +223,39 @@ def test_the_embedded_smollm2_file():
     expected = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
     with gguf_header.config_only():
         assert transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict() == expected
+
+
+# -- random damage to a written file's header: accepted, or refused in one line --------------------------------------
+
+def _mutations(good: bytes, count: int, seed: int = 0):
+    """Seeded random damage to the header of a valid file: a byte changed, a run of bytes, a cut."""
+    rng = np.random.default_rng(seed)
+    header = good.index(b"token_embd.weight") + 64  # the key-value pairs and the start of the tensor table
+    for i in range(count):
+        data = bytearray(good)
+        kind = i % 3
+        at = int(rng.integers(4, header))
+        if kind == 0:
+            data[at] = int(rng.integers(0, 256))
+        elif kind == 1:
+            data[at:at + 4] = rng.integers(0, 256, 4, dtype=np.uint8).tobytes()
+        else:
+            data = data[:at]
+        yield bytes(data)
+
+
+def test_random_damage_to_a_gguf_header_is_accepted_or_refused_in_one_line(ggufs, cache, tmp_path, capsys):
+    good = (ggufs / "good.gguf").read_bytes()
+    outcomes = {"accepted": 0, "refused": 0}
+    for i, data in enumerate(_mutations(good, 90)):
+        path = tmp_path / f"m{i}.gguf"
+        path.write_bytes(data)
+        capsys.readouterr()
+        try:
+            cli.main(["inspect", str(path)])
+            outcomes["accepted"] += 1
+        except SystemExit as exit_:
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert exit_.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (i, lines)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 30, outcomes

@@ -1,4 +1,6 @@
-"""lm-evaluation-harness on patched models: the offline long-context tasks, scored as hf_posenc scores them."""
+"""lm-evaluation-harness on patched models: the offline long-context tasks, scored as hf_posenc scores them; bad
+arguments to the entry point (HFPosencLM, write_tasks, the command line) refused in one line, before any weights
+load, and the docs saying how lm-eval reaches the model."""
 
 from __future__ import annotations
 
@@ -330,3 +332,96 @@ def test_evaluate_refuses_rulers_lengths_before_building_a_task(monkeypatch):
         harness.evaluate(lm, tasks=["niah_single_1"], metadata={"max_seq_lengths": ()})
     with pytest.raises(hp.InvalidParameterError, match=rf"{ORIGINAL * 2} is past the model's context of {ORIGINAL}"):
         harness.evaluate(lm, tasks=["niah_single_1"], metadata={"max_seq_lengths": [ORIGINAL * 2]})
+
+
+# -- bad arguments to the lm-eval entry point, and the docs on how lm-eval reaches the model ----------------------
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from tiny import TINY_TEXT_VOCAB, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("harness")
+    model = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=256)
+    model.save_pretrained(root / "bare")  # what README's quick start writes: no tokenizer
+    model.save_pretrained(root / "full")
+    tiny_tokenizer().save_pretrained(root / "full")
+    return root
+
+
+HARNESS_CASES = [
+    ("max-length-abc", {"pretrained": "{root}/full", "max_length": "abc"}, hp.InvalidParameterError,
+     r"max_length must be a token count >= 1 .*got 'abc'"),
+    ("max-length-negative", {"pretrained": "{root}/full", "max_length": -5}, hp.InvalidParameterError,
+     r"max_length must be a token count >= 1 .*got -5"),
+    ("max-length-zero", {"pretrained": "{root}/full", "max_length": 0}, hp.InvalidParameterError, r"got 0"),
+    ("max-length-fraction", {"pretrained": "{root}/full", "max_length": 12.5}, hp.InvalidParameterError, r"got 12.5"),
+    ("max-length-bool", {"pretrained": "{root}/full", "max_length": True}, hp.InvalidParameterError, r"got True"),
+    ("no-pretrained", {"patch": "yarn factor=4"}, hp.InvalidParameterError,
+     r"HFPosencLM needs pretrained=: .*--model_args pretrained=FOLDER"),
+    ("folder-without-tokenizer", {"pretrained": "{root}/bare"}, hp.InvalidInputError,
+     r"bare has no tokenizer transformers can load .*tokenizer\.save_pretrained\(folder\).*tokenizer=NAME_OR_FOLDER"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,pattern", [c[1:] for c in HARNESS_CASES], ids=[c[0] for c in HARNESS_CASES])
+def test_the_lm_eval_model_refuses_bad_arguments(kwargs, error, pattern, checkpoints, monkeypatch):
+    harness = pytest.importorskip("hf_posenc.eval.harness")
+    monkeypatch.setattr(harness.api, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights were loaded"))
+    kwargs = {k: v.format(root=checkpoints) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(error, match=pattern):
+        harness.HFPosencLM(**kwargs)
+
+
+def test_the_lm_eval_model_takes_max_length_as_lm_eval_gives_it(checkpoints):
+    harness = pytest.importorskip("hf_posenc.eval.harness")
+    for given in ("300", 300, 300.0):
+        assert harness.HFPosencLM(str(checkpoints / "full"), max_length=given).max_length == 300
+    lm = harness.HFPosencLM(str(checkpoints / "bare"), tokenizer=str(checkpoints / "full"))
+    assert lm.max_length == 256
+
+
+WRITE_TASKS_CASES = [
+    ("lengths-a-string", {"lengths": "400"}, r"lengths must be a list \(e\.g\. \[4096, 16384\]\), got '400'"),
+    ("lengths-an-int", {"lengths": 400}, r"lengths must be a list .*got 400"),
+    ("kinds-a-string", {"lengths": [400], "kinds": "passkey"}, r"kinds must be a list .*got 'passkey'"),
+    ("depths-a-number", {"lengths": [400], "depths": 0.5}, r"depths must be a list .*got 0.5"),
+]
+
+
+@pytest.mark.parametrize("kwargs,pattern", [c[1:] for c in WRITE_TASKS_CASES], ids=[c[0] for c in WRITE_TASKS_CASES])
+def test_write_tasks_refuses_a_scalar_for_a_list(kwargs, pattern, tmp_path):
+    harness = pytest.importorskip("hf_posenc.eval.harness")
+    from tiny import tiny_tokenizer
+
+    with pytest.raises(hp.ParameterTypeError, match=pattern):
+        harness.write_tasks(tmp_path / "t", tiny_tokenizer(), **kwargs)
+    assert not (tmp_path / "t").exists()
+
+
+def test_lm_eval_command_line_refusals_are_one_line(checkpoints, tmp_path, capsys, monkeypatch):
+    harness = pytest.importorskip("hf_posenc.eval.harness")
+    from tiny import tiny_tokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    harness.write_tasks(tmp_path / "tasks", tiny_tokenizer(), lengths=[300], depths=[0.5], trials=1)
+    capsys.readouterr()
+    code = harness.main(["--model", "hf_posenc", "--model_args", f"pretrained={checkpoints / 'full'},patch=yarn "
+                         "factor=4,max_length=abc", "--include_path", str(tmp_path / "tasks"), "--tasks", harness.GROUP])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines[-1].startswith("error: max_length must be a token count >= 1"), lines
+    assert "Traceback" not in "\n".join(lines)
+
+
+def test_docs_say_how_lm_eval_reaches_the_model():
+    """`lm_eval --model hf_posenc` alone does not know the name (lm-eval has no model plug-ins): the docs say the
+    model is registered by importing hf_posenc.eval.harness, i.e. `python -m hf_posenc.eval.harness`, and never
+    suggest the bare command."""
+    harness = pytest.importorskip("hf_posenc.eval.harness")
+    from lm_eval.api.registry import get_model
+
+    assert get_model("hf_posenc") is harness.HFPosencLM  # registered by the import
+    text = (ROOT / "docs" / "serving.md").read_text()
+    assert "python -m hf_posenc.eval.harness --model hf_posenc" in text
+    assert re.search(r"bare `lm_eval --model hf_posenc` does not know", text)
+    assert not re.search(r"^\s*lm_eval --model hf_posenc", text, re.M)

@@ -9,7 +9,6 @@ runs on CPUs); launched in two processes here, nothing is written. Sharding itse
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes.finetune_checks import check_engine
+from tiny import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
@@ -68,12 +68,6 @@ def test_a_sharding_engine_on_cpu_processes_is_refused_naming_ddp(monkeypatch, v
     check_engine(cpu=False)   # on a GPU machine accelerate runs it
     monkeypatch.setenv(variable, "false")
     check_engine(cpu=True)    # ddp.yaml, single.yaml, torchrun: nothing asked
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.skipif(torch.accelerator.current_accelerator() is not None, reason="a CPU-only machine's refusal")

@@ -1,8 +1,8 @@
 """LongCE (hf_posenc/train/losses.py; Fang et al., ICLR 2025) against references written out by hand on a tiny Llama:
 the weights are min(exp(loss_short - loss_long), clip), 1 where the losses are equal or no short window
 exists; the short losses are forwards of the short windows alone, at the long pass's ids; the loss and its
-gradients are the weighted mean. LongPPL (hf_posenc/eval/longppl.py) against its definition. The recipe's
-train.loss=longce: tests/test_finetune_long.py."""
+gradients are the weighted mean. LongPPL (hf_posenc/eval/longppl.py) against its definition, and bad input to it
+refused in one line naming the argument. The recipe's train.loss=longce: tests/test_finetune_long.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import hf_posenc as hp
 from hf_posenc.causal_lm import short_context_losses
+from hf_posenc.eval import longppl as lp
 from hf_posenc.train.losses import LongCE, TrainingLoss, longce_loss, longce_weights
+from refusals import IDS, CallCase, encoder, llama, refused_in_one_line, table, tok
 from tiny import tiny_model, token_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -239,3 +242,37 @@ def test_the_default_evaluator_window_is_the_native_context(text_model):
     patched = tiny_model(max_position_embeddings=64)
     hp.patch(patched, "yarn", max_position_embeddings=256)
     assert native_window(patched) == 64
+
+
+# -- wrong-type, empty and out-of-range input to LongPPL: one line naming the argument ----------------------------
+
+def text_longppl(model, **kw):
+    return lp.longppl(model, tok(), ["hello world " * 10], short_window=4, max_length=32, **kw)
+
+
+CALL_CASES = [
+    # eval.longppl
+    CallCase("longppl-encoder", lambda: text_longppl(encoder()), hp.UnsupportedModelError,
+             "longppl: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("longppl-past-the-vocabulary", lambda: text_longppl(tiny_model()), hp.InvalidInputError,
+             "texts[0]'s token ids hold token ids"),
+    CallCase("longppl-no-tokenizer",
+             lambda: lp.longppl(llama(), None, ["hello world " * 10], short_window=4, max_length=32),
+             hp.InvalidInputError, "longppl tokenizer must be a transformers tokenizer (hp.load_tokenizer), got None"),
+    CallCase("longppl-no-model", lambda: text_longppl(None), hp.InvalidInputError,
+             "longppl: model must be a transformers causal LM"),
+    CallCase("longppl-past-the-table", lambda: lp.longppl(table(), tok(), ["hello world " * 10], short_window=4,
+                                                          max_length=64), hp.SequenceTooLongError,
+             "is longer than this model's learned position table, which holds 32 positions"),
+    CallCase("token_losses-encoder", lambda: lp.token_losses(encoder(), IDS), hp.UnsupportedModelError,
+             "not a causal LM"),
+    CallCase("key_tokens-alpha-a-str", lambda: lp.key_tokens(torch.zeros(3), torch.zeros(3), alpha="a"),
+             hp.InvalidParameterError, "longppl alpha must be a finite number, got 'a'"),
+    CallCase("key_tokens-lengths-differ", lambda: lp.key_tokens(torch.zeros(5), torch.zeros(4)), hp.InvalidInputError,
+             "tensors of one shape, got (5,) and (4,)"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)

@@ -1,5 +1,6 @@
 """The chunked training loss: the same loss and gradients as the full logits, block by block, on the
-families whose forward scales its logits; a model it cannot rebuild is detected."""
+families whose forward scales its logits; a model it cannot rebuild is detected. Wrong-type, empty and
+out-of-range input to the losses (hf_posenc/train/losses.py, hf_posenc/causal_lm.py) is refused in one line."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import hf_posenc as hp
 from hf_posenc import causal_lm
 from hf_posenc.train import losses
+from refusals import IDS, MASK, CallCase, encoder, llama, refused_in_one_line, table
 from tiny import tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
@@ -114,3 +116,55 @@ def test_lora_model_chunked_equals_full():
     assert causal_lm.output_logits_mismatch(model) is None
     torch.testing.assert_close(losses.chunked_lm_loss(model, ids, mask, 8), losses.lm_loss(model, ids, mask),
                                rtol=1e-5, atol=1e-6)
+
+
+# -- wrong-type, empty and out-of-range input to the losses: one line naming the argument -------------------------
+
+CALL_CASES = [
+    # hf_posenc.train.losses
+    CallCase("longce_weights-clip-0", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(3), clip=0),
+             hp.InvalidParameterError, "clip must be a number >= 1 (the largest weight), got 0"),
+    CallCase("longce_weights-floor-2", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(3), clip=5, floor=2),
+             hp.InvalidParameterError, "floor must be a number in [0, 1] (the smallest weight), got 2"),
+    CallCase("longce_weights-clip-a-str", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(3), clip="a"),
+             hp.InvalidParameterError, "clip must be a number >= 1 (the largest weight), got 'a'"),
+    CallCase("longce_weights-shapes-differ", lambda: losses.longce_weights(torch.zeros(3), torch.zeros(4), clip=5),
+             hp.InvalidInputError, "long and short must be loss tensors of one shape"),
+    CallCase("LongCE-window-0", lambda: losses.LongCE(0, 1), hp.InvalidParameterError,
+             "window must be an int >= 1, got 0"),
+    CallCase("longce_loss-encoder", lambda: losses.longce_loss(encoder(), IDS, MASK, losses.LongCE(4, 2)),
+             hp.UnsupportedModelError, "longce_loss: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("longce_loss-learned-table", lambda: losses.longce_loss(table(), IDS, MASK, losses.LongCE(4, 2)),
+             hp.UnsupportedModelError, "this model's positions are 'learned': patch it to rope first"),
+    CallCase("longce_loss-no-longce", lambda: losses.longce_loss(llama(), IDS, MASK, None), hp.ParameterTypeError,
+             "longce must be a LongCE(window, stride, ...), got None"),
+    CallCase("longce_loss-past-the-vocabulary",
+             lambda: losses.longce_loss(llama(), torch.full((1, 16), 9999), MASK, losses.LongCE(4, 2)),
+             hp.InvalidInputError, "input_ids hold token ids 9999..9999; this model's vocabulary is 0..259"),
+    CallCase("longce_loss-chunk-negative", lambda: losses.longce_loss(llama(), IDS, MASK, losses.LongCE(4, 2), chunk=-1),
+             hp.InvalidParameterError, "chunk must be >= 0, got -1"),
+    CallCase("longce_loss-mask-of-another-shape",
+             lambda: losses.longce_loss(llama(), IDS, MASK[:, :8], losses.LongCE(4, 2)),
+             hp.InvalidInputError, "attention_mask must be an int tensor of input_ids' shape (1, 16), got (1, 8)"),
+    CallCase("lm_loss-encoder", lambda: losses.lm_loss(encoder(), IDS, MASK), hp.UnsupportedModelError,
+             "lm_loss: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("chunked_lm_loss-chunk-0", lambda: losses.chunked_lm_loss(llama(), IDS, MASK, 0), hp.InvalidParameterError,
+             "chunk must be >= 1, got 0"),
+    CallCase("TrainingLoss-unknown-objective", lambda: losses.TrainingLoss(llama(), objective="x", causal=True),
+             hp.InvalidParameterError, "objective must be 'lm' or 'distill', got 'x'"),
+    CallCase("short_context_losses-window-0", lambda: losses.short_context_losses(llama(), IDS, MASK, 0, 0),
+             hp.InvalidParameterError, "window must be an int >= 1, got 0"),
+    CallCase("distill_loss-no-teacher", lambda: losses.distill_loss(llama(), None, IDS, MASK, causal=True),
+             hp.InvalidInputError, "distill needs the teacher model (the unpatched model), got None"),
+    # hf_posenc.causal_lm
+    CallCase("output_logits_mismatch-no-model", lambda: causal_lm.output_logits_mismatch(None), hp.InvalidInputError,
+             "output_logits_mismatch needs a transformers model, got None"),
+    CallCase("next_token_losses-chunk-negative",
+             lambda: causal_lm.next_token_losses(llama(), torch.zeros(1, 4, 64), torch.ones(1, 4, dtype=torch.long), -1),
+             hp.InvalidParameterError, "chunk must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)

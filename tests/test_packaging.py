@@ -96,7 +96,8 @@ def test_the_sdist_holds_every_file_of_the_folders_readme_needs(built, folder):
 
 
 def test_the_sdist_holds_the_test_helpers_and_the_first_command(built):
-    """By name, the files the issue found missing: the tests could not import, README's first command failed."""
+    """By name, the files an sdist once lacked: without them the tests could not import and README's first
+    command failed."""
     named = {"tests/conftest.py", "tests/tiny.py", "scripts/setup.sh", "benchmarks/RESULTS.md", "benchmarks/common.py",
              "recipes/finetune.py", "recipes/evaluate.py", "recipes/accelerate/ddp.yaml"}
     assert named <= built[0], sorted(named - built[0])

@@ -1,7 +1,8 @@
 """Probes on a shared prefill (hf_posenc/eval/probes.py) against a full forward per probe, for every registered
 method on every causal family of the contract suite (tests/test_contracts.py's pairs): float32, tiny models,
 a context past the original length and three probes that share it. `pytest -m contract -k <method>` runs a
-method's pairs here with the rest of its contract."""
+method's pairs here with the rest of its contract. Bad input to the probes is refused in one line naming the
+argument, before any forward."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 from test_contracts import CASES, auto_class, build, params_of, patch
 from transformers import AutoModelForCausalLM
 from test_attention_methods import randomize_tables
+from refusals import CallCase, dynamic, encoder, llama, refused_in_one_line, table
 from tiny import tiny_model, token_ids
 
 import hf_posenc as hp
+from hf_posenc.eval import probes
 from hf_posenc.eval import probes as hpp
 
 pytestmark = pytest.mark.contract
@@ -74,7 +77,7 @@ def test_empty_probes_are_refused(bad):
 
 @pytest.mark.parametrize("keeps_logits", [True, False])
 def test_the_shared_prefill_never_runs_the_output_layer_over_the_context(keeps_logits, monkeypatch):
-    """Issue 40: the prefill's logits ([1, n, vocab]) were computed and thrown away; only what is scored may reach
+    """The prefill's logits ([1, n, vocab]) were once computed and thrown away; only what is scored may reach
     the output layer, and the scores stay those of a full forward per probe. Without `logits_to_keep` (a few
     models' forwards) the prefill runs the decoder under the head, and a probe its own tokens whole."""
     model = tiny_model()
@@ -91,3 +94,34 @@ def test_the_shared_prefill_never_runs_the_output_layer_over_the_context(keeps_l
     assert max(positions) <= (4 if keeps_logits else 6), positions   # the answer and the position before it; a probe
     torch.testing.assert_close([s["logprob"] for s in shared["scores"]], full_forward_logprobs(model, probes),
                                atol=1e-5, rtol=1e-5)
+
+
+# -- wrong-type, empty and out-of-range input to the probes: one line naming the argument -------------------------
+
+CALL_CASES = [
+    CallCase("common_prefix-empty", lambda: probes.common_prefix([]), hp.InvalidInputError,
+             "common_prefix's sequences must be a non-empty list of token id sequences, got []"),
+    CallCase("common_prefix-none", lambda: probes.common_prefix(None), hp.InvalidInputError, "got None"),
+    CallCase("score_probes-share-a-str", lambda: probes.score_probes(llama(), [([1, 2], [3])], share="yes"),
+             hp.ParameterTypeError, "share must be a bool, got 'yes'"),
+    CallCase("score_probes-share-on-a-length-dependent-model",
+             lambda: probes.score_probes(dynamic(), [([1, 2, 3], [3]), ([1, 2, 4], [5])], share=True),
+             hp.InvalidParameterError, "share=True runs the probes on one cached context, but this model's positions"),
+    CallCase("score_probes-not-a-pair", lambda: probes.score_probes(llama(), [1]), hp.InvalidInputError,
+             "probes[0] must be a (prompt ids, answer ids) pair, got 1"),
+    CallCase("score_probes-past-the-vocabulary", lambda: probes.score_probes(llama(), [([1, 2], [9999])]),
+             hp.InvalidInputError, "probes[0] hold token ids 1..9999; this model's vocabulary is 0..259"),
+    CallCase("score_probes-negative-id", lambda: probes.score_probes(llama(), [([1, -2], [3])]), hp.InvalidInputError,
+             "probes[0] hold token ids -2..3"),
+    CallCase("score_probes-float-id", lambda: probes.score_probes(llama(), [([1, 2.5], [3])]), hp.InvalidInputError,
+             "probes[0] prompt must be token ids (a list of ints), but it holds 2.5"),
+    CallCase("score_probes-encoder", lambda: probes.score_probes(encoder(), [([1, 2], [3])]), hp.UnsupportedModelError,
+             "not a causal LM"),
+    CallCase("score_probes-past-the-table", lambda: probes.score_probes(table(), [(list(range(3, 90)), [3])]),
+             hp.SequenceTooLongError, "an input of 88 tokens is longer than this model's learned position table"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)

@@ -1,19 +1,22 @@
 """Recall at a distance, RULER's retrieval families and the intervals of hf_posenc/eval (recall.py, ruler.py,
-stats.py), and the evaluate recipe's recall / task cells, on tiny models and a byte-level tokenizer."""
+stats.py), and the evaluate recipe's recall / task cells, on tiny models and a byte-level tokenizer; wrong-type,
+empty and out-of-range input to them refused in one line that names the argument, before any forward."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+from functools import cache
 
 import pytest
 import torch
+from refusals import CallCase, encoder, llama, refused_in_one_line, table, tok
 from test_eval_recipe import TEXT, checkpoint, corpus_dir, recipe  # noqa: F401  (fixtures)
 from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer
 
 import hf_posenc as hp
-from hf_posenc.eval import recall, ruler, stats
+from hf_posenc.eval import probes, recall, ruler, stats
 from hf_posenc.eval.perplexity import token_nll
 
 PROSE = "".join(f"Verse {i}: and the {random.Random(i).choice(['lamb', 'lion', 'dove', 'vine'])} went unto "
@@ -181,7 +184,7 @@ def test_multikey_probes_share_one_prefill_and_score_as_full_passes():
 
 
 def test_a_one_probe_sample_is_said_to_be_one_probe_and_a_fall_back_to_fall_back():
-    """Issue 40: a one-probe sample read "a full pass per probe" in summary.md, as a method that fell back."""
+    """A one-probe sample once read "a full pass per probe" in summary.md, as a method that fell back."""
     from hf_posenc.eval import report
 
     model, tok = tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=1024), tiny_tokenizer()
@@ -197,7 +200,7 @@ def test_a_one_probe_sample_is_said_to_be_one_probe_and_a_fall_back_to_fall_back
     column = {line.split(" | ")[0].strip("| "): line.split(" | ")[5] for line in lines if line.startswith("| ")
               and " | 600 | " in line}
     assert column == {"one": "one probe", "fell": "fell back: a full pass per probe", "shared": "shared"}
-    # a task cell of a run before issue 40 (no "prefill") still reads as it did
+    # a task cell of a run from before cells recorded their prefill (no "prefill") still reads as it did
     old = {**tasks["shared"]["multikey"]["cells"][600]}
     del old["prefill"]
     assert report.prefill_text(old) == "shared" and report.prefill_text({**old, "shared": False}) == \
@@ -254,3 +257,173 @@ def test_recall_and_tasks_that_cannot_run_are_refused_before_loading(checkpoint,
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and err[-1].startswith("error: ") and words in err[-1]
     assert not (tmp_path / "out").exists()
+
+
+# -- wrong-type, empty and out-of-range input to recall, RULER and the intervals: one line naming the argument ------
+
+VERSES = "".join(f"Verse {i}: and the lamb went unto {100 + i} hills by the river.\n" for i in range(400))
+
+
+@cache
+def layout():
+    return recall.plan_layout(512, passages=2, passage_tokens=16)
+
+
+@cache
+def sets():
+    return recall.make_recall(tok(), VERSES, layout())
+
+
+@cache
+def recall_rows():
+    return recall.score_recall(llama(), sets(), progress=False)
+
+
+@cache
+def samples():
+    return ruler.make_samples("passkey", tok(), lengths=[600], samples=1)
+
+
+@cache
+def sample_rows():
+    return ruler.score_samples(llama(), samples(), progress=False)
+
+
+CALL_CASES = [
+    # eval.recall
+    CallCase("make_recall-text-none", lambda: recall.make_recall(tok(), None, layout()), hp.InvalidInputError,
+             "the recall text must be a str or its token ids (a list of ints), got None"),
+    CallCase("make_recall-text-int", lambda: recall.make_recall(tok(), 5, layout()), hp.InvalidInputError,
+             "got 5 (int)"),
+    CallCase("make_recall-text-words", lambda: recall.make_recall(tok(), ["a", "b"], layout()), hp.InvalidInputError,
+             "the recall text's token ids must be token ids (a list of ints), but it holds 'a'"),
+    CallCase("make_recall-layout-none", lambda: recall.make_recall(tok(), VERSES, None), hp.ParameterTypeError,
+             "layout must be a Layout (plan_layout gives one), got None"),
+    CallCase("make_recall-prefix-none", lambda: recall.make_recall(tok(), VERSES, layout(), prefix=None),
+             hp.InvalidInputError, "prefix must be token ids (a list of ints), got None"),
+    CallCase("make_recall-tokenizer-none", lambda: recall.make_recall(None, VERSES, layout()), hp.InvalidInputError,
+             "tokenizer must be a transformers tokenizer"),
+    CallCase("plan_layout-distances-int", lambda: recall.plan_layout(512, passages=2, passage_tokens=16, distances=100),
+             hp.ParameterTypeError, "distances must be a list of ints (token distances) or None, got 100"),
+    CallCase("plan_layout-length-huge", lambda: recall.plan_layout(10**7, passages=2), hp.InvalidParameterError,
+             "length must be <= 1048576, got 10000000"),
+    CallCase("distance_bins-length-0", lambda: recall.distance_bins(0), hp.InvalidParameterError,
+             "length must be >= 1, got 0"),
+    CallCase("summarize_recall-empty-row", lambda: recall.summarize_recall([{}]), hp.InvalidInputError,
+             "rows[0] is not a row of score_recall: it lacks distance, form, gap"),
+    CallCase("summarize_recall-length-below-the-distances", lambda: recall.summarize_recall(recall_rows(), length=100),
+             hp.InvalidParameterError, "length=100 is not longer than the rows' longest distance"),
+    CallCase("summarize_recall-length-0", lambda: recall.summarize_recall(recall_rows(), length=0),
+             hp.InvalidParameterError, "length must be >= 1, got 0"),
+    CallCase("score_recall-control-a-str", lambda: recall.score_recall(llama(), sets(), control="no", progress=False),
+             hp.ParameterTypeError, "control must be a bool, got 'no'"),
+    CallCase("score_recall-not-sets", lambda: recall.score_recall(llama(), [1], progress=False), hp.InvalidInputError,
+             "sets[0] must be a RecallSet (make_recall gives them), got 1"),
+    CallCase("score_recall-encoder", lambda: recall.score_recall(encoder(), sets(), progress=False),
+             hp.UnsupportedModelError, "score_recall: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("score_recall-no-model", lambda: recall.score_recall(None, sets(), progress=False), hp.InvalidInputError,
+             "score_recall: model must be a transformers causal LM"),
+    CallCase("cell_sequences-no-passages", lambda: recall.cell_sequences(512, 0), hp.InvalidParameterError,
+             "passages must be >= 1, got 0"),
+    CallCase("cell_sequences-length-a-str", lambda: recall.cell_sequences("a", 2), hp.ParameterTypeError,
+             "length must be an int, got 'a'"),
+    # eval.ruler
+    CallCase("make_samples-lengths-an-int", lambda: ruler.make_samples("passkey", tok(), lengths=900),
+             hp.ParameterTypeError, "lengths must be a list of ints (token counts), got 900 (int)"),
+    CallCase("make_samples-depths-a-float", lambda: ruler.make_samples("passkey", tok(), lengths=[600], depths=0.5),
+             hp.ParameterTypeError, "depths must be a list of numbers in [0, 1], got 0.5"),
+    CallCase("make_samples-lengths-huge", lambda: ruler.make_samples("passkey", tok(), lengths=[10**7]),
+             hp.InvalidParameterError, "lengths[0]=10000000 is past the longest prompt built here, 1048576 tokens"),
+    CallCase("make_samples-hops-huge", lambda: ruler.make_samples("vt", tok(), lengths=[600], hops=10**5),
+             hp.InvalidParameterError, "hops=100000 makes a chain of 100001 variable lines"),
+    CallCase("make_samples-haystack-an-int", lambda: ruler.make_samples("single", tok(), lengths=[600], haystack=5),
+             hp.ParameterTypeError, "haystack must be a text (a str), got 5"),
+    CallCase("make_samples-seed-a-str", lambda: ruler.make_samples("passkey", tok(), lengths=[600], seed="a"),
+             hp.ParameterTypeError, "seed must be an int, got 'a'"),
+    CallCase("make_samples-bos-unknown", lambda: ruler.make_samples("passkey", tok(), lengths=[600], bos="x"),
+             hp.InvalidParameterError, "bos must be 'auto', True or False, got 'x'"),
+    CallCase("score_samples-encoder", lambda: ruler.score_samples(encoder(), samples(), progress=False),
+             hp.UnsupportedModelError, "score_samples: model is a BertForMaskedLM (bert), not a causal LM"),
+    CallCase("score_samples-past-the-table", lambda: ruler.score_samples(table(), samples(), progress=False),
+             hp.SequenceTooLongError, "an input of 544 tokens is longer than this model's learned position table"),
+    CallCase("score_samples-not-samples", lambda: ruler.score_samples(llama(), [1], progress=False),
+             hp.InvalidInputError, "samples must be a non-empty list of the Samples make_samples gives"),
+    CallCase("summarize_samples-empty-row", lambda: ruler.summarize_samples([{}]), hp.InvalidInputError,
+             "rows[0] is not a row of score_samples: it lacks correct, family, length"),
+    CallCase("summarize_samples-none", lambda: ruler.summarize_samples(None), hp.InvalidInputError,
+             "summarize_samples needs the rows of score_samples, got None"),
+    CallCase("summarize_samples-no-rows", lambda: ruler.summarize_samples([]), hp.InvalidInputError,
+             "summarize_samples needs the rows of score_samples, got []"),
+    CallCase("summarize_samples-threshold-past-1", lambda: ruler.summarize_samples(sample_rows(), threshold=1.5),
+             hp.InvalidParameterError, "threshold must be <= 1, got 1.5"),
+    CallCase("summarize_samples-threshold-negative", lambda: ruler.summarize_samples(sample_rows(), threshold=-0.1),
+             hp.InvalidParameterError, "threshold must be >= 0, got -0.1"),
+    CallCase("summarize_samples-threshold-a-str", lambda: ruler.summarize_samples(sample_rows(), threshold="a"),
+             hp.ParameterTypeError, "threshold must be a number, got 'a'"),
+    CallCase("summarize_samples-share-past-1",
+             lambda: ruler.summarize_samples(sample_rows(), native=600, share_of_native=1.5),
+             hp.InvalidParameterError, "share_of_native must be <= 1, got 1.5"),
+    CallCase("summarize_samples-native-alone", lambda: ruler.summarize_samples(sample_rows(), native=600),
+             hp.InvalidParameterError, "native and share_of_native go together"),
+    CallCase("summarize_samples-share-alone", lambda: ruler.summarize_samples(sample_rows(), share_of_native=0.5),
+             hp.InvalidParameterError, "got native=None, share_of_native=0.5"),
+    CallCase("summarize_samples-native-not-measured",
+             lambda: ruler.summarize_samples(sample_rows(), native=999, share_of_native=0.5),
+             hp.InvalidParameterError, "native=999 is not a length measured for passkey (600)"),
+    CallCase("summarize_samples-row-of-wrong-types", lambda: ruler.summarize_samples(
+        [{"family": "x", "length": "a", "correct": "yes", "logprob": None, "shared": True}]), hp.InvalidInputError,
+             "rows[0] is not a row of score_samples: length an int, correct a bool and logprob a number, got 'a'"),
+    CallCase("make_samples-a-list-of-families", lambda: ruler.make_samples(["passkey"], tok(), lengths=[600]),
+             hp.InvalidParameterError, "unknown retrieval family ['passkey'] (one family a call"),
+    # eval.stats
+    CallCase("bootstrap-samples-0", lambda: stats.bootstrap_mean([1.0, 2.0], samples=0), hp.InvalidParameterError,
+             "samples must be >= 1, got 0"),
+    CallCase("bootstrap-samples-a-str", lambda: stats.bootstrap_mean([1.0, 2.0], samples="a"), hp.ParameterTypeError,
+             "samples must be an int, got 'a'"),
+    CallCase("bootstrap-values-none", lambda: stats.bootstrap_mean(None), hp.InvalidInputError,
+             "values must be a list of numbers, got None"),
+    CallCase("bootstrap-values-a-str", lambda: stats.bootstrap_mean("abc"), hp.InvalidInputError,
+             "values must be a list of numbers, got 'abc'"),
+    CallCase("bootstrap-seed-a-str", lambda: stats.bootstrap_mean([1.0, 2.0], seed="a"), hp.ParameterTypeError,
+             "seed must be an int, got 'a'"),
+    CallCase("paired-none", lambda: stats.paired_difference(None, [1.0]), hp.InvalidInputError,
+             "a must be a list of numbers, got None"),
+    CallCase("interval_text-empty", lambda: stats.interval_text({}), hp.InvalidInputError,
+             "interval_text needs a cell of bootstrap_mean (n, mean, half_width); {} lacks n, mean, half_width"),
+    CallCase("interval_text-none", lambda: stats.interval_text(None), hp.InvalidInputError, "None lacks n"),
+    CallCase("interval_text-digits-negative", lambda: stats.interval_text(stats.bootstrap_mean([1.0, 2.0]), digits=-1),
+             hp.InvalidParameterError, "digits must be >= 0, got -1"),
+    CallCase("share_text-empty", lambda: stats.share_text({}), hp.InvalidInputError,
+             "share_text needs a cell of wilson (n, found, accuracy, low, high)"),
+    CallCase("wilson-z-negative", lambda: stats.wilson(5, 10, z=-1.96), hp.InvalidParameterError,
+             "z must be > 0, got -1.96"),
+    CallCase("wilson-z-a-str", lambda: stats.wilson(5, 10, z="a"), hp.ParameterTypeError, "z must be a number"),
+    CallCase("wilson-found-a-bool", lambda: stats.wilson(True, 10), hp.InvalidInputError,
+             "wilson needs whole counts 0 <= found <= n, got found=True"),
+    CallCase("effective_length-threshold-a-str", lambda: stats.effective_length({1: 0.5}, "a"), hp.ParameterTypeError,
+             "threshold must be a number, got 'a'"),
+    CallCase("effective_length-no-scores", lambda: stats.effective_length(None, 0.5), hp.InvalidInputError,
+             "scores must map each length to its score (a number), got None"),
+    CallCase("effective_length-threshold-2", lambda: stats.effective_length({1: 0.5}, 2), hp.InvalidParameterError,
+             "threshold must be a share in (0, 1)"),
+    CallCase("effective_length-threshold-0", lambda: stats.effective_length({1: 0.5}, 0), hp.InvalidParameterError,
+             "threshold must be > 0"),
+]
+
+
+@pytest.mark.parametrize("case", CALL_CASES, ids=[c.id for c in CALL_CASES])
+def test_bad_input_to_the_python_api_is_refused_in_one_line(case):
+    refused_in_one_line(case)
+
+
+def test_a_refused_score_ran_no_forward(monkeypatch):
+    """The checks come before the work: a model refused past its table, or a probe past the vocabulary among
+    good ones, never reaches a forward."""
+    calls = []
+    model = llama()
+    monkeypatch.setattr(type(model), "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(hp.InvalidInputError):
+        probes.score_probes(model, [([1, 2], [3]), ([1, 2], [9999])])
+    with pytest.raises(hp.ParameterTypeError):
+        recall.score_recall(model, sets(), control="no", progress=False)
+    assert not calls

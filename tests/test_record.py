@@ -1,13 +1,13 @@
 """The checkpoint contract (hf_posenc/record.py): what config.hf_posenc holds of a patch, written as format 1,
 read back as the typed PatchRecord; records written before the format had a version still load; malformed
-records and records of a newer format are refused, naming the config.json.
+records and records of a newer format are refused, naming the config.json, as are records that lie (edited apart
+from the rope_parameters or the tables they describe) or are malformed as a hostile new user would write them.
 
 tests/data/record_v0_*.json hold the `hf_posenc` field of config.json exactly as hf_posenc wrote it before
 format_version existed, for the tiny models built here (`CASES` below, the same models and patches)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -15,10 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from refusals import (Case, broken_record, drop, edit_config, edited_record, files_state, refused_clearly_and_unchanged,
+                      set_in, set_record, stacked, text_file, yarn_says_linear)
 from test_learned import tiny
 from tiny import tiny_model
 
 import hf_posenc as hp
+from hf_posenc.corpora import load_corpus
 from hf_posenc.record import FORMAT_VERSION, RECORD_ATTR, PatchRecord, TableRecord
 from hf_posenc.record_reader import method_config, read_record
 from hf_posenc.registry import find_family, get_method
@@ -54,15 +57,8 @@ def config_with(raw) -> SimpleNamespace:
     return SimpleNamespace(**{RECORD_ATTR: raw})
 
 
-def files_state(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def edit_record(folder: Path, edit) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    edit(config[RECORD_ATTR])
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_config(folder, lambda config: edit(config[RECORD_ATTR]))
 
 
 # -- round trip ------------------------------------------------------------------------------------
@@ -181,14 +177,6 @@ def test_a_newer_format_is_refused_naming_the_version(tmp_path):
         hp.describe(model)
 
 
-def set_in(*keys, value):
-    def edit(record):
-        for key in keys[:-1]:
-            record = record[key]
-        record[keys[-1]] = value
-    return edit
-
-
 MALFORMED = [
     ("yarn_llama", set_in("format_version", value="1"), "has format_version '1'; a format version is an int >= 1"),
     ("yarn_llama", set_in("format_version", value=0), "has format_version 0"),
@@ -207,7 +195,7 @@ MALFORMED = [
 @pytest.mark.parametrize("name, edit, match", MALFORMED, ids=[m[2][:40] for m in MALFORMED])
 def test_a_malformed_record_is_refused_naming_the_file(tmp_path, name, edit, match):
     patched(name).save_pretrained(tmp_path)
-    edit_record(tmp_path, edit)
+    edit_config(tmp_path, edit)
     files = files_state(tmp_path)
     with pytest.raises(hp.CheckpointRecordError) as raised:
         hp.from_pretrained(tmp_path)
@@ -224,3 +212,71 @@ def test_only_the_record_modules_read_or_write_the_raw_record():
                  if path.name not in ("record.py", "record_reader.py", "plan.py")
                  for match in raw_access.finditer(path.read_text())]
     assert not offenders, offenders
+
+
+# -- records that lie or are malformed, as a hostile new user would write them: refused clearly, nothing changed ------
+
+YARN_RECORD = ("llama", "yarn", {"factor": 2})
+RECORD_CASES = [
+    Case("record-linear-but-rope-parameters-yarn", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "and its rope_parameters disagree", setup=edited_record(*YARN_RECORD, yarn_says_linear)),
+    Case("record-factor-edited", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "'factor': 3.0", setup=edited_record(*YARN_RECORD, lambda r: r["hf_posenc"]["params"].update(
+             factor=3.0, max_position_embeddings=192))),
+    Case("record-a-string", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "must be a dict, got str 'yarn'", setup=edited_record(*YARN_RECORD, set_record("yarn"))),
+    Case("record-a-list", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError, "must be a dict, got list",
+         setup=edited_record(*YARN_RECORD, set_record(["yarn"]))),
+    Case("record-empty", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError, "lacks the key(s)",
+         setup=edited_record(*YARN_RECORD, set_record({}))),
+    Case("record-without-family", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "lacks the key(s) ['family']", setup=edited_record(*YARN_RECORD, drop("family"))),
+    Case("record-without-params", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "lacks the key(s) ['params']", setup=edited_record(*YARN_RECORD, drop("params"))),
+    Case("record-unknown-family", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "unknown family 'nosuch'", setup=edited_record(*YARN_RECORD, set_in("family", value="nosuch"))),
+    Case("record-unknown-method", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "unknown method 'nosuch'", setup=edited_record(*YARN_RECORD, set_in("method", value="nosuch"))),
+    Case("record-method-not-a-str", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "unknown method 3", setup=edited_record(*YARN_RECORD, set_in("method", value=3))),
+    Case("record-wrong-mechanism", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "says mechanism 'learned'", setup=edited_record(*YARN_RECORD, set_in("mechanism", value="learned"))),
+    Case("record-method-of-another-mechanism", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "does not apply to rope positions",
+         setup=edited_record(*YARN_RECORD, set_in("method", value="interpolate"))),
+    Case("record-params-a-list", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "has params [1], not a dict", setup=edited_record(*YARN_RECORD, set_in("params", value=[1]))),
+    Case("record-param-of-the-wrong-type", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "factor must be a number, got '2'", setup=edited_record(*YARN_RECORD, set_in("params", "factor", value="2"))),
+    Case("record-without-original-rope", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "needs the original rope_parameters", setup=edited_record(*YARN_RECORD, drop("original", "rope_parameters"))),
+    Case("record-original-context-a-str", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "needs the original max_position_embeddings",
+         setup=edited_record(*YARN_RECORD, set_in("original", "max_position_embeddings", value="64"))),
+    Case("record-learned-tables-a-list", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "not a dict of the position tables", setup=edited_record("gpt2", "alibi", {}, set_in("tables", value=["wpe"]))),
+    Case("record-stacked-base-malformed", lambda c: hp.from_pretrained(c.path), hp.CheckpointRecordError,
+         "'hf_posenc.base' record lacks the key(s) ['method']",
+         setup=lambda p: edit_config(stacked(p), drop("base", "method"))),
+    Case("describe-malformed-record", lambda c: hp.describe(broken_record(c.model)), hp.CheckpointRecordError,
+         "must be a dict, got str", "llama"),
+]
+
+
+@pytest.mark.parametrize("case", RECORD_CASES, ids=[c.id for c in RECORD_CASES])
+def test_bad_input_is_refused_clearly_and_changes_nothing(case, tmp_path):
+    refused_clearly_and_unchanged(case, tmp_path)
+
+
+def test_every_case_names_its_file_where_a_file_is_wrong(tmp_path):
+    """Record and corpus errors say which file: the config.json path, the corpus file."""
+    folder = edited_record(*YARN_RECORD, set_record("yarn"))(tmp_path)
+    with pytest.raises(hp.CheckpointRecordError, match=str(folder / "config.json")):
+        hp.from_pretrained(folder)
+    bad = text_file("a.txt", b"\xff")(tmp_path)
+    with pytest.raises(hp.InvalidInputError, match=str(bad)):
+        load_corpus(str(bad))
+
+
+# A record written by this code loads: every method's record loads back through the strict read, with the same
+# logits (tests/test_contracts.py).

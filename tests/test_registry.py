@@ -1,12 +1,14 @@
 """Registration where a method is defined, and the seams a new method plugs into without an edit elsewhere:
 the registry, serving's exports (decided from the saved rope_parameters), a bias that is the same in every layer,
-the learned-table limit's message, the family interface."""
+the learned-table limit's message, the family interface, and the validators hf_posenc's own rope types give
+transformers (no "Missing validation function" warning; a tampered value refused)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import importlib
+import logging
 import pkgutil
 import subprocess
 import sys
@@ -250,3 +252,39 @@ def test_the_method_table_refuses_with_its_own_error_and_parse_reads_the_spec_on
         METHODS.parse("yarn beta_fast=1 beta_fast=2")
     with pytest.raises(ParameterTypeError, match="a method is a name with key=value parameters"):
         METHODS.parse("  ")
+
+
+# -- transformers' "Missing validation function" on hf_posenc's own rope types -------------------------------
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("method,params", [("dynamic_yarn", {"factor": 4}), ("dynamic", {"factor": 4}),
+                                           ("alibi", {})])
+def test_our_rope_types_load_and_save_without_transformers_warnings(tmp_path, method, params):
+    logger = logging.getLogger("transformers.modeling_rope_utils")
+    records, level = _Records(), logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.WARNING)
+    try:
+        model = hp.patch(tiny_model(), method, **params)
+        model.save_pretrained(tmp_path)
+        loaded = hp.from_pretrained(tmp_path)
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    assert hp.describe(loaded)["method"] == method
+    assert not [m for m in records.messages if "Missing validation function" in m], records.messages
+
+
+def test_a_tampered_custom_rope_type_is_refused_by_the_validator():
+    config = hp.patch(tiny_model(), "dynamic_yarn", factor=4).config
+    params = dict(config.rope_parameters, factor="four")
+    with pytest.raises(ValueError, match="factor must be a number >= 1, got 'four'"):
+        config._validate_hf_posenc_dynamic_yarn_rope_parameters(params)

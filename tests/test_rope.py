@@ -15,7 +15,7 @@ import hf_posenc as hp
 from hf_posenc.config import RopeMethodConfig
 from hf_posenc.methods import rope
 from hf_posenc.registry import METHODS
-from tiny import tiny_config, tiny_model, token_ids
+from tiny import logits, tiny_config, tiny_model, token_ids
 
 CTX = 64  # the tiny models' original context
 # from the registry, so a new RoPE method is in these checks with nothing to edit here
@@ -29,11 +29,6 @@ def params_for(method, factor=2, example=0):
     cls = METHODS[method]
     params = {} if example is None else dict(cls.contract.examples[example])
     return cls.variant_defaults(params, factor * CTX, {"max_position_embeddings": CTX, "rotary_dim": 16})
-
-
-@torch.no_grad()
-def logits(model, ids):
-    return model(ids).logits
 
 
 def test_inv_freq_is_the_paper_formula():

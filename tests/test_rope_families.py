@@ -17,7 +17,7 @@ from hf_posenc.config import RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.registry import METHODS
 from hf_posenc.export.serving import _written_rope_type
-from tiny import tiny_config, token_ids
+from tiny import logits, tiny_config, token_ids
 
 CTX = 64  # the tiny models' original context (tiny.TINY)
 LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
@@ -85,11 +85,6 @@ def build(family):
 
 def attn_of(family):
     return FAMILIES[family].get("attn_implementation", "sdpa")
-
-
-@torch.no_grad()
-def logits(model, ids):
-    return model(ids).logits
 
 
 def scaled_key(config):

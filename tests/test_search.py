@@ -22,7 +22,7 @@ from hf_posenc.errors import ConfigError, InvalidInputError, InvalidParameterErr
 from hf_posenc.recipes import search as recipe
 from hf_posenc.user_input import UsageError
 from refusals import one_line_refusal
-from tiny import TINY_TEXT_VOCAB, tiny_model, tiny_tokenizer, token_ids
+from tiny import TINY_TEXT_VOCAB, checkpoint, tiny_model, tiny_tokenizer, token_ids  # noqa: F401 (fixtures)
 
 TARGET, ORIGINAL = 256, 64
 
@@ -316,14 +316,6 @@ def test_settings_refuse_a_search_space_that_cannot_be_expressed(overrides, word
 
 
 # -- the recipe ------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

@@ -1,5 +1,6 @@
 """Export for serving engines: vLLM's overrides read back by transformers itself, llama.cpp's flags,
-GGUF metadata written and read back with the gguf library."""
+GGUF metadata written and read back with the gguf library; bad arguments to them, and GGUF files or exports the
+GGUF keys cannot say, refused in one line (hp.write_gguf and `patch X.gguf --out Y.gguf` from the header alone)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 from transformers import AutoConfig
 
 import hf_posenc as hp
-from hf_posenc import loading
+from hf_posenc import cli, loading
 from hf_posenc.export import serving
 from hf_posenc.registry import METHODS
+from refusals import GGUF_PATCH, cache, gguf_refusal, ggufs, refused_as, snapshot  # noqa: F401 (fixtures)
 from tiny import tiny_config, tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -523,3 +525,77 @@ def test_a_rope_per_layer_type_saved_with_4x_keys_reads_back_the_same_in_transfo
             want = model.model.rotary_emb(torch.zeros(1, 1), ids, layer_type)
             got = back.model.rotary_emb(torch.zeros(1, 1), ids, layer_type)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# -- bad arguments to the serving functions, in one line -----------------------------------------------------------
+
+def _yarn():
+    return hp.patch(tiny_model(), "yarn", factor=4)
+
+
+API_CASES = [
+    ("overrides-legacy-str", lambda: serving.serving_overrides(_yarn(), legacy="no"), hp.ParameterTypeError,
+     r"legacy must be a bool, got 'no'"),
+    ("overrides-legacy-int", lambda: serving.serving_overrides(_yarn(), legacy=1), hp.ParameterTypeError,
+     r"legacy must be a bool, got 1"),
+]
+
+
+@pytest.mark.parametrize("call,error,pattern", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
+def test_public_functions_refuse_bad_arguments(call, error, pattern):
+    refused_as(call, error, pattern)
+
+
+def test_legacy_flag_still_picks_the_format():
+    assert "rope_scaling" in serving.serving_overrides(_yarn(), legacy=True)
+    assert "rope_parameters" in serving.serving_overrides(_yarn(), legacy=False)
+
+
+# -- GGUF files: what a file's rope scaling keys or an export cannot say, refused in one line from the header --------
+
+# (id, argv, the error line, refused before the weights load)
+GGUF_CASES = [
+    ("inspect-yarn-without-factor", ["inspect", "{root}/nofactor.gguf"],
+     r"nofactor\.gguf: the GGUF key rope\.scaling\.factor is None; yarn rope scaling needs a positive number", True),
+    ("inspect-factor-a-string", ["inspect", "{root}/strfactor.gguf"],
+     r"the GGUF key rope\.scaling\.factor is 'four'", True),
+    ("patch-gguf-param-gguf-cannot-say", [*GGUF_PATCH, "--param", "beta_fast=16", "--out", "{root}/o.gguf"],
+     r"a GGUF file cannot make llama\.cpp use this YaRN patch's \{'beta_fast': 16\}", True),
+]
+
+
+@pytest.mark.parametrize("argv,pattern,early", [c[1:] for c in GGUF_CASES], ids=[c[0] for c in GGUF_CASES])
+def test_gguf_refusals_are_one_line_and_the_header_decides_first(argv, pattern, early, ggufs, cache, capsys,
+                                                                 monkeypatch):
+    gguf_refusal(argv, pattern, early, ggufs, cache, capsys, monkeypatch)
+
+
+def test_patch_gguf_to_gguf_still_writes(ggufs, cache, tmp_path, capsys):
+    cli.main([*[a.format(root=ggufs) for a in GGUF_PATCH], "--out", str(tmp_path / "x2.gguf")])
+    rope = serving.read_gguf_rope(tmp_path / "x2.gguf")
+    assert rope["rope.scaling.type"] == "yarn" and rope["context_length"] == 128
+
+
+# -- hp.write_gguf: the cheap checks before the whole file is read -----------------------------------------------
+
+WRITE_GGUF_CASES = [
+    ("folder-missing", {"factor": 4}, "no/such/dir/o.gguf", {},
+     r"the output's folder .*no/such/dir does not exist; create the folder first"),
+    ("folder-a-file", {"factor": 4}, "taken.gguf/o.gguf", {}, r"the output's folder .*taken\.gguf is a file"),
+    ("target-a-folder", {"factor": 4}, "folder.gguf", {"overwrite": True}, r"folder\.gguf is a folder"),
+    ("betas-gguf-cannot-say", {"factor": 4, "beta_fast": 16}, "o.gguf", {}, r"cannot make llama\.cpp use .*beta_fast"),
+    ("other-rope-base", {"factor": 4, "rope_theta": 5e5}, "o.gguf", {}, r"not the file this model was loaded from"),
+]
+
+
+@pytest.mark.parametrize("params,target,kwargs,pattern", [c[1:] for c in WRITE_GGUF_CASES],
+                         ids=[c[0] for c in WRITE_GGUF_CASES])
+def test_write_gguf_refuses_from_the_header_alone(params, target, kwargs, pattern, ggufs, monkeypatch):
+    theta = params.pop("rope_theta", 10000.0)
+    model = hp.patch(tiny_model(rope_theta=theta, hidden_size=16, num_attention_heads=2, head_dim=8,
+                                num_key_value_heads=1), "yarn", **params)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("the whole file was read"))
+    before = snapshot(ggufs)
+    with pytest.raises(hp.PosEncError, match=pattern):
+        hp.write_gguf(model, ggufs / "good.gguf", ggufs / target, **kwargs)
+    assert snapshot(ggufs) == before

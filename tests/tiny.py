@@ -1,7 +1,11 @@
-"""Tiny models built from config: no hub, seconds each."""
+"""Tiny models built from config: no hub, seconds each; and the helpers several test files share (a tiny
+checkpoint saved with its tokenizer, a model's tensors, a free port)."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -57,3 +61,40 @@ def write_corpus(folder, text: str):
     (folder / "a.txt").write_text(text)
     (folder / "b.txt").write_text(text[::-1])
     return folder
+
+
+def logits(model, ids):
+    """The model's logits for `ids`, without gradients."""
+    with torch.no_grad():
+        return model(ids).logits
+
+
+GPT2_POSITIONS = 32  # the positions of `gpt2`'s learned table
+
+
+def gpt2(positions: int = GPT2_POSITIONS, seed: int = 0):
+    """A tiny GPT-2 (a learned table of `positions` rows, vocabulary 100), in eval mode."""
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("gpt2", n_embd=32, n_layer=2, n_head=2, n_positions=positions, vocab_size=100,
+                                  bos_token_id=0, eos_token_id=0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Llama saved with the byte-level tokenizer (`tiny_tokenizer`), as a user's checkpoint would be."""
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model(vocab_size=TINY_TEXT_VOCAB).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def state(model):
+    """The model's tensors, cloned."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

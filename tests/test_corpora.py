@@ -1,0 +1,36 @@
+"""hf_posenc.corpora given bad input, as a hostile new user would give it: what is not a corpus, and corpus files
+that cannot be read (malformed JSON lines or Parquet, text that is not UTF-8, a missing column, an unknown play),
+each refused naming the value or the file, with nothing on disk changed."""
+
+from __future__ import annotations
+
+import pytest
+from refusals import Case, refused_clearly_and_unchanged, text_file
+
+import hf_posenc as hp
+from hf_posenc.corpora import load_corpus
+
+CASES = [
+    Case("corpus-none", lambda c: load_corpus(None), hp.InvalidInputError, "got None"),
+    Case("corpus-empty-string", lambda c: load_corpus(""), hp.InvalidInputError, "got ''"),
+    Case("corpus-blank", lambda c: load_corpus("  "), hp.InvalidInputError, "a corpus is"),
+    Case("corpus-int", lambda c: load_corpus(3), hp.InvalidInputError, "got 3"),
+    Case("corpus-malformed-jsonl", lambda c: load_corpus(str(c.path)), hp.InvalidInputError,
+         "a.jsonl cannot be read as JSON", setup=text_file("a.jsonl", b'{"text": "a"}\n{bad\n')),
+    Case("corpus-undecodable-txt", lambda c: load_corpus(str(c.path)), hp.InvalidInputError,
+         "a.txt cannot be read as UTF-8 text", setup=text_file("a.txt", b"\xff\xfe\xfa\x80abc")),
+    Case("corpus-one-bad-file-of-two", lambda c: load_corpus(str(c.path.parent / "*.txt")), hp.InvalidInputError,
+         "b.txt cannot be read as UTF-8 text",
+         setup=lambda p: (text_file("a.txt", b"fine")(p), text_file("b.txt", b"\xff\xfe")(p))[1]),
+    Case("corpus-malformed-parquet", lambda c: load_corpus(str(c.path)), hp.InvalidInputError,
+         "a.parquet cannot be read as Parquet", setup=text_file("a.parquet", b"garbage")),
+    Case("corpus-text-column-missing", lambda c: load_corpus(str(c.path), text_column="body"), hp.InvalidInputError,
+         "has no column 'body'", setup=text_file("a.jsonl", b'{"text": "a"}\n')),
+    Case("corpus-unknown-play", lambda c: load_corpus("shakespeare:nosuch"), hp.InvalidInputError,
+         "no play(s) ['nosuch']"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_clearly_and_changes_nothing(case, tmp_path):
+    refused_clearly_and_unchanged(case, tmp_path)
