@@ -218,6 +218,16 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+def test_a_held_out_text_shorter_than_the_target_is_refused_before_the_search(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("A held-out text of a few words.\n")
+    argv = tiny_argv(model, texts, tmp_path / "out", "--judge.corpus", str(tmp_path / "short"))
+    got = one_line_refusal(capsys, run_extend, argv)
+    assert f"judge.corpus {str(tmp_path / 'short')!r} has" in got and "fewer than the target 256" in got
+    assert not (tmp_path / "out").exists()
+
+
 def test_models_extend_cannot_take_are_refused_before_weights_load(tmp_path, capsys):
     from transformers import GPT2Config
 

@@ -25,6 +25,7 @@ from hf_posenc.train import data as train_data
 from hf_posenc.errors import ConfigError
 from hf_posenc.recipes import finetune_checks as checks
 from hf_posenc.recipes import finetune_config as FC
+from hf_posenc.recipes import finetune_recipe
 from tiny import TINY_TEXT_VOCAB, free_port, state, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -569,8 +570,11 @@ def test_a_fine_tune_from_a_searched_folder_keeps_its_factors_and_the_engines_ke
                         short_factor=factors, attention_factor=1.03, max_position_embeddings=512)
     searched.save_pretrained(tmp_path / "best")
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "best")
-    model = run_recipe(write_config(tmp_path / "c.yaml", tmp_path / "best", posenc=None,
-                                    data={"corpus": str(text_file)}))
+    config = write_config(tmp_path / "c.yaml", tmp_path / "best", posenc=None, data={"corpus": str(text_file)})
+    cfg = FC.parse_config(["--config", str(config)])
+    assert finetune_recipe.run_summary(cfg, checks.check_config(cfg), 1).startswith(
+        f"fine-tune {tmp_path / 'best'}: the longrope RoPE it carries, no posenc patch (512 positions)")
+    model = run_recipe(config)
     saved = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
     assert saved["long_factor"] == saved["short_factor"] == factors
     assert saved["attention_factor"] == saved["short_mscale"] == saved["long_mscale"] == 1.03
