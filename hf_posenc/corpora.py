@@ -131,6 +131,17 @@ def _local_files(spec: str) -> list[str]:
         return []
 
 
+def names_missing_files(spec: str) -> bool:
+    """Whether `spec` reads as local files (a folder, a path, a glob) and no corpus file is there: a spec to refuse,
+    not a hub dataset's name to look up."""
+    if spec.partition(":")[0] in BUILTIN or _local_files(spec):
+        return False
+    try:
+        return Path(spec).is_dir() or _looks_like_path(spec)
+    except OSError:   # too long a name for a path: not a folder
+        return _looks_like_path(spec)
+
+
 def corpus_paths(spec: str) -> list[Path]:
     """The local files and folders a corpus spec reads (none for a built-in corpus or a hub dataset): what an
     output folder must not overwrite."""

@@ -34,3 +34,16 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_clearly_and_changes_nothing(case, tmp_path):
     refused_clearly_and_unchanged(case, tmp_path)
+
+
+def test_a_spec_that_names_local_files_and_finds_none_is_told_apart_from_a_hub_name(tmp_path):
+    """One rule for the recipes' checks: a folder, a path or a glob that holds no corpus file is refused, a built-in
+    or a hub dataset's name is not a path."""
+    from hf_posenc.corpora import names_missing_files
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a.txt").write_text("some text\n")
+    assert names_missing_files(str(tmp_path / "empty")) and names_missing_files("./nowhere/*.txt")
+    assert names_missing_files(str(tmp_path / "b.txt")) and names_missing_files("/" + "x" * 5000 + ".txt")
+    assert not any(names_missing_files(spec) for spec in (str(tmp_path / "a.txt"), str(tmp_path / "*.txt"),
+                                                          str(tmp_path), "kjv", "kjv:genesis", "org/dataset"))

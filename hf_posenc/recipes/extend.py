@@ -352,8 +352,7 @@ def check_plan(plan: Plan) -> None:
         raise ConfigError(f"train: {err}") from None
     for name in ("search.corpus", "train.corpus", "judge.corpus"):
         spec = v(name) if any(s.name == name for s in plan.settings) else None
-        if spec and spec.partition(":")[0] not in corpora.BUILTIN and corpora._looks_like_path(spec) \
-                and not corpora.corpus_paths(spec):
+        if spec and corpora.names_missing_files(spec):
             raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
                               f".txt/.jsonl/.parquet files, or a hub dataset)")
     if v("judge.mode") != "skip":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -29,9 +28,10 @@ def format_value(value) -> str:
 
 def write_json(path: Path, value) -> None:
     """Whole or not at all: a kill leaves the old file or the new one."""
-    fresh = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fresh.write_text(json.dumps(value, indent=2))
-    os.replace(fresh, path)
+    from hf_posenc.export.serving import whole_file   # torch loads with it: not at --help
+
+    with whole_file(path) as fresh:
+        fresh.write_text(json.dumps(value, indent=2))
 
 
 # ------------------------------------------------------------------------------------------------ the judge
@@ -333,12 +333,13 @@ def report(run) -> str:
 # ---------------------------------------------------------------------------------------------- the export
 def export(run) -> None:
     """The fine-tuned checkpoint's files at the root (each replaced whole), REPORT.md, the figure, README.md."""
+    from hf_posenc.export.serving import whole_file
+
     source = run.out / "finetune"
     for file in sorted(source.iterdir()):
         if file.is_file() and file.name not in RUN_RECORDS:
-            fresh = run.out / f".{file.name}.tmp{os.getpid()}"
-            shutil.copyfile(file, fresh)
-            os.replace(fresh, run.out / file.name)
+            with whole_file(run.out / file.name) as fresh:
+                shutil.copyfile(file, fresh)
     path = cells_path(run)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     drew = bool(cells) and figure(run, cells, run.out / FIGURE)

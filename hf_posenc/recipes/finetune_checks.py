@@ -372,7 +372,7 @@ def check_corpus(field: str, spec: str, args: FinetuneDataArgs) -> None:
         if not any(row["text"] and row["text"].strip() for row in docs):   # stops at the first text
             raise ConfigError(f"{field}={spec!r} holds no text ({len(docs)} document(s), all empty): nothing "
                               f"to train or evaluate on")
-    elif Path(spec).is_dir() or corpora._looks_like_path(spec):
+    elif corpora.names_missing_files(spec):
         raise ConfigError(f"no data files match {spec!r} (expected {', '.join(sorted(corpora.FILE_LOADERS))} "
                           f"files: a path, a folder or a glob)")
     else:
