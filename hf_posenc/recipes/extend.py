@@ -312,19 +312,17 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
         searched = any(s.name == "search" and s.value for s in settings)
         per_candidate = candidate_seconds(facts, machine, T)
         if searched:   # the search takes at most 45 % of the hours (the shipped path's share)
-            given = args.search.candidates is not None
-            candidates = args.search.candidates if given else max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
-            next(s for s in settings if s.name == "search.candidates").value = candidates
-            next(s for s in settings if s.name == "search.candidates").reason = (
-                f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate (at most 16)")
-            seconds -= (5 + candidates) * per_candidate
-        tokens = int(seconds * tokens_s / scale)
-        put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search, at "
-                                          f"~{tokens_s / scale:.0f} tokens/s on this machine")
+            setting = next(s for s in settings if s.name == "search.candidates")
+            if args.search.candidates is None:
+                setting.value = max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
+                setting.reason = (f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate "
+                                  f"(at most 16)")
+            seconds -= (5 + setting.value) * per_candidate
+        tokens = put("train.tokens", None, int(seconds * tokens_s / scale), f"what --hours {args.hours:g} leaves "
+                     f"after the search, at ~{tokens_s / scale:.0f} tokens/s on this machine")
     else:
-        put("train.tokens", args.tokens or None, int(9.375 * T),
-            "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
-    tokens = next(s.value for s in settings if s.name == "train.tokens")
+        tokens = put("train.tokens", args.tokens or None, int(9.375 * T),
+                     "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
     if tokens < window:
         raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}"
                           + (f": --hours {args.hours:g} leaves no time for a step after the search" if args.hours else
