@@ -91,9 +91,9 @@ MEASURES = ("perplexity_lengths", "curve_length", "strided_windows", "passkey_le
             "recall_lengths", "task_lengths")
 USAGE = "[--config FILE.yaml] [--section.field VALUE ...] [--overwrite]"   # after the command
 ABOUT = ("Evaluate positional variants of one model: perplexity against context length, by position and with a "
-         "sliding window, passkey and needle retrieval, recall at a distance, RULER's retrieval families, and parameter "
-         "grids tuned on some documents and checked on others. Writes results.json (after every cell: a rerun resumes), "
-         "summary.md and figures to output_dir.")
+         "sliding window, passkey and needle retrieval, recall at a distance, RULER's retrieval families, and "
+         "parameter grids tuned on some documents and checked on others. Writes results.json (after every cell: a "
+         "rerun resumes), summary.md and figures to output_dir.")
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalConfig:

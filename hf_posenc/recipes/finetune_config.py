@@ -249,7 +249,8 @@ class FinetuneConfig:
     data: FinetuneDataArgs = field(default_factory=FinetuneDataArgs,
                                    metadata={"help": "the training text and how it is packed"})
     train: TrainArgs = field(default_factory=TrainArgs, metadata={"help": "objective, optimizer, what trains"})
-    eval: FinetuneEvalArgs = field(default_factory=FinetuneEvalArgs, metadata={"help": "evaluation before and after training"})
+    eval: FinetuneEvalArgs = field(default_factory=FinetuneEvalArgs,
+                                   metadata={"help": "evaluation before and after training"})
     posenc: Optional[dict] = field(default=None, metadata={**FIXED,
         "help": "the patch: {method: NAME, max_position_embeddings: N | factor: F, ...} (hf-posenc methods lists "
                 "them); null: none"})
