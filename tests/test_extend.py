@@ -5,6 +5,7 @@ bad input refused before anything is written, and the extended folder's card hol
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -154,16 +155,19 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
 def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_path, texts, monkeypatch, capsys):
     model = save_family(tmp_path / "llama", "llama")
     argv = tiny_argv(model, texts, tmp_path / "out")
-    calls = []
+    calls, clock = [], tmp_path / "out" / "clock.json"
 
-    def killed(self):
-        calls.append("judge")
+    def killed(self):   # the clock writes the stage's time down while it runs: a SIGKILL would not lose it
+        time.sleep(0.3)
+        calls.append(json.loads(clock.read_text())["judge"])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(extend.ExtendRun, "stage_judge", killed)
+    monkeypatch.setattr(extend, "CLOCK_SECONDS", 0.02)
     with pytest.raises(SystemExit) as stop:
         run_extend(argv)
     assert stop.value.code == 130 and "run the same command to go on" in capsys.readouterr().err
+    assert 0.2 <= calls[0] <= json.loads(clock.read_text())["judge"]
     done = json.loads((tmp_path / "out" / "stages.json").read_text())
     assert set(done) == {"search", "finetune"}
     trained = (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes()
@@ -172,7 +176,9 @@ def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_pa
     err = capsys.readouterr().err
     assert "[1/4 search] done" in err and "[2/4 finetune] done" in err and "[3/4 judge] ~" in err
     assert (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes() == trained   # not trained again
-    assert set(json.loads((tmp_path / "out" / "stages.json").read_text())) == {"search", "finetune", "judge", "export"}
+    done = json.loads((tmp_path / "out" / "stages.json").read_text())
+    assert set(done) == {"search", "finetune", "judge", "export"}
+    assert done["judge"]["seconds"] >= 0.3 and "judge" not in json.loads(clock.read_text())   # the killed run's time
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
     message = one_line_refusal(capsys, run_extend, argv[:-2] + ["--output_dir", str(tmp_path / "out"),
                                                                   "--train.lr", "1e-4", "--tokens", "96"])

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from hf_posenc.recipes.extend_report import format_value, write_json
 
 STAGES = ("search", "finetune", "judge", "export")
 ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
+CLOCK_SECONDS = 30.0   # a running stage writes down its time this often (clock.json; REPORT.md says half a minute)
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
 
 
@@ -413,7 +415,8 @@ def candidate_seconds(facts: Facts, machine: tuple, target: int) -> float:
 
 # ---------------------------------------------------------------------------------------------- the run
 class ExtendRun:
-    """One pipeline run in `out`: its plan recorded (plan.json), the stages done (stages.json: seconds each)."""
+    """One pipeline run in `out`: its plan recorded (plan.json), the stages done (stages.json: seconds each), the
+    time spent so far in a stage not done (clock.json)."""
 
     def __init__(self, args: ExtendConfig, plan: Plan):
         self.args, self.plan = args, plan
@@ -454,11 +457,36 @@ class ExtendRun:
         path = self.out / "stages.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
-    def mark(self, stage: str, seconds: float) -> None:
+    def spent(self) -> dict:
+        """Seconds spent so far in the stages not finished: a killed run's, counted when the stage resumes."""
+        path = self.out / "clock.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def clocked(self, stage: str) -> None:
+        """Run a stage, its wall time written down every CLOCK_SECONDS while it runs and added to the time of
+        earlier, killed runs of it; stages.json gets the total when it finishes."""
+        before, start, stop = self.spent().get(stage, 0.0), time.perf_counter(), threading.Event()
+
+        def write_down() -> None:
+            write_json(self.out / "clock.json", {**self.spent(), stage: round(before + time.perf_counter() - start, 1)})
+
+        def beat() -> None:
+            while not stop.wait(CLOCK_SECONDS):
+                write_down()
+
+        heart = threading.Thread(target=beat, daemon=True)
+        heart.start()
+        try:
+            getattr(self, f"stage_{stage}")()
+        finally:
+            stop.set()
+            heart.join()
+            write_down()
         done = self.done
-        done[stage] = {"seconds": round(done.get(stage, {}).get("seconds", 0) + seconds, 1),
+        done[stage] = {"seconds": round(before + time.perf_counter() - start, 1),
                        "finished": time.strftime("%Y-%m-%d %H:%M")}
         write_json(self.out / "stages.json", done)
+        write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k != stage})
 
     def run(self) -> Path:
         if self.plan.value("judge.mode") != "skip" and "judge" not in self.done:   # before anything is written
@@ -467,6 +495,7 @@ class ExtendRun:
         self.out.mkdir(parents=True, exist_ok=True)
         if self.rejudge:   # other judge settings: the search and the fine-tune stand, the judge and the export again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in ("search", "finetune")})
+            write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in ("search", "finetune")})
             (self.out / "plan.json").unlink()
         if not (self.out / "plan.json").exists():
             write_json(self.out / "plan.json", {"model": self.plan.facts.name,
@@ -483,9 +512,7 @@ class ExtendRun:
                 continue
             print(f"[{i}/{len(stages)} {stage}] ~{estimates[stage]:.0f} min for this stage, ~{left:.0f} min left in "
                   f"all (estimates)", file=sys.stderr)
-            start = time.perf_counter()
-            getattr(self, f"stage_{stage}")()
-            self.mark(stage, time.perf_counter() - start)
+            self.clocked(stage)
         print(f"extended checkpoint: {self.out} (REPORT.md, README.md)", file=sys.stderr)
         return self.out
 

@@ -325,7 +325,8 @@ def report(run) -> str:
         lines += ["## Judged", "", "Not judged (judge.mode skip): run `hf-posenc extend` again with --judge.mode "
                   "quick or full on this folder's settings to add the report card.", ""]
     done = run.done
-    lines += ["## Time", "", f"On {run.plan.machine[1]}:", "", "| stage | minutes |", "|---|---|",
+    lines += ["## Time", "", f"Wall time on {run.plan.machine[1]}, every run of a stage added up (a killed run's to "
+              f"the last time it wrote clock.json, at most half a minute before):", "", "| stage | minutes |", "|---|---|",
               *(f"| {stage} | {info['seconds'] / 60:.1f} |" for stage, info in done.items()), ""]
     return "\n".join(lines)
 

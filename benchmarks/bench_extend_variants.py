@@ -1,0 +1,177 @@
+"""Variants of an `hf-posenc extend` checkpoint, judged on the run's own held-out passages: does a change keep the
+perplexity inside the original context without paying far recall?
+
+For each row: recall at the run's target on the judge's passages (the same seeds, layout and text as the run's
+judge/cells-*.json, so every row pairs passage by passage with the run's `extended` row and its untrained
+Self-Extend), and perplexity at the original length over --windows windows of the held-out text, each window one
+forward pass from a fresh start, paired window by window with the unpatched model (the `+1 %` goal) and with the
+run's checkpoint.
+
+Rows: NAME=FOLDER (a saved checkpoint), NAME=FOLDER:switched (that checkpoint with its short factors set to 1: the
+unpatched frequencies for an input inside the original context, the searched ones past it, as transformers'
+longrope switches them per forward; its attention factor stays). `unpatched`, `extended` (the run's checkpoint) and
+`start` (its untrained search result) are always measured for the perplexity windows; their recall is the judge's.
+
+Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. --report prints the tables.
+
+    OMP_NUM_THREADS=2 nice python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_16384 \\
+        --rows switched=runs/extend_smollm2_16384/finetune:switched --out benchmarks/results/extend_variants_16k.json
+    python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_16384 --report \\
+        --out benchmarks/results/extend_variants_16k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+import common
+import hf_posenc as hp
+from hf_posenc import corpora
+from hf_posenc.eval import recall, stats
+from hf_posenc.eval.perplexity import token_nll
+from hf_posenc.recipes import extend_report
+
+
+JUDGED = ("unpatched", "extended", "start")   # always measured here (perplexity); their recall is the judge's
+
+
+def run_settings(run: Path) -> dict:
+    plan = run / "plan.json"
+    if not plan.is_file():
+        common.refuse(f"--run {run}: no plan.json there (the output folder of `hf-posenc extend`)")
+    return json.loads(plan.read_text())["settings"]
+
+
+def judge_cells(run: Path, settings: dict) -> dict:
+    """The run's judge cells for its planned judge settings (the file the judge keyed by them)."""
+    import hashlib
+
+    keyed = {k: v for k, v in settings.items() if k.startswith("judge.") or k == "target"}
+    path = run / "judge" / f"cells-{hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:10]}.json"
+    if not path.is_file():
+        common.refuse(f"--run {run}: no judge cells at {path}: judge the run first (rerun its extend command)")
+    return json.loads(path.read_text())
+
+
+def load_row(folder: str, switched: bool, dtype):
+    model = hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    if switched:
+        rotary = model.model.rotary_emb
+        if rotary.rope_type != "longrope":
+            common.refuse(f"{folder} carries {rotary.rope_type!r}, not longrope: nothing to switch")
+        rope = model.config.rope_parameters
+        dim = rotary.original_inv_freq.numel() * 2
+        base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        rotary.original_inv_freq = base   # what transformers' longrope reads for an input inside the original context
+    return model
+
+
+def perplexity_windows(model, ids: list[int], prefix: list[int], length: int, windows: int) -> dict:
+    """Mean token NLL of `windows` windows of `length` tokens, spread evenly over the text (each from its BOS)."""
+    step = (len(ids) - length) // windows
+    offsets = [k * step for k in range(windows)]
+    nll = []
+    for offset in offsets:
+        seq = torch.tensor([prefix + ids[offset:offset + length - len(prefix)]])
+        with torch.inference_mode():
+            nll.append(float(token_nll(model, seq).mean()))
+        print(f"  window at {offset}: perplexity {math.exp(nll[-1]):.3f}", flush=True)
+    return {"length": length, "offsets": offsets, "nll": nll}
+
+
+def main() -> None:
+    parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="the output folder of `hf-posenc extend`")
+    parser.add_argument("--rows", nargs="*", default=[], help="NAME=FOLDER or NAME=FOLDER:switched")
+    parser.add_argument("--windows", type=common.count(2), default=6, help="perplexity windows at the original length")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--report", action="store_true")
+    parser.add_argument("--model", default="smollm2", help="the unpatched model (the run's base)")
+    args = parser.parse_args()
+
+    run = Path(args.run)
+    settings = run_settings(run)
+    rows = {"unpatched": (args.model, False), "extended": (str(run / "finetune"), False),
+            "start": (str(run / "search" / "best"), False)}
+    for spec in args.rows:
+        name, _, folder = spec.partition("=")
+        folder, _, mode = folder.partition(":")
+        if not name or not folder or mode not in ("", "switched") or name in rows:
+            common.refuse(f"row {spec!r}: a row is NAME=FOLDER or NAME=FOLDER:switched, its NAME new")
+        rows[name] = (folder, mode == "switched")
+    judged = judge_cells(run, settings)
+    results, save = common.results_file(args.out, {"run": str(run), "windows": args.windows}, ["cells"])
+    cells = results["cells"]
+    if args.report:
+        return report(rows, settings, judged, cells)
+
+    T, seeds = settings["target"], settings["judge.seeds"]
+    tokenizer = hp.load_tokenizer(args.model)
+    ids = common.corpus_ids(tokenizer, settings["judge.corpus"])
+    prefix = corpora.bos_prefix(tokenizer)
+    L = json.loads((run / "finetune" / "config.json").read_text())["original_max_position_embeddings"]
+    dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16
+    passage = extend_report.judge_passage(L)
+    print(common.machine(), flush=True)
+    for name, (folder, switched) in rows.items():
+        todo = [f"ppl{L}"] + ([f"recall_seed{k}" for k in range(seeds)] if name not in JUDGED else [])
+        todo = [c for c in todo if f"{name}/{c}" not in cells]
+        if not todo:
+            continue
+        model = load_row(folder, switched, dtype)
+        for cell in todo:
+            print(f"{name}: {cell}", flush=True)
+            if cell.startswith("ppl"):
+                cells[f"{name}/{cell}"] = perplexity_windows(model, ids, prefix, L, args.windows)
+            else:
+                seed = int(cell.removeprefix("recall_seed"))
+                layout, sequences = extend_report.judge_layout(T, settings["judge.passages"], passage, len(prefix), seed)
+                sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+                scored = recall.score_recall(model, sets, control=True)
+                cells[f"{name}/{cell}"] = recall.summarize_recall(scored, length=T, bin_width=settings["judge.bin"])
+            save()
+        del model
+    report(rows, settings, judged, cells)
+
+
+def ratio(cell: dict, other: dict) -> str:
+    """The perplexity ratio - 1 of two rows, paired window by window, with its 95 % bootstrap interval."""
+    d = stats.paired_difference(cell["nll"], other["nll"])
+    return f"{math.exp(d['mean']) - 1:+.1%} [{math.exp(d['low']) - 1:+.1%}, {math.exp(d['high']) - 1:+.1%}] (n {d['n']})"
+
+
+def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
+    T, seeds = settings["target"], settings["judge.seeds"]
+    every = {**{k: v for k, v in judged.items() if "/recall_seed" in k}, **cells}
+    ppl = {name: cell for key, cell in cells.items() for name in [key.split("/")[0]] if key.split("/")[1].startswith("ppl")}
+    base = ppl.get("unpatched")
+    print(f"Perplexity at the original length, {len(base['nll']) if base else '?'} windows of the held-out text; the rise "
+          f"over the unpatched model paired window by window (95 % bootstrap):")
+    for name, cell in ppl.items():
+        mean = math.exp(sum(cell["nll"]) / len(cell["nll"]))
+        rises = [f"{what} {ratio(cell, ppl[other])}" for what, other in (("rise", "unpatched"), ("vs extended", "extended"))
+                 if other in ppl and name not in (other, "unpatched")]
+        print(f"  {name:<14} {mean:.3f}  " + "; ".join(rises))
+    last = 3 * T // 4
+    print(f"Recall at {T}, pooled over {seeds} seeds; each row minus the run's extended and untrained Self-Extend:")
+    for name in rows:
+        if name == "unpatched" or not all(f"{name}/recall_seed{k}" in every for k in range(seeds)):
+            continue
+        mine = extend_report.pooled(every, name, seeds)
+        for other in ("extended", "self_extend"):
+            theirs = extend_report.pooled(every, other, seeds)
+            if name == other or not theirs:
+                continue
+            for what, keep in (("whole window", lambda d: True), ("last quarter", lambda d: d >= last)):
+                pairs = [(a["gap"], b["gap"]) for a, b in zip(mine, theirs) if keep(a["distance"])]
+                d = stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+                print(f"  {name} - {other}, {what}: {extend_report.interval(d)}")
+
+
+if __name__ == "__main__":
+    common.run(main)
