@@ -9,8 +9,9 @@ run's checkpoint.
 
 Rows: NAME=FOLDER (a saved checkpoint), NAME=FOLDER:switched (that checkpoint with its short factors set to 1: the
 unpatched frequencies for an input inside the original context, the searched ones past it, as transformers'
-longrope switches them per forward; its attention factor stays). `unpatched`, `extended` (the run's checkpoint) and
-`start` (its untrained search result) are always measured for the perplexity windows; their recall is the judge's.
+longrope switches them per forward; its attention factor stays, and its recall at the target is the folder's).
+`unpatched`, `extended` (the run's checkpoint) and `start` (its untrained search result) are always measured for
+the perplexity windows; their recall is the judge's.
 
 Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. --report prints the tables.
 
@@ -35,7 +36,6 @@ from hf_posenc import corpora
 from hf_posenc.eval import recall, stats
 from hf_posenc.eval.perplexity import token_nll
 from hf_posenc.recipes import extend_report
-
 
 JUDGED = ("unpatched", "extended", "start")   # always measured here (perplexity); their recall is the judge's
 
@@ -119,7 +119,8 @@ def main() -> None:
     passage = extend_report.judge_passage(L)
     print(common.machine(), flush=True)
     for name, (folder, switched) in rows.items():
-        todo = [f"ppl{L}"] + ([f"recall_seed{k}" for k in range(seeds)] if name not in JUDGED else [])
+        own = name in JUDGED or switched   # a switched row reads the recall sequences (past L) with its long set
+        todo = [f"ppl{L}"] + ([f"recall_seed{k}" for k in range(seeds)] if not own else [])
         todo = [c for c in todo if f"{name}/{c}" not in cells]
         if not todo:
             continue
@@ -130,7 +131,8 @@ def main() -> None:
                 cells[f"{name}/{cell}"] = perplexity_windows(model, ids, prefix, L, args.windows)
             else:
                 seed = int(cell.removeprefix("recall_seed"))
-                layout, sequences = extend_report.judge_layout(T, settings["judge.passages"], passage, len(prefix), seed)
+                layout, sequences = extend_report.judge_layout(T, settings["judge.passages"], passage, len(prefix),
+                                                               seed)
                 sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
                 scored = recall.score_recall(model, sets, control=True)
                 cells[f"{name}/{cell}"] = recall.summarize_recall(scored, length=T, bin_width=settings["judge.bin"])
@@ -142,21 +144,22 @@ def main() -> None:
 def ratio(cell: dict, other: dict) -> str:
     """The perplexity ratio - 1 of two rows, paired window by window, with its 95 % bootstrap interval."""
     d = stats.paired_difference(cell["nll"], other["nll"])
-    return f"{math.exp(d['mean']) - 1:+.1%} [{math.exp(d['low']) - 1:+.1%}, {math.exp(d['high']) - 1:+.1%}] (n {d['n']})"
+    low, mean, high = (math.exp(d[k]) - 1 for k in ("low", "mean", "high"))
+    return f"{mean:+.1%} [{low:+.1%}, {high:+.1%}] (n {d['n']})"
 
 
 def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
     T, seeds = settings["target"], settings["judge.seeds"]
     every = {**{k: v for k, v in judged.items() if "/recall_seed" in k}, **cells}
-    ppl = {name: cell for key, cell in cells.items() for name in [key.split("/")[0]] if key.split("/")[1].startswith("ppl")}
-    base = ppl.get("unpatched")
-    print(f"Perplexity at the original length, {len(base['nll']) if base else '?'} windows of the held-out text; the rise "
-          f"over the unpatched model paired window by window (95 % bootstrap):")
+    ppl = {key.split("/")[0]: cell for key, cell in cells.items() if key.split("/")[1].startswith("ppl")}
+    print("Perplexity at the original length on windows of the held-out text; each row's ratio - 1 to the unpatched "
+          "model and to the run's checkpoint, paired window by window (95 % bootstrap):")
     for name, cell in ppl.items():
         mean = math.exp(sum(cell["nll"]) / len(cell["nll"]))
-        rises = [f"{what} {ratio(cell, ppl[other])}" for what, other in (("rise", "unpatched"), ("vs extended", "extended"))
-                 if other in ppl and name not in (other, "unpatched")]
-        print(f"  {name:<14} {mean:.3f}  " + "; ".join(rises))
+        against = [f"{what} {ratio(cell, ppl[other])}" for what, other in (("unpatched", "unpatched"),
+                                                                           ("extended", "extended"))
+                   if other in ppl and name not in (other, "unpatched")]
+        print(f"  {name:<14} {mean:.3f}  " + "; ".join(against))
     last = 3 * T // 4
     print(f"Recall at {T}, pooled over {seeds} seeds; each row minus the run's extended and untrained Self-Extend:")
     for name in rows:

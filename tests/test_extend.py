@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from hf_posenc import assets
 from hf_posenc.recipes import extend
 from hf_posenc.recipes import extend_config
+from hf_posenc.recipes import extend_report
 from refusals import one_line_refusal
 from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_tokenizer
 
@@ -81,7 +82,11 @@ def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
     scale = plan.facts.parameters / extend.REFERENCE_PARAMETERS
     left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s * scale
     assert plan.value("search.candidates") == 16
-    assert plan.value("train.tokens") == int(left * tokens_s / scale)
+    share = 1 / (1 + extend.SHORT_STEP_COST / 4)   # the short stage: a quarter as many steps, each cheaper
+    assert plan.value("train.tokens") == int(share * left * tokens_s / scale)
+    assert plan.value("train.short_steps") == math.ceil(plan.value("train.steps") / 4)
+    alone = plan_of(folder, "--target", "32768", "--hours", "2", "--train.short_steps", "0")
+    assert alone.value("train.tokens") == int(left * tokens_s / scale)   # no short stage: the fine-tune gets it all
     short = plan_of(folder, "--target", "32768", "--hours", "0.3")
     assert short.value("search.candidates") < 16   # the search keeps to 45 % of the time
     given = plan_of(folder, "--target", "32768", "--search.critical_floor", "1.5")
@@ -134,7 +139,10 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     model = save_family(tmp_path / family, family)
     out = run_extend(tiny_argv(model, texts, tmp_path / "out"))
     assert set(json.loads((out / "stages.json").read_text())) == (
-        {"finetune", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
+        {"finetune", "short", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
+    # the checkpoint is the short stage's, trained from the fine-tune's
+    assert (out / "model.safetensors").read_bytes() == (out / "short" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() != (out / "finetune" / "model.safetensors").read_bytes()
     extended = AutoModelForCausalLM.from_pretrained(out)   # stock transformers, the extended context
     assert extended.config.max_position_embeddings == 256
     cells = json.loads(next((out / "judge").glob("cells-*.json")).read_text())
@@ -144,8 +152,11 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     assert ("self_extend" in baselines) == (family not in ("mistral", "phi3"))
     rows = ["extended", *baselines] + (["start"] if family != "gemma3_text" else [])
     assert {f"{row}/recall_seed0" for row in rows} <= set(cells) and "base/perplexity" in cells
+    windows = [cells[f"{row}/short_perplexity"]["offsets"] for row in ("base", "extended")]
+    assert windows[0] == windows[1] and len(windows[0]) == extend_report.SHORT_WINDOWS   # the same windows, paired
     report = (out / "REPORT.md").read_text()
     assert "| extended |" in report and "Goals:" in report
+    assert "within +1 % of the unpatched model (the mean): " in report and "(n 6)" in report
     for row in {"yarn", "self_extend"} - set(baselines):   # left out, saying why
         assert f"; no {row}: method '{row}' " in report
     if family == "gemma3_text":
@@ -169,15 +180,16 @@ def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_pa
     assert stop.value.code == 130 and "run the same command to go on" in capsys.readouterr().err
     assert 0.2 <= calls[0] <= json.loads(clock.read_text())["judge"]
     done = json.loads((tmp_path / "out" / "stages.json").read_text())
-    assert set(done) == {"search", "finetune"}
+    assert set(done) == {"search", "finetune", "short"}
     trained = (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes()
     monkeypatch.undo()
     run_extend(argv)
     err = capsys.readouterr().err
-    assert "[1/4 search] done" in err and "[2/4 finetune] done" in err and "[3/4 judge] ~" in err
+    assert all(f"[{i}/5 {stage}] done" in err for i, stage in ((1, "search"), (2, "finetune"), (3, "short")))
+    assert "[4/5 judge] ~" in err
     assert (tmp_path / "out" / "finetune" / "model.safetensors").read_bytes() == trained   # not trained again
     done = json.loads((tmp_path / "out" / "stages.json").read_text())
-    assert set(done) == {"search", "finetune", "judge", "export"}
+    assert set(done) == {"search", "finetune", "short", "judge", "export"}
     assert done["judge"]["seconds"] >= 0.3 and "judge" not in json.loads(clock.read_text())   # the killed run's time
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
     message = one_line_refusal(capsys, run_extend, argv[:-2] + ["--output_dir", str(tmp_path / "out"),
@@ -212,6 +224,8 @@ BAD = [
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
     (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
     (["--target", "256", "--train.seq_len", "512"], "train: "),
+    (["--target", "256", "--train.short_steps", "-1"], "train.short_steps must be >= 0 (0: no short stage"),
+    (["--target", "256", "--train.short_lr", "0"], "train.short_lr must be > 0"),
     ([], "--target is needed"),
 ]
 
@@ -222,6 +236,15 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, c
     got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--output_dir", str(tmp_path / "out"), *argv])
     assert message in got
     assert not (tmp_path / "out").exists()
+
+
+def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts):
+    model = save_family(tmp_path / "llama", "llama")
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out", "--train.short_steps", "0", "--judge.mode", "skip"))
+    assert set(json.loads((out / "stages.json").read_text())) == {"search", "finetune", "export"}
+    assert not (out / "short").exists()
+    assert (out / "model.safetensors").read_bytes() == (out / "finetune" / "model.safetensors").read_bytes()
+    assert "; then" not in (out / "README.md").read_text()   # the card names no short stage
 
 
 def test_a_held_out_text_shorter_than_the_target_is_refused_before_the_search(tmp_path, texts, capsys):
@@ -271,7 +294,8 @@ def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, c
     first = sorted((out / "judge").glob("cells-*.json"))
     run_extend([*argv, "--judge.passages", "6"])
     err = capsys.readouterr().err
-    assert "[1/4 search] done" in err and "[2/4 finetune] done" in err and "[3/4 judge] ~" in err
+    assert all(f"[{i}/5 {stage}] done" in err for i, stage in ((1, "search"), (2, "finetune"), (3, "short")))
+    assert "[4/5 judge] ~" in err
     cells = sorted((out / "judge").glob("cells-*.json"))
     assert len(cells) == 2 and first[0] in cells   # the first judge's cells kept beside the new ones
     assert (out / "model.safetensors").read_bytes() == trained

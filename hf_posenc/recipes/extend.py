@@ -13,6 +13,8 @@ from --hours and this machine's measured rates). The stages run in order, each i
 
     search/     the factor search (hf_posenc/recipes/search.py); search/best is the untrained start
     finetune/   the fine-tune from it (hf_posenc/recipes/finetune_recipe.py)
+    short/      a short second stage: contiguous windows inside the original context, cross-entropy, which takes
+                back the perplexity the fine-tune costs there (train.short_steps 0: none)
     judge/      recall at a distance against the untrained start, YaRN and Self-Extend at the target, on a text
                 neither stage read; perplexity at the original length and the target; the passkey far back
     (root)      the extended checkpoint, its model card (README.md) and REPORT.md with the figures
@@ -40,7 +42,8 @@ from hf_posenc.recipes import extend_report, recipe_config
 from hf_posenc.recipes.extend_config import ExtendConfig, parse_args
 from hf_posenc.recipes.extend_report import format_value, write_json
 
-STAGES = ("search", "finetune", "judge", "export")
+STAGES = ("search", "finetune", "short", "judge", "export")
+TRAINED = ("search", "finetune", "short")   # the stages a rerun with other judge settings keeps
 ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
 CLOCK_SECONDS = 30.0   # a running stage writes down its time this often (clock.json; REPORT.md says half a minute)
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
@@ -156,6 +159,7 @@ RATES = {
     "cuda": (2.0, 27000.0),         # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log
 }
 REFERENCE_PARAMETERS = 135e6
+SHORT_STEP_COST = 0.7   # a short-stage step against a fine-tune step (no LongCE pass): 82 against 55 tokens/s on B
 
 
 @dataclass
@@ -180,11 +184,13 @@ class Plan:
         """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length)."""
         candidate = candidate_seconds(self.facts, self.machine, self.value("target"))
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
-        train = self.value("train.tokens") / RATES[self.machine[0]][1] * self.facts.parameters / REFERENCE_PARAMETERS
-        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 6   # a cell ~ half a candidate
+        per_token = self.facts.parameters / REFERENCE_PARAMETERS / RATES[self.machine[0]][1]
+        train = self.value("train.tokens") * per_token
+        short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
+        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 8   # a cell ~ half a candidate
         judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate / 2
         search = candidates * candidate
-        return {"search": search / 60, "finetune": train / 60, "judge": judge / 60, "export": 0.1}
+        return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
 
     def text(self) -> str:
         width = max(len(s.name) for s in self.settings)
@@ -254,7 +260,12 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
                                                                    "better than this short window does")
     put("train.lr", asked(ta, "lr"), 6e-5, "the shipped fine-tune's, constant after 10 warmup steps")
     put("train.seed", asked(ta, "seed"), 42, "the data order")
-    settings_tokens(args, facts, machine, settings, put, window)
+    steps = settings_tokens(args, facts, machine, settings, put, window)
+    put("train.short_steps", ta.short_steps, math.ceil(steps / 4),
+        f"then a short stage: contiguous {min(window, L)}-token windows inside the original context, "
+        f"cross-entropy, a quarter of the fine-tune's steps: it takes back the perplexity the fine-tune costs there "
+        f"(RESULTS: 'The short stage')")
+    put("train.short_lr", ta.short_lr, ta.lr / 2, "half the fine-tune's")
     ja = args.judge
     mode = put("judge.mode", asked(ja, "mode"), ja.mode, "full: two passage seeds, perplexity, passkey; quick: one seed")
     read = {args.search.corpus if searched else None, ta.corpus}
@@ -303,9 +314,9 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
     return 2 * derived, width or min(span, T // 8)   # as derived: check_plan says why the search refuses it
 
 
-def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: list, put, window: int) -> None:
-    """The fine-tune's tokens and steps: --tokens, or the rule (9.375 x target), or what --hours leaves after the
-    search at this machine's rate."""
+def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: list, put, window: int) -> int:
+    """The fine-tune's tokens and steps (returned): --tokens, or the rule (9.375 x target), or what --hours leaves
+    after the search (and the short stage) at this machine's rate."""
     T = args.target
     if args.hours:
         tokens_s = RATES[machine[0]][1]
@@ -320,8 +331,10 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
                 setting.reason = (f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate "
                                   f"(at most 16)")
             seconds -= (5 + setting.value) * per_candidate
-        tokens = put("train.tokens", None, int(seconds * tokens_s / scale), f"what --hours {args.hours:g} leaves "
-                     f"after the search, at ~{tokens_s / scale:.0f} tokens/s on this machine")
+        share = 1.0 if args.train.short_steps == 0 else 1 / (1 + SHORT_STEP_COST / 4)   # the short stage's quarter
+        tokens = put("train.tokens", None, int(share * seconds * tokens_s / scale), f"what --hours {args.hours:g} "
+                     f"leaves after the search{' and the short stage' if share < 1 else ''}, at "
+                     f"~{tokens_s / scale:.0f} tokens/s on this machine")
     else:
         tokens = put("train.tokens", args.tokens or None, int(9.375 * T),
                      "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
@@ -329,7 +342,7 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
         raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}"
                           + (f": --hours {args.hours:g} leaves no time for a step after the search" if args.hours else
                              ": raise --tokens"))
-    put("train.steps", None, math.ceil(tokens / window), f"tokens / window, one {window}-token window a step")
+    return put("train.steps", None, math.ceil(tokens / window), f"tokens / window, one {window}-token window a step")
 
 
 def check_plan(plan: Plan) -> None:
@@ -348,6 +361,8 @@ def check_plan(plan: Plan) -> None:
     try:
         scheme(v("train.positions")).resolve(v("target")).check_window(v("train.seq_len"))
         finetune_sections(plan)
+        if v("train.short_steps"):
+            short_sections(plan)
     except (ValueError, AttributeError) as err:
         raise ConfigError(f"train: {err}") from None
     for name in ("search.corpus", "train.corpus", "judge.corpus"):
@@ -363,6 +378,23 @@ def check_plan(plan: Plan) -> None:
             recall.distance_bins(v("target"), v("judge.bin"))
         except ValueError as err:
             raise ConfigError(f"judge: {err}") from None
+
+
+def short_window(plan: Plan) -> int:
+    """The short stage's window: the fine-tune's, inside the original context."""
+    return min(plan.value("train.seq_len"), plan.facts.original)
+
+
+def short_sections(plan: Plan):
+    """The short stage's data and train sections: the fine-tune's text, contiguous ids, cross-entropy."""
+    from hf_posenc.recipes import finetune_config as fc
+
+    v = plan.value
+    steps = v("train.short_steps")
+    return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=short_window(plan), packing=v("train.packing")),
+            fc.TrainArgs(objective="lm", positions="contiguous", loss="ce", steps=steps, lr=v("train.short_lr"),
+                         warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",
+                         save_every=max(1, steps // 2), seed=v("train.seed") + 1))   # other windows than before
 
 
 def finetune_sections(plan: Plan):
@@ -493,9 +525,9 @@ class ExtendRun:
             extend_report.check_judge_text(self.plan.facts.ref, self.plan.value("judge.corpus"),
                                            self.plan.value("target"))
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.rejudge:   # other judge settings: the search and the fine-tune stand, the judge and the export again
-            write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in ("search", "finetune")})
-            write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in ("search", "finetune")})
+        if self.rejudge:   # other judge settings: the trained stages stand, the judge and the export run again
+            write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in TRAINED})
+            write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in TRAINED})
             (self.out / "plan.json").unlink()
         if not (self.out / "plan.json").exists():
             write_json(self.out / "plan.json", {"model": self.plan.facts.name,
@@ -503,8 +535,9 @@ class ExtendRun:
                                                 "settings": self.plan.record(),
                                                 "planned": time.strftime("%Y-%m-%d %H:%M")})
         estimates = self.plan.estimates()
-        stages = [s for s in STAGES if not (s == "search" and not self.plan.value("search"))
-                  and not (s == "judge" and self.plan.value("judge.mode") == "skip")]
+        skipped = {"search": not self.plan.value("search"), "short": not self.plan.value("train.short_steps"),
+                   "judge": self.plan.value("judge.mode") == "skip"}
+        stages = [s for s in STAGES if not skipped.get(s)]
         for i, stage in enumerate(stages, 1):
             left = sum(estimates[s] for s in stages[i - 1:] if s not in self.done)
             if stage in self.done:
@@ -528,22 +561,33 @@ class ExtendRun:
     def start_folder(self) -> str:
         return str(self.out / "search" / "best") if self.plan.value("search") else self.plan.facts.ref
 
+    @property
+    def trained(self) -> Path:
+        """The extended checkpoint's folder: the short stage's, or the fine-tune's where there is none."""
+        return self.out / ("short" if self.plan.value("train.short_steps") else "finetune")
+
     def stage_finetune(self) -> None:
+        v = self.plan.value
+        self.train_in("finetune", self.start_folder(), *finetune_sections(self.plan),
+                      posenc=None if v("search") else {"method": "yarn", "max_position_embeddings": v("target")})
+
+    def stage_short(self) -> None:
+        self.train_in("short", str(self.out / "finetune"), *short_sections(self.plan), posenc=None)
+
+    def train_in(self, folder: str, start: str, data, train, posenc) -> None:
+        """One fine-tune recipe run in out/folder from `start`, resumed from its last checkpoint where it has one."""
         from hf_posenc.recipes import finetune_config as fc
         from hf_posenc.recipes.finetune import RUN
         from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
         from hf_posenc.train import checkpoints as ckpt
 
-        v = self.plan.value
-        out = self.out / "finetune"
+        out = self.out / folder
         started = out.is_dir() and any(out.iterdir())
         resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
-        data, train = finetune_sections(self.plan)
         cfg = fc.FinetuneConfig(
-            model=fc.FinetuneModelArgs(name=self.start_folder(), dtype=self.args.model.dtype,
-                               attn_implementation=self.args.model.attn_implementation),
-            data=data, train=train, eval=fc.FinetuneEvalArgs(lengths=[]),
-            posenc=None if v("search") else {"method": "yarn", "max_position_embeddings": v("target")},
+            model=fc.FinetuneModelArgs(name=start, dtype=self.args.model.dtype,
+                                       attn_implementation=self.args.model.attn_implementation),
+            data=data, train=train, eval=fc.FinetuneEvalArgs(lengths=[]), posenc=posenc,
             output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
         recipe = FinetuneRecipe(cfg, progress=RUN)
         recipe.setup()

@@ -46,6 +46,10 @@ class TrainPlanArgs:
     longce_window: int | None = field(default=None, metadata={
         "help": "LongCE's short window (null: 1/16 of the original context)"})
     seed: int = field(default=42, metadata={"help": "seed of the data order"})
+    short_steps: int | None = field(default=None, metadata={
+        "help": "steps of the short stage after the fine-tune: contiguous windows inside the original context, "
+                "cross-entropy (null: a quarter of the fine-tune's steps; 0: no short stage)"})
+    short_lr: float | None = field(default=None, metadata={"help": "the short stage's learning rate (null: lr / 2)"})
 
 
 @dataclass
@@ -94,6 +98,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     for name in ("passages", "bin"):
         value = getattr(args.judge, name)
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
+    need(args.train.short_steps is None or args.train.short_steps >= 0,
+         f"train.short_steps must be >= 0 (0: no short stage; null: the rule), got {args.train.short_steps}")
+    need(args.train.short_lr is None or (math.isfinite(args.train.short_lr) and args.train.short_lr > 0),
+         f"train.short_lr must be > 0 (or null: lr / 2), got {args.train.short_lr}")
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
     need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
     need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
