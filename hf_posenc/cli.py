@@ -400,8 +400,8 @@ RECIPES = {"finetune": "fine-tune a patched model (recipes/finetune.py; one proc
                         "accelerate launch -m hf_posenc.recipes.finetune)",
            "evaluate": "evaluate positional variants (recipes/evaluate.py)",
            "search": "search RoPE's per-pair factors for a longer context, saved as a stock longrope checkpoint",
-           "extend": "extend a RoPE checkpoint to --target in one resumable run: plan, search, fine-tune, judge, "
-                     "export (a report card)"}
+           "extend": "extend a RoPE checkpoint to --target in one resumable run: plan, search, fine-tune, short "
+                     "stage, judge, export (a report card)"}
 
 
 def run_recipe(name: str, argv: list[str]) -> None:

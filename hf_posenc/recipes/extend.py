@@ -1,4 +1,4 @@
-"""Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, judge, export.
+"""Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, short stage, judge, export.
 
     hf-posenc extend --model smollm2 --target 32768                 # SmolLM2-135M, 8k -> 32k
     hf-posenc extend --model Qwen/Qwen2.5-0.5B --target 65536 --hours 6

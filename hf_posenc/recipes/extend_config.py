@@ -82,7 +82,8 @@ class ExtendConfig:
 
 
 USAGE = "--model NAME --target TOKENS [--hours H | --tokens N] [--section.field VALUE ...]"
-ABOUT = "Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, judge, export."
+ABOUT = ("Extend a RoPE checkpoint's context in one command: plan, factor search, fine-tune, short stage, judge, "
+         "export.")
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> ExtendConfig:
