@@ -33,7 +33,7 @@ import torch
 import common
 import hf_posenc as hp
 from hf_posenc import corpora
-from hf_posenc.eval import recall, stats
+from hf_posenc.eval import stats
 from hf_posenc.eval.perplexity import token_nll
 from hf_posenc.recipes import extend_report
 
@@ -48,11 +48,8 @@ def run_settings(run: Path) -> dict:
 
 
 def judge_cells(run: Path, settings: dict) -> dict:
-    """The run's judge cells for its planned judge settings (the file the judge keyed by them)."""
-    import hashlib
-
-    keyed = {k: v for k, v in settings.items() if k.startswith("judge.") or k == "target"}
-    path = run / "judge" / f"cells-{hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:10]}.json"
+    """The run's judge cells for its planned judge settings."""
+    path = extend_report.cells_file(run, settings)
     if not path.is_file():
         common.refuse(f"--run {run}: no judge cells at {path}: judge the run first (rerun its extend command)")
     return json.loads(path.read_text())
@@ -110,13 +107,12 @@ def main() -> None:
     if args.report:
         return report(rows, settings, judged, cells)
 
-    T, seeds = settings["target"], settings["judge.seeds"]
+    seeds = settings["judge.seeds"]
     tokenizer = hp.load_tokenizer(args.model)
     ids = common.corpus_ids(tokenizer, settings["judge.corpus"])
     prefix = corpora.bos_prefix(tokenizer)
     L = json.loads((run / "finetune" / "config.json").read_text())["original_max_position_embeddings"]
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16
-    passage = extend_report.judge_passage(L)
     print(common.machine(), flush=True)
     for name, (folder, switched) in rows.items():
         own = name in JUDGED or switched   # a switched row reads the recall sequences (past L) with its long set
@@ -130,22 +126,11 @@ def main() -> None:
             if cell.startswith("ppl"):
                 cells[f"{name}/{cell}"] = perplexity_windows(model, ids, prefix, L, args.windows)
             else:
-                seed = int(cell.removeprefix("recall_seed"))
-                layout, sequences = extend_report.judge_layout(T, settings["judge.passages"], passage, len(prefix),
-                                                               seed)
-                sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
-                scored = recall.score_recall(model, sets, control=True)
-                cells[f"{name}/{cell}"] = recall.summarize_recall(scored, length=T, bin_width=settings["judge.bin"])
+                cells[f"{name}/{cell}"] = extend_report.recall_cell(model, tokenizer, ids, prefix, settings, L,
+                                                                    int(cell.removeprefix("recall_seed")))
             save()
         del model
     report(rows, settings, judged, cells)
-
-
-def ratio(cell: dict, other: dict) -> str:
-    """The perplexity ratio - 1 of two rows, paired window by window, with its 95 % bootstrap interval."""
-    d = stats.paired_difference(cell["nll"], other["nll"])
-    low, mean, high = (math.exp(d[k]) - 1 for k in ("low", "mean", "high"))
-    return f"{mean:+.1%} [{low:+.1%}, {high:+.1%}] (n {d['n']})"
 
 
 def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
@@ -156,8 +141,8 @@ def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
           "model and to the run's checkpoint, paired window by window (95 % bootstrap):")
     for name, cell in ppl.items():
         mean = math.exp(sum(cell["nll"]) / len(cell["nll"]))
-        against = [f"{what} {ratio(cell, ppl[other])}" for what, other in (("unpatched", "unpatched"),
-                                                                           ("extended", "extended"))
+        against = [f"{other} {extend_report.percent(extend_report.perplexity_ratio(cell, ppl[other]))}"
+                   for other in ("unpatched", "extended")
                    if other in ppl and name not in (other, "unpatched")]
         print(f"  {name:<14} {mean:.3f}  " + "; ".join(against))
     last = 3 * T // 4

@@ -36,12 +36,17 @@ def write_json(path: Path, value) -> None:
 
 # ------------------------------------------------------------------------------------------------ the judge
 def cells_path(run) -> Path:
-    """The judge's cells for this run's judge settings (the target and every judge.* setting)."""
+    """The judge's cells for this run's judge settings."""
+    return cells_file(run.out, run.plan.record())
+
+
+def cells_file(out: Path, settings: dict) -> Path:
+    """Where a run in `out` keeps the judge's cells for its settings (the target and every judge.* setting)."""
     import hashlib
 
-    settings = {k: v for k, v in run.plan.record().items() if k.startswith("judge.") or k == "target"}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    return run.out / "judge" / f"cells-{key}.json"
+    keyed = {k: v for k, v in settings.items() if k.startswith("judge.") or k == "target"}
+    key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:10]
+    return out / "judge" / f"cells-{key}.json"
 
 
 def check_judge_text(ref: str, spec: str, target: int) -> None:
@@ -74,6 +79,17 @@ def judge_layout(target: int, passages: int, passage: int, head: int, seed: int)
     distances = [int(passage + (j + 0.5) * (longest - passage) / per_sequence) for j in range(per_sequence)]
     return recall.plan_layout(target, passages=per_sequence, passage_tokens=passage, distances=distances, head=head,
                               seed=seed), sequences
+
+
+def recall_cell(model, tokenizer, ids: list[int], prefix: list[int], settings: dict, original: int, seed: int) -> dict:
+    """One recall cell of the judge: the passages of `seed` laid out over the target, scored with their control."""
+    from hf_posenc.eval import recall
+
+    T = settings["target"]
+    layout, sequences = judge_layout(T, settings["judge.passages"], judge_passage(original), len(prefix), seed)
+    sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
+    scored = recall.score_recall(model, sets, control=True)
+    return recall.summarize_recall(scored, length=T, bin_width=settings["judge.bin"])
 
 
 def wanted_cells(run, row: str) -> list[str]:
@@ -131,7 +147,7 @@ def judge(run) -> None:
 
     import hf_posenc as hp
     from hf_posenc import corpora, loading
-    from hf_posenc.eval import recall, retrieval
+    from hf_posenc.eval import retrieval
     from hf_posenc.eval.perplexity import perplexity_by_length
 
     v, facts = run.plan.value, run.plan.facts
@@ -149,7 +165,6 @@ def judge(run) -> None:
     if len(ids) < T:
         raise ConfigError(f"judge.corpus {v('judge.corpus')!r} has {len(ids)} tokens, fewer than the target {T}")
     dtype = loading.resolve_dtype(run.args.model.dtype)[0]
-    passage = judge_passage(L)
     for row in rows:
         todo = [c for c in wanted_cells(run, row) if f"{row}/{c}" not in cells]
         if not todo:
@@ -158,11 +173,8 @@ def judge(run) -> None:
         for cell in todo:
             print(f"judge: {row}, {cell}", flush=True)
             if cell.startswith("recall_seed"):
-                seed = int(cell.removeprefix("recall_seed"))
-                layout, sequences = judge_layout(T, v("judge.passages"), passage, len(prefix), seed)
-                sets = recall.make_recall(tokenizer, ids, layout, sequences=sequences, seed=seed, prefix=prefix)
-                scored = recall.score_recall(model, sets, control=True)
-                found = recall.summarize_recall(scored, length=T, bin_width=v("judge.bin"))
+                found = recall_cell(model, tokenizer, ids, prefix, run.plan.record(), L,
+                                    int(cell.removeprefix("recall_seed")))
             elif cell == "perplexity":
                 lengths = [L] if row == "base" else [L, T]
                 with torch.inference_mode():
