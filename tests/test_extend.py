@@ -226,6 +226,7 @@ BAD = [
     (["--target", "256", "--train.seq_len", "512"], "train: "),
     (["--target", "256", "--train.short_steps", "-1"], "train.short_steps must be >= 0 (0: no short stage"),
     (["--target", "256", "--train.short_lr", "0"], "train.short_lr must be > 0"),
+    (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
     ([], "--target is needed"),
 ]
 

@@ -33,6 +33,7 @@ class Inner:
     words: list[str] = field(default_factory=list, metadata={"help": "variant specs"})
     switch: bool = field(default=False, metadata={"help": "on or off"})
     extra: Optional[dict] = field(default=None, metadata={"help": "a mapping"})
+    limit: int | None = field(default=None, metadata={"help": "a bound or null"})   # PEP 604, as Optional[int]
 
 
 @dataclass
@@ -157,7 +158,7 @@ def test_help_lists_every_field_with_its_default_and_doc_and_exits_0(name):
 
 def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
     cases = [("inner:\n  count: 1\n", r"config file .*: section inner: unknown key\(s\) \['count'\]; the keys are: "
-                                      r"n, rate, name, maybe, sizes, words, switch, extra$"),
+                                      r"n, rate, name, maybe, sizes, words, switch, extra, limit$"),
              ("outt: x\n", r"unknown key\(s\) \['outt'\]; the keys are: inner, out, go$"),
              ("inner: [1]\n", r"section inner must be a mapping of its keys \(n, rate, .*\), got \[1\]")]
     for text, message in cases:
@@ -165,7 +166,7 @@ def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
         with pytest.raises(ConfigError, match=message):
             parse(["--config", tmp_path / "c.yaml"])
     with pytest.raises(ConfigError, match=r"unknown flag --inner.count: section inner has no key 'count'; the keys "
-                                          r"are: n, rate, name, maybe, sizes, words, switch, extra$"):
+                                          r"are: n, rate, name, maybe, sizes, words, switch, extra, limit$"):
         parse(["--inner.count", "1"])
     with pytest.raises(ConfigError, match=r"unknown flag --model.name: the config has no key 'model'; the keys are: "
                                           r"inner, out, go$"):
@@ -190,6 +191,15 @@ def test_a_recipe_refuses_an_unknown_flag_in_one_line_with_exit_code_2(tmp_path)
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: unknown flag {flag}: "), proc.stderr
         assert keys in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_pep_604_optional_reads_as_typing_optional():
+    """`int | None` is coerced and checked as Optional[int] is (it was passed through as the text given)."""
+    assert parse(["--inner.limit", "7"]).inner.limit == 7
+    assert parse(["--inner.limit", "null"]).inner.limit is None
+    with pytest.raises(ConfigError, match=r"^--inner\.limit must be an integer or null, got 'abc' "
+                                          r"\(a bound or null\)$"):
+        parse(["--inner.limit", "abc"])
 
 
 def test_a_type_error_names_the_field_the_value_and_the_type(tmp_path):

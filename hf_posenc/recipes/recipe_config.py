@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Union
@@ -353,8 +354,13 @@ def coerce(name: str, hint, value, doc: str = ""):
     return value
 
 
+def _is_union(hint) -> bool:
+    """Optional[int] and int | None alike (a config written with either spelling is read the same)."""
+    return typing.get_origin(hint) in (Union, types.UnionType)
+
+
 def _members(hint) -> list:
-    return list(typing.get_args(hint)) if typing.get_origin(hint) is Union else [hint]
+    return list(typing.get_args(hint)) if _is_union(hint) else [hint]
 
 
 def _admits(hint, kind) -> bool:
@@ -381,7 +387,7 @@ def words(hint) -> str:
     """A type as an error says it: 'an integer', 'a list of strings (YAML [a, b, ...], even for one)'."""
     if hint is Any:
         return "any value"
-    if typing.get_origin(hint) is Union:
+    if _is_union(hint):
         return " or ".join("null" if m is NONE else words(m) for m in typing.get_args(hint))
     if typing.get_origin(hint) is list:
         return f"a list of {PLURALS.get(typing.get_args(hint)[0], 'values')} (YAML [a, b, ...], even for one)"
@@ -392,7 +398,7 @@ def type_name(hint) -> str:
     """A type as --help shows it: int, list of int, str or null."""
     if hint is Any:
         return "any"
-    if typing.get_origin(hint) is Union:
+    if _is_union(hint):
         return " or ".join("null" if m is NONE else type_name(m) for m in typing.get_args(hint))
     if typing.get_origin(hint) is list:
         return f"list of {type_name(typing.get_args(hint)[0])}"
