@@ -216,10 +216,12 @@ def test_the_extended_folder_names_its_hub_base_and_holds_no_machine_path(tmp_pa
 BAD = [
     (["--target", "64"], "--target 64 must be longer than the model's original context 64"),
     (["--target", "256", "--tokens", "16"], "below one window of 32: raise --tokens"),
-    (["--target", "256", "--hours", "1e-9"], "leaves no time for a step after the search"),
+    (["--target", "256", "--hours", "1e-9"], "leaves no time for one fine-tune step of 32 tokens after the search"),
     (["--target", "256", "--tokens", "64", "--hours", "1"], "give one"),
     (["--target", "256", "--judge.mode", "most"], "judge.mode must be one of full, quick, skip"),
     (["--target", "256", "--search.passages", "3"], "search: "),
+    (["--target", "256", "--search.critical_floor", "0.5"], "error: search: critical_floor must be"),
+    (["--target", "256", "--train.lr", "-1"], "error: train.lr must be a positive number"),
     (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
     (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
@@ -228,6 +230,7 @@ BAD = [
     (["--target", "256", "--train.short_lr", "0"], "train.short_lr must be > 0"),
     (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
     ([], "--target is needed"),
+    (["--target", "-5"], "--target must be a positive number of tokens, got -5"),
 ]
 
 
@@ -237,6 +240,17 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, c
     got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--output_dir", str(tmp_path / "out"), *argv])
     assert message in got
     assert not (tmp_path / "out").exists()
+
+
+def test_too_few_hours_name_the_least_that_plans(tmp_path):
+    model = smollm2_like(tmp_path / "smollm2")
+    with pytest.raises(extend.ConfigError) as refused:
+        plan_of(model, "--target", "16384", "--hours", "0.01")
+    least = float(str(refused.value).rsplit("give at least --hours ", 1)[1])
+    assert least > 0.02
+    with pytest.raises(extend.ConfigError, match=f"give at least --hours {least:g}$"):   # 0.01 h less: still short
+        plan_of(model, "--target", "16384", "--hours", f"{least - 0.01:g}")
+    assert plan_of(model, "--target", "16384", "--hours", f"{least:g}").value("train.steps") >= 1
 
 
 def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts):

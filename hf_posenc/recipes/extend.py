@@ -27,6 +27,7 @@ The two-config path (hf-posenc search, then hf-posenc finetune) is this pipeline
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -321,28 +322,46 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
     if args.hours:
         tokens_s = RATES[machine[0]][1]
         scale = facts.parameters / REFERENCE_PARAMETERS
-        seconds = args.hours * 3600
         searched = any(s.name == "search" and s.value for s in settings)
         per_candidate = candidate_seconds(facts, machine, T)
-        if searched:   # the search takes at most 45 % of the hours (the shipped path's share)
-            setting = next(s for s in settings if s.name == "search.candidates")
-            if args.search.candidates is None:
-                setting.value = max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
-                setting.reason = (f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate "
-                                  f"(at most 16)")
-            seconds -= (5 + setting.value) * per_candidate
         share = 1.0 if args.train.short_steps == 0 else 1 / (1 + SHORT_STEP_COST / 4)   # the short stage's quarter
-        tokens = put("train.tokens", None, int(share * seconds * tokens_s / scale), f"what --hours {args.hours:g} "
-                     f"leaves after the search{' and the short stage' if share < 1 else ''}, at "
-                     f"~{tokens_s / scale:.0f} tokens/s on this machine")
+
+        def split(hours: float) -> tuple[int, int]:
+            """(search candidates, fine-tune tokens) in these hours: the search takes at most 45 % of them (the
+            shipped path's share), the fine-tune what is left but the short stage's share."""
+            seconds, candidates = hours * 3600, args.search.candidates
+            if searched:
+                if candidates is None:
+                    candidates = max(0, min(16, int(0.45 * seconds / per_candidate) - 5))
+                seconds -= (5 + candidates) * per_candidate
+            return candidates, int(share * seconds * tokens_s / scale)
+
+        candidates, tokens = split(args.hours)
+        if searched and args.search.candidates is None:
+            setting = next(s for s in settings if s.name == "search.candidates")
+            setting.value = candidates
+            setting.reason = (f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate "
+                              f"(at most 16)")
+        if tokens < window:
+            least = next(h / 100 for h in itertools.count(math.ceil(args.hours * 100)) if split(h / 100)[1] >= window)
+            raise ConfigError(f"--hours {args.hours:g} leaves no time for one fine-tune step of {window} tokens"
+                              f"{' after the search' if searched else ''} on this machine: give at least --hours "
+                              f"{least:g}")
+        put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search"
+            f"{' and the short stage' if share < 1 else ''}, at ~{tokens_s / scale:.0f} tokens/s on this machine")
     else:
         tokens = put("train.tokens", args.tokens or None, int(9.375 * T),
                      "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
-    if tokens < window:
-        raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}"
-                          + (f": --hours {args.hours:g} leaves no time for a step after the search" if args.hours else
-                             ": raise --tokens"))
+        if tokens < window:
+            raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}: "
+                              f"raise --tokens")
     return put("train.steps", None, math.ceil(tokens / window), f"tokens / window, one {window}-token window a step")
+
+
+def within(section: str, err: Exception) -> str:
+    """An error of a section's settings, named by the section once (their own checks may name it already)."""
+    text = str(err)
+    return text if text.startswith((f"{section}:", f"{section}.")) else f"{section}: {text}"
 
 
 def check_plan(plan: Plan) -> None:
@@ -357,14 +376,14 @@ def check_plan(plan: Plan) -> None:
         try:
             search_settings(plan)
         except ValueError as err:
-            raise ConfigError(f"search: {err}") from None
+            raise ConfigError(within("search", err)) from None
     try:
         scheme(v("train.positions")).resolve(v("target")).check_window(v("train.seq_len"))
         finetune_sections(plan)
         if v("train.short_steps"):
             short_sections(plan)
     except (ValueError, AttributeError) as err:
-        raise ConfigError(f"train: {err}") from None
+        raise ConfigError(within("train", err)) from None
     for name in ("search.corpus", "train.corpus", "judge.corpus"):
         spec = v(name) if any(s.name == name for s in plan.settings) else None
         if spec and corpora.names_missing_files(spec):

@@ -93,6 +93,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
                                about=ABOUT, shipped=lambda name: name.startswith("extend_"))
     from hf_posenc.eval.retrieval import MAX_LENGTH
 
+    need(args.target >= 0, f"--target must be a positive number of tokens, got {args.target}")
     need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
     need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
                                     f"out ({MAX_LENGTH} tokens)")
