@@ -223,6 +223,8 @@ BAD = [
     (["--target", "256", "--search.critical_floor", "0.5"], "error: search: critical_floor must be"),
     (["--target", "256", "--train.lr", "-1"], "error: train.lr must be a positive number"),
     (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
+    (["--target", "256", "--judge.bin", "512"], "judge.bin 512 is wider than the window it bins (the target 256)"),
+    (["--target", "256", "--hours", "inf"], "--hours must be a finite number >= 0"),
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
     (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
     (["--target", "256", "--train.seq_len", "512"], "train: "),

@@ -100,12 +100,15 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     for name in ("passages", "bin"):
         value = getattr(args.judge, name)
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
+    need(args.judge.bin is None or args.judge.bin <= args.target,
+         f"judge.bin {args.judge.bin} is wider than the window it bins (the target {args.target})")
     need(args.train.short_steps is None or args.train.short_steps >= 0,
          f"train.short_steps must be >= 0 (0: no short stage; null: the rule), got {args.train.short_steps}")
     need(args.train.short_lr is None or (math.isfinite(args.train.short_lr) and args.train.short_lr > 0),
          f"train.short_lr must be > 0 (or null: lr / 2), got {args.train.short_lr}")
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
-    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be >= 0 (0: --tokens' rule), got {args.hours}")
+    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be a finite number >= 0 (0: --tokens' rule), "
+                                                        f"got {args.hours}")
     need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
                                            f"length: give one")
     need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
