@@ -10,8 +10,9 @@ run's checkpoint.
 Rows: NAME=FOLDER (a saved checkpoint), NAME=FOLDER:switched (that checkpoint with its short factors set to 1: the
 unpatched frequencies for an input inside the original context, the searched ones past it, as transformers'
 longrope switches them per forward; its attention factor stays, and its recall at the target is the folder's).
-`unpatched`, `extended` (the run's checkpoint) and `start` (its untrained search result) are always measured for
-the perplexity windows; their recall is the judge's.
+`unpatched`, `extended` (the run's checkpoint: its short stage's weights where it has one) and `start` (its
+untrained search result) are always measured for the perplexity windows; their recall is the judge's. A run with a
+short stage adds `finetune` (the fine-tune alone), recall and perplexity measured here.
 
 Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. --report prints the tables.
 
@@ -40,6 +41,18 @@ from hf_posenc.recipes import extend_report
 JUDGED = ("unpatched", "extended", "start")   # always measured here (perplexity); their recall is the judge's
 
 
+def run_rows(run: Path, model: str, searched: bool) -> dict:
+    """The rows every report has: NAME -> (folder, switched). `extended` is the run's checkpoint, the weights of its
+    last trained stage (what the judge judged as `extended` and the export copied)."""
+    trained = run / "short" if (run / "short" / "config.json").is_file() else run / "finetune"
+    rows = {"unpatched": (model, False), "extended": (str(trained), False)}
+    if searched:
+        rows["start"] = (str(run / "search" / "best"), False)
+    if trained.name == "short":
+        rows["finetune"] = (str(run / "finetune"), False)
+    return rows
+
+
 def run_settings(run: Path) -> dict:
     plan = run / "plan.json"
     if not plan.is_file():
@@ -57,10 +70,8 @@ def judge_cells(run: Path, settings: dict) -> dict:
 
 def load_row(folder: str, switched: bool, dtype):
     model = hp.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
-    if switched:
+    if switched:   # main checked that the folder carries longrope
         rotary = model.model.rotary_emb
-        if rotary.rope_type != "longrope":
-            common.refuse(f"{folder} carries {rotary.rope_type!r}, not longrope: nothing to switch")
         rope = model.config.rope_parameters
         dim = rotary.original_inv_freq.numel() * 2
         base = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -93,16 +104,27 @@ def main() -> None:
 
     run = Path(args.run)
     settings = run_settings(run)
-    rows = {"unpatched": (args.model, False), "extended": (str(run / "finetune"), False),
-            "start": (str(run / "search" / "best"), False)}
+    if Path(args.out).resolve().is_relative_to(run.resolve()):
+        common.refuse(f"--out {args.out} is inside the run's folder (its records and checkpoint): give a results file "
+                      f"outside it")
+    rows = run_rows(run, args.model, settings["search"])
     for spec in args.rows:
         name, _, folder = spec.partition("=")
         folder, _, mode = folder.partition(":")
         if not name or not folder or mode not in ("", "switched") or name in rows:
-            common.refuse(f"row {spec!r}: a row is NAME=FOLDER or NAME=FOLDER:switched, its NAME new")
+            common.refuse(f"row {spec!r}: a row is NAME=FOLDER or NAME=FOLDER:switched, its NAME new (not "
+                          f"{', '.join(rows)})")
         rows[name] = (folder, mode == "switched")
+    for name, (folder, switched) in rows.items():   # every checkpoint there before the first slow cell
+        config = Path(folder) / "config.json"
+        if name != "unpatched" and not config.is_file():
+            common.refuse(f"row {name}: no checkpoint at {folder} (no config.json)")
+        rope = json.loads(config.read_text()).get("rope_parameters") or {} if switched else {}
+        if switched and rope.get("rope_type") != "longrope":
+            common.refuse(f"row {name}: {folder} carries {rope.get('rope_type')!r}, not longrope: nothing to switch")
     judged = judge_cells(run, settings)
-    results, save = common.results_file(args.out, {"run": str(run), "windows": args.windows}, ["cells"])
+    results, save = common.results_file(args.out, {"run": str(run), "windows": args.windows,
+                                                   "extended": rows["extended"][0]}, ["cells"])
     cells = results["cells"]
     if args.report:
         return report(rows, settings, judged, cells)
@@ -139,7 +161,7 @@ def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
     ppl = {key.split("/")[0]: cell for key, cell in cells.items() if key.split("/")[1].startswith("ppl")}
     print("Perplexity at the original length on windows of the held-out text; each row's ratio - 1 to the unpatched "
           "model and to the run's checkpoint, paired window by window (95 % bootstrap):")
-    for name, cell in ppl.items():
+    for name, cell in sorted(ppl.items(), key=lambda item: list(rows).index(item[0]) if item[0] in rows else len(rows)):
         mean = math.exp(sum(cell["nll"]) / len(cell["nll"]))
         against = [f"{other} {extend_report.percent(extend_report.perplexity_ratio(cell, ppl[other]))}"
                    for other in ("unpatched", "extended")

@@ -373,6 +373,52 @@ def test_bench_ruler_refuses_a_bad_flag_in_one_line_before_anything_loads(capsys
     assert script_refusal(capsys, monkeypatch, bench_ruler, argv).startswith(says)
 
 
+def extend_run(folder: Path, short: bool = True) -> Path:
+    """An `hf-posenc extend` run's folder as bench_extend_variants reads it: its plan and stage checkpoints' configs."""
+    (folder / "plan.json").parent.mkdir(parents=True)
+    (folder / "plan.json").write_text(json.dumps({"settings": {"search": True, "target": 256, "judge.seeds": 2}}))
+    for stage, rope in (("search/best", "longrope"), ("finetune", "longrope"), *([("short", "longrope")] * short)):
+        (folder / stage).mkdir(parents=True)
+        (folder / stage / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": rope}}))
+    return folder
+
+
+def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_stage(tmp_path):
+    import bench_extend_variants as bench
+
+    run = extend_run(tmp_path / "run")
+    rows = bench.run_rows(run, "smollm2", searched=True)
+    assert rows["extended"] == (str(run / "short"), False) and rows["finetune"] == (str(run / "finetune"), False)
+    assert rows["start"] == (str(run / "search" / "best"), False)
+    alone = extend_run(tmp_path / "alone", short=False)   # train.short_steps 0: the fine-tune is the checkpoint
+    assert bench.run_rows(alone, "smollm2", searched=False) == {"unpatched": ("smollm2", False),
+                                                                 "extended": (str(alone / "finetune"), False)}
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--rows", "a=MISSING"], "error: row a: no checkpoint at MISSING (no config.json)"),
+    (["--rows", "finetune=RUN/short"], "error: row 'finetune=RUN/short': a row is NAME=FOLDER or NAME=FOLDER:switched, "
+                                       "its NAME new (not unpatched, extended, start, finetune)"),
+    (["--rows", "a=RUN/short:twisted"], "error: row 'a=RUN/short:twisted': a row is"),
+    (["--rows", "a=YARN:switched"], "error: row a: YARN carries 'yarn', not longrope: nothing to switch"),
+    (["--out", "RUN/plan.json"], "error: --out RUN/plan.json is inside the run's folder"),
+])
+def test_bench_extend_variants_refuses_in_one_line_before_anything_loads(tmp_path, capsys, monkeypatch, argv, says):
+    import bench_extend_variants as bench
+    import hf_posenc as hp
+
+    run = extend_run(tmp_path / "run")
+    (tmp_path / "yarn").mkdir()
+    (tmp_path / "yarn" / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": "yarn"}}))
+    names = {"RUN": str(run), "MISSING": str(tmp_path / "missing"), "YARN": str(tmp_path / "yarn")}
+    for key, value in names.items():
+        argv, says = [a.replace(key, value) for a in argv], says.replace(key, value)
+    monkeypatch.setattr(hp, "from_pretrained", lambda *a, **k: pytest.fail("a model loaded"))
+    full = ["--run", str(run), "--out", str(tmp_path / "out.json"), *argv]
+    assert script_refusal(capsys, monkeypatch, bench, full).startswith(says)
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_common_refuses_a_dtype_it_does_not_know_by_name(capsys):
     assert refused(capsys, common.dtype_name, "float8") == ("error: --dtype must be one of auto, float32, bfloat16, "
                                                             "float16, got 'float8'")
