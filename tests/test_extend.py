@@ -78,7 +78,7 @@ def test_every_ratio_plans_a_search_the_search_takes(tmp_path, target):
 def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
     folder = smollm2_like(tmp_path / "m")
     plan = plan_of(folder, "--target", "32768", "--hours", "2")
-    candidate_s, tokens_s = extend.RATES[MACHINE[0]]
+    candidate_s, tokens_s = extend.RATES[MACHINE[0]].candidate, extend.RATES[MACHINE[0]].tokens_s
     scale = plan.facts.parameters / extend.REFERENCE_PARAMETERS
     left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s * scale
     assert plan.value("search.candidates") == 16
@@ -91,6 +91,20 @@ def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
     assert short.value("search.candidates") < 16   # the search keeps to 45 % of the time
     given = plan_of(folder, "--target", "32768", "--search.critical_floor", "1.5")
     assert given.value("search.critical_floor") == 1.5 and "(given)" in given.text()
+
+
+def test_estimates_grow_with_attentions_square_past_32k(tmp_path):
+    """A forward pass at 2x the length costs ~3.5x on a CPU (attention ~77 % of it at 32k): the search and the judge
+    estimates at 64k are not 2^1.2 their 32k ones, and the judge costs its passes (quick: one seed, no passkey)."""
+    folder = smollm2_like(tmp_path / "m")
+    at = {T: plan_of(folder, "--target", str(T)).estimates() for T in (32768, 65536)}
+    for stage in ("search", "judge"):
+        assert 3.2 < at[65536][stage] / at[32768][stage] < 4.0, stage
+    assert at[65536]["finetune"] == pytest.approx(2 * at[32768]["finetune"])   # tokens: linear in the target
+    quick = plan_of(folder, "--target", "32768", "--judge.mode", "quick")
+    full = plan_of(folder, "--target", "32768")
+    assert quick.judge_passes()[0] < full.judge_passes()[0] / 2 and quick.estimates()["judge"] < at[32768]["judge"] / 2
+    assert plan_of(folder, "--target", "32768", "--judge.mode", "skip").estimates()["judge"] == 0
 
 
 # ----------------------------------------------------------------------------------------- the whole pipeline
@@ -161,6 +175,40 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
         assert f"; no {row}: method '{row}' " in report
     if family == "gemma3_text":
         assert "one RoPE per layer type" in report
+
+
+@pytest.mark.parametrize("mode", ["quick", "full"])
+def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monkeypatch, mode):
+    """The judge's estimate is its passes times a pass's time: the passes the plan counts at the target and at the
+    original context are the ones the judge runs, every row's recall (with its control), passkey and perplexity."""
+    from transformers import LlamaModel
+
+    model = save_family(tmp_path / "llama", "llama")
+    argv = tiny_argv(model, texts, tmp_path / "out", "--judge.mode", mode)
+    judged, lengths = extend_report.judge, []
+
+    def counted(run):
+        original = LlamaModel.forward
+
+        def forward(self, input_ids=None, *args, **kwargs):
+            lengths.append((input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1])
+            return original(self, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(LlamaModel, "forward", forward)
+        try:
+            return judged(run)
+        finally:
+            monkeypatch.setattr(LlamaModel, "forward", original)
+
+    monkeypatch.setattr(extend_report, "judge", counted)
+    out = run_extend(argv)
+    plan = extend.make_plan(extend_config.parse_args(argv), extend.model_facts(extend_config.parse_args(argv)),
+                            MACHINE)
+    at_target, at_original = plan.judge_passes()
+    assert (out / "REPORT.md").is_file() and at_target > 0
+    # a passkey trial is the prompt and its answer: a few tokens short of the target
+    assert (sum(n > 64 for n in lengths), lengths.count(64)) == (at_target, at_original), sorted(set(lengths))
+    assert len(lengths) == at_target + at_original
 
 
 def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_path, texts, monkeypatch, capsys):

@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hf_posenc import user_input
 from hf_posenc.errors import ConfigError
@@ -149,16 +150,37 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
                   f"{', AMX' if amx else ''}", dtype, why)
 
 
-# Rates of SmolLM2-135M measured on the machines of benchmarks/RESULTS.md (the summary's cost row), scaled to other
-# models by parameter count: seconds a search candidate takes at 32k (the raced, banded search: two sequences, a
-# rejected candidate ~1.5 s), and training tokens a second at 4096-token windows.
+class Rate(NamedTuple):
+    """SmolLM2-135M on one kind of machine (benchmarks/RESULTS.md, the summary's cost row), scaled to other models by
+    parameter count: seconds a search candidate takes at 32k (the raced, banded search: two sequences, a rejected
+    candidate ~1.5 s), training tokens a second at 4096-token windows, and seconds one 32k forward pass takes (the
+    judge's unit: a recall sequence, a passkey trial, a perplexity pass)."""
+    candidate: float
+    tokens_s: float
+    forward: float
+
+
 RATES = {
-    "amx": (62.0, 201.0),           # 2 Xeon cores with AMX: 21 candidates in 21.9 min; 201 tokens/s
-    "avx512_bf16": (104.0, 86.0),   # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward, x2.34 a step
-    "float32": (550.0, 52.0),       # 2 AVX2 cores, float32 (machine B): a 16k candidate 165-346 s beside other
-                                    # work (~550 s at 32k); a 4096-token step 86 s at 16k (52 tokens/s, 8.9 GB)
-    "cuda": (2.0, 27000.0),         # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log
+    # 2 Xeon cores with AMX: 21 candidates in 21.9 min; 201 tokens/s; a 32k bfloat16 forward 81.7 s
+    "amx": Rate(62.0, 201.0, 81.7),
+    # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward (136.7 s), x2.34 a step
+    "avx512_bf16": Rate(104.0, 86.0, 136.7),
+    # 2 AVX2 cores, float32 (machine B): a 16k candidate 165-346 s beside other work (~550 s at 32k); a 4096-token
+    # step 86 s at 16k (52 tokens/s, 8.9 GB); a forward ~120 s at 16k, 6-7 min at 32k
+    "float32": Rate(550.0, 52.0, 390.0),
+    # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log; a 32k recall cell (two passes) ~1 s on an H100
+    "cuda": Rate(2.0, 27000.0, 0.5),
 }
+
+
+def forward_share(length: int) -> float:
+    """A forward pass of `length` tokens against one of 32k: the weights' part grows with the length, attention's
+    with its square. The shares (23 % and 77 % at 32k) fit machine B's float32 passes of SmolLM2: ~120 s at 16k,
+    ~390 s at 32k; ~250 s at 24k, as the 24k search's passes ran."""
+    r = length / 32768
+    return 0.23 * r + 0.77 * r * r
+
+
 REFERENCE_PARAMETERS = 135e6
 SHORT_STEP_COST = 0.7   # a short-stage step against a fine-tune step (no LongCE pass): 82 against 55 tokens/s on B
 
@@ -182,16 +204,35 @@ class Plan:
         return {s.name: s.value for s in self.settings}
 
     def estimates(self) -> dict:
-        """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length)."""
-        candidate = candidate_seconds(self.facts, self.machine, self.value("target"))
+        """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length; the judge
+        by its forward passes)."""
+        rate, scale = RATES[self.machine[0]], self.facts.parameters / REFERENCE_PARAMETERS
+        T, L = self.value("target"), self.facts.original
+        candidate = candidate_seconds(self.facts, self.machine, T)
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
-        per_token = self.facts.parameters / REFERENCE_PARAMETERS / RATES[self.machine[0]][1]
+        per_token = scale / rate.tokens_s
         train = self.value("train.tokens") * per_token
         short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
-        cells = len(self.rows()) * max(1, self.value("judge.seeds")) * 2 + 8   # a cell ~ half a candidate
-        judge = 0.0 if self.value("judge.mode") == "skip" else cells * candidate / 2
+        at_target, at_original = self.judge_passes()
+        judge = rate.forward * scale * (at_target * forward_share(T) + at_original * forward_share(L))
         search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
+
+    def judge_passes(self) -> tuple[int, int]:
+        """The judge's forward passes at the target and at the original context: each row's recall sequences with
+        their control passes, passkey trials and perplexity pass at T; the base's perplexity at L, the goal's windows
+        of the base and the checkpoint, and a pass at L of each searched row (longrope reads the input's length, so
+        its perplexity at L is not the first L tokens of the pass at T)."""
+        from hf_posenc.eval import recall
+
+        if self.value("judge.mode") == "skip":
+            return 0, 0
+        T, L, rows = self.value("target"), self.facts.original, len(self.rows())
+        sequences = recall.cell_sequences(T, self.value("judge.passages"), extend_report.judge_passage(L))[1]
+        per_row = (2 * self.value("judge.seeds") * sequences + 1
+                   + extend_report.PASSKEY_TRIALS * len(self.value("judge.passkey_depths")))
+        searched = 2 if self.value("search") else 0   # the checkpoint and its untrained start
+        return rows * per_row, 1 + 2 * extend_report.SHORT_WINDOWS + searched
 
     def text(self) -> str:
         width = max(len(s.name) for s in self.settings)
@@ -285,7 +326,8 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("judge.bin", ja.bin, max(L // 2, T // 8), "distance bins of the report: the larger of half the original "
                                                   "context and target / 8 (4k up to 32k for an 8k model)")
     put("judge.passkey_depths", None, [0.05, 0.15, 0.25] if mode == "full" else [],
-        "the key in the farthest quarter of the window, 2 trials each")
+        "the key in the farthest quarter of the window, "
+        f"{extend_report.PASSKEY_TRIALS} trials each")
     plan = Plan(settings, facts, machine)
     check_plan(plan)
     return plan
@@ -320,7 +362,7 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
     after the search (and the short stage) at this machine's rate."""
     T = args.target
     if args.hours:
-        tokens_s = RATES[machine[0]][1]
+        tokens_s = RATES[machine[0]].tokens_s
         scale = facts.parameters / REFERENCE_PARAMETERS
         searched = any(s.name == "search" and s.value for s in settings)
         per_candidate = candidate_seconds(facts, machine, T)
@@ -461,7 +503,7 @@ def guard_length(original: int) -> int:
 
 def candidate_seconds(facts: Facts, machine: tuple, target: int) -> float:
     """What a search candidate should take on this machine: RATES' 32k figure, scaled by parameters and length."""
-    return RATES[machine[0]][0] * facts.parameters / REFERENCE_PARAMETERS * (target / 32768) ** 1.2
+    return RATES[machine[0]].candidate * facts.parameters / REFERENCE_PARAMETERS * forward_share(target)
 
 
 # ---------------------------------------------------------------------------------------------- the run

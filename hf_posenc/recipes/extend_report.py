@@ -101,6 +101,7 @@ def wanted_cells(run, row: str) -> list[str]:
     return cells + (["passkey"] if v("judge.passkey_depths") else [])
 
 
+PASSKEY_TRIALS = 2   # passkey trials at each depth of the key
 SHORT_WINDOWS = 6   # perplexity windows at the original context the goal's +1 % is read on (fewer in a short text)
 
 
@@ -183,7 +184,7 @@ def judge(run) -> None:
                 found = short_perplexity(model, ids, prefix, L)
             else:
                 trials = retrieval.make_trials("passkey", tokenizer, lengths=[T], depths=v("judge.passkey_depths"),
-                                               trials=2, seed=0)
+                                               trials=PASSKEY_TRIALS, seed=0)
                 scores = retrieval.score_trials(model, trials)
                 found = {"found": sum(s["correct"] for s in scores), "trials": len(scores),
                          "logprobs": [s["logprob"] for s in scores]}
@@ -304,7 +305,7 @@ def passkey_lines(run, cells: dict) -> list[str]:
         return []
     depths = run.plan.value("judge.passkey_depths")
     back = ", ".join(f"{int((1 - d) * run.plan.value('target'))}" for d in depths)
-    return [f"Passkey, the key about {back} tokens back (2 trials a depth): "
+    return [f"Passkey, the key about {back} tokens back ({PASSKEY_TRIALS} trials a depth): "
             + "; ".join(f"{row} {c['found']}/{c['trials']} (answer log-prob "
                         f"{sum(c['logprobs']) / len(c['logprobs']):.2f})" for row, c in found), ""]
 
