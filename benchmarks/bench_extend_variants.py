@@ -41,12 +41,12 @@ from hf_posenc.recipes import extend_report
 JUDGED = ("unpatched", "extended", "start")   # always measured here (perplexity); their recall is the judge's
 
 
-def run_rows(run: Path, model: str, searched: bool) -> dict:
+def run_rows(run: Path, model: str, settings: dict) -> dict:
     """The rows every report has: NAME -> (folder, switched). `extended` is the run's checkpoint, the weights of its
-    last trained stage (what the judge judged as `extended` and the export copied)."""
-    trained = run / "short" if (run / "short" / "config.json").is_file() else run / "finetune"
+    last trained stage (what the judge judged as `extended` and the export copied: the pipeline's rule)."""
+    trained = run / "short" if settings.get("train.short_steps") else run / "finetune"   # a plan before the stage: 0
     rows = {"unpatched": (model, False), "extended": (str(trained), False)}
-    if searched:
+    if settings["search"]:
         rows["start"] = (str(run / "search" / "best"), False)
     if trained.name == "short":
         rows["finetune"] = (str(run / "finetune"), False)
@@ -107,7 +107,7 @@ def main() -> None:
     if Path(args.out).resolve().is_relative_to(run.resolve()):
         common.refuse(f"--out {args.out} is inside the run's folder (its records and checkpoint): give a results file "
                       f"outside it")
-    rows = run_rows(run, args.model, settings["search"])
+    rows = run_rows(run, args.model, settings)
     for spec in args.rows:
         name, _, folder = spec.partition("=")
         folder, _, mode = folder.partition(":")
@@ -119,9 +119,12 @@ def main() -> None:
         config = Path(folder) / "config.json"
         if name != "unpatched" and not config.is_file():
             common.refuse(f"row {name}: no checkpoint at {folder} (no config.json)")
-        rope = json.loads(config.read_text()).get("rope_parameters") or {} if switched else {}
-        if switched and rope.get("rope_type") != "longrope":
-            common.refuse(f"row {name}: {folder} carries {rope.get('rope_type')!r}, not longrope: nothing to switch")
+        if switched:   # transformers 5 writes rope_parameters, 4.x rope_scaling ("type" in older files)
+            saved = json.loads(config.read_text())
+            rope = saved.get("rope_parameters") or saved.get("rope_scaling") or {}
+            kind = rope.get("rope_type", rope.get("type"))
+            if kind != "longrope":
+                common.refuse(f"row {name}: {folder} carries {kind!r}, not longrope: nothing to switch")
     judged = judge_cells(run, settings)
     results, save = common.results_file(args.out, {"run": str(run), "windows": args.windows,
                                                    "extended": rows["extended"][0]}, ["cells"])

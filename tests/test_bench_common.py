@@ -376,7 +376,8 @@ def test_bench_ruler_refuses_a_bad_flag_in_one_line_before_anything_loads(capsys
 def extend_run(folder: Path, short: bool = True) -> Path:
     """An `hf-posenc extend` run's folder as bench_extend_variants reads it: its plan and stage checkpoints' configs."""
     (folder / "plan.json").parent.mkdir(parents=True)
-    (folder / "plan.json").write_text(json.dumps({"settings": {"search": True, "target": 256, "judge.seeds": 2}}))
+    (folder / "plan.json").write_text(json.dumps({"settings": {"search": True, "target": 256, "judge.seeds": 2,
+                                                               "train.short_steps": 1 if short else 0}}))
     for stage, rope in (("search/best", "longrope"), ("finetune", "longrope"), *([("short", "longrope")] * short)):
         (folder / stage).mkdir(parents=True)
         (folder / stage / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": rope}}))
@@ -387,12 +388,13 @@ def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_s
     import bench_extend_variants as bench
 
     run = extend_run(tmp_path / "run")
-    rows = bench.run_rows(run, "smollm2", searched=True)
+    rows = bench.run_rows(run, "smollm2", {"search": True, "train.short_steps": 10})
     assert rows["extended"] == (str(run / "short"), False) and rows["finetune"] == (str(run / "finetune"), False)
     assert rows["start"] == (str(run / "search" / "best"), False)
     alone = extend_run(tmp_path / "alone", short=False)   # train.short_steps 0: the fine-tune is the checkpoint
-    assert bench.run_rows(alone, "smollm2", searched=False) == {"unpatched": ("smollm2", False),
-                                                                 "extended": (str(alone / "finetune"), False)}
+    for settings in ({"search": False, "train.short_steps": 0}, {"search": False}):   # or planned before the stage
+        assert bench.run_rows(alone, "smollm2", settings) == {"unpatched": ("smollm2", False),
+                                                              "extended": (str(alone / "finetune"), False)}
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -401,6 +403,7 @@ def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_s
                                        "its NAME new (not unpatched, extended, start, finetune)"),
     (["--rows", "a=RUN/short:twisted"], "error: row 'a=RUN/short:twisted': a row is"),
     (["--rows", "a=YARN:switched"], "error: row a: YARN carries 'yarn', not longrope: nothing to switch"),
+    (["--rows", "a=FOURX:switched"], "error: row a: FOURX carries 'linear', not longrope: nothing to switch"),
     (["--out", "RUN/plan.json"], "error: --out RUN/plan.json is inside the run's folder"),
 ])
 def test_bench_extend_variants_refuses_in_one_line_before_anything_loads(tmp_path, capsys, monkeypatch, argv, says):
@@ -410,7 +413,10 @@ def test_bench_extend_variants_refuses_in_one_line_before_anything_loads(tmp_pat
     run = extend_run(tmp_path / "run")
     (tmp_path / "yarn").mkdir()
     (tmp_path / "yarn" / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": "yarn"}}))
-    names = {"RUN": str(run), "MISSING": str(tmp_path / "missing"), "YARN": str(tmp_path / "yarn")}
+    (tmp_path / "old").mkdir()   # transformers 4.x's spelling
+    (tmp_path / "old" / "config.json").write_text(json.dumps({"rope_scaling": {"type": "linear", "factor": 2.0}}))
+    names = {"RUN": str(run), "MISSING": str(tmp_path / "missing"), "YARN": str(tmp_path / "yarn"),
+             "FOURX": str(tmp_path / "old")}
     for key, value in names.items():
         argv, says = [a.replace(key, value) for a in argv], says.replace(key, value)
     monkeypatch.setattr(hp, "from_pretrained", lambda *a, **k: pytest.fail("a model loaded"))

@@ -78,9 +78,9 @@ def test_every_ratio_plans_a_search_the_search_takes(tmp_path, target):
 def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
     folder = smollm2_like(tmp_path / "m")
     plan = plan_of(folder, "--target", "32768", "--hours", "2")
-    candidate_s, tokens_s = extend.RATES[MACHINE[0]].candidate, extend.RATES[MACHINE[0]].tokens_s
+    candidate_s, tokens_s = extend.candidate_seconds(plan.facts, MACHINE, 32768), extend.RATES[MACHINE[0]].tokens_s
     scale = plan.facts.parameters / extend.REFERENCE_PARAMETERS
-    left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s * scale
+    left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s
     assert plan.value("search.candidates") == 16
     share = 1 / (1 + extend.SHORT_STEP_COST / 4)   # the short stage: a quarter as many steps, each cheaper
     assert plan.value("train.tokens") == int(share * left * tokens_s / scale)
@@ -292,15 +292,28 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-def test_too_few_hours_name_the_least_that_plans(tmp_path):
-    model = smollm2_like(tmp_path / "smollm2")
+@pytest.mark.parametrize("more", [[], ["--search.candidates", "16"], ["--train.short_steps", "0"], "gemma3"],
+                         ids=["derived", "candidates given", "no short stage", "no search"])
+def test_too_few_hours_name_the_least_that_plans(tmp_path, more):
+    searched = more != "gemma3"
+    if not searched:   # one RoPE per layer type: no search, the hours all the fine-tune's
+        model, more = smollm2_like(tmp_path / "m"), []
+        config = json.loads((model / "config.json").read_text())
+        config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], head_dim=64,
+                      layer_types=["sliding_attention", "full_attention"] * 15, sliding_window=512)
+        (model / "config.json").write_text(json.dumps(config))
+    else:
+        model = smollm2_like(tmp_path / "m")
     with pytest.raises(extend.ConfigError) as refused:
-        plan_of(model, "--target", "16384", "--hours", "0.01")
-    least = float(str(refused.value).rsplit("give at least --hours ", 1)[1])
-    assert least > 0.02
-    with pytest.raises(extend.ConfigError, match=f"give at least --hours {least:g}$"):   # 0.01 h less: still short
-        plan_of(model, "--target", "16384", "--hours", f"{least - 0.01:g}")
-    assert plan_of(model, "--target", "16384", "--hours", f"{least:g}").value("train.steps") >= 1
+        plan_of(model, "--target", "16384", "--hours", "0.001", *more)
+    assert ("after the search" in str(refused.value)) == searched
+    least = float(str(refused.value).split("give at least --hours ", 1)[1].split()[0])
+    with pytest.raises(extend.ConfigError, match=f"give at least --hours {least:.2f}"):   # 0.01 h less: still short
+        plan_of(model, "--target", "16384", "--hours", f"{least - 0.01:.2f}", *more)
+    plan = plan_of(model, "--target", "16384", "--hours", f"{least:.2f}", *more)
+    assert plan.value("train.steps") == 1 and plan.value("train.tokens") >= 4096   # one whole window, not two
+    assert plan.estimates()["finetune"] * 60 == pytest.approx(4096 / extend.RATES[MACHINE[0]].tokens_s
+                                                              * plan.facts.parameters / extend.REFERENCE_PARAMETERS)
 
 
 def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts):

@@ -72,6 +72,7 @@ class Facts:
     critical: int | None     # None: one RoPE per layer type (no search)
     parameters: int
     layer_types: list
+    attention: int = 0          # layers x query heads x head size: what a pass's attention part grows with
     apart: str | None = None  # why documents cannot be kept apart under spread ids (None: they can)
     baselines: dict = field(default_factory=dict)   # training-free method -> None (it applies) or why not
 
@@ -105,6 +106,8 @@ def model_facts(args: ExtendConfig) -> Facts:
     inv_freq, _ = _compat.rope_init(text, layers[0], None, type(rotary), device="cpu")
     critical = critical_pair(inv_freq, original) if layers == [None] else None
     parameters = sum(p.numel() for p in skeleton.parameters())
+    heads = text.num_attention_heads
+    attention = text.num_hidden_layers * heads * (getattr(text, "head_dim", None) or text.hidden_size // heads)
     from hf_posenc.train.hardware import choose_attention
     from hf_posenc.train.documents import why_not_per_document
 
@@ -112,7 +115,7 @@ def model_facts(args: ExtendConfig) -> Facts:
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
     return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters,
-                 layers, apart, baselines)
+                 layers, attention, apart, baselines)
 
 
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
@@ -151,10 +154,11 @@ def machine_kind(dtype: str = "auto") -> tuple[str, str, str, str]:
 
 
 class Rate(NamedTuple):
-    """SmolLM2-135M on one kind of machine (benchmarks/RESULTS.md, the summary's cost row), scaled to other models by
-    parameter count: seconds a search candidate takes at 32k (the raced, banded search: two sequences, a rejected
-    candidate ~1.5 s), training tokens a second at 4096-token windows, and seconds one 32k forward pass takes (the
-    judge's unit: a recall sequence, a passkey trial, a perplexity pass)."""
+    """SmolLM2-135M on one kind of machine (benchmarks/RESULTS.md, the summary's cost row): seconds a search candidate
+    takes at 32k (the raced, banded search: two passes at the target, one where the race drops it after its first
+    sequence, none where the guard rejects it: ~1.4 passes on average), training tokens a second at 4096-token
+    windows, and seconds one 32k forward pass takes (the judge's unit: a recall sequence, a passkey trial, a
+    perplexity pass)."""
     candidate: float
     tokens_s: float
     forward: float
@@ -165,23 +169,27 @@ RATES = {
     "amx": Rate(62.0, 201.0, 81.7),
     # 2 EPYC cores, AVX512-BF16 without AMX: x1.67 a 32k forward (136.7 s), x2.34 a step
     "avx512_bf16": Rate(104.0, 86.0, 136.7),
-    # 2 AVX2 cores, float32 (machine B): a 16k candidate 165-346 s beside other work (~550 s at 32k); a 4096-token
-    # step 86 s at 16k (52 tokens/s, 8.9 GB); a forward ~120 s at 16k, 6-7 min at 32k
+    # 2 AVX2 cores, float32 (machine B): the 16k search's 21 candidates, median 133 s, mean 146 s without the two
+    # that ran 1022 and 2847 s beside other work (169 s by this rule); a 4096-token step 86 s at 16k (52 tokens/s,
+    # 8.9 GB); a forward ~120 s at 16k, 6-7 min at 32k
     "float32": Rate(550.0, 52.0, 390.0),
     # one H200 (bf16, sdpa): 27,010 tokens/s in the recipe's log; a 32k recall cell (two passes) ~1 s on an H100
     "cuda": Rate(2.0, 27000.0, 0.5),
 }
-
-
-def forward_share(length: int) -> float:
-    """A forward pass of `length` tokens against one of 32k: the weights' part grows with the length, attention's
-    with its square. The shares (23 % and 77 % at 32k) fit machine B's float32 passes of SmolLM2: ~120 s at 16k,
-    ~390 s at 32k; ~250 s at 24k, as the 24k search's passes ran."""
-    r = length / 32768
-    return 0.23 * r + 0.77 * r * r
-
-
 REFERENCE_PARAMETERS = 135e6
+REFERENCE_ATTENTION = 30 * 9 * 64   # SmolLM2-135M: layers x query heads x head size
+
+
+def pass_cost(facts: Facts, length: int) -> float:
+    """A forward pass of this model over `length` tokens, in passes of SmolLM2-135M over 32k. Its weights' part
+    grows with the length and the parameter count, attention's with the length's square and the attention width.
+    The parts (23 % and 77 % of SmolLM2's 32k pass) fit machine B's float32 passes: ~120 s at 16k, ~390 s at 32k,
+    ~250 s at 24k as the 24k search ran; the other machines' are taken alike (not measured there)."""
+    r = length / 32768
+    return (0.23 * r * facts.parameters / REFERENCE_PARAMETERS
+            + 0.77 * r * r * (facts.attention or REFERENCE_ATTENTION) / REFERENCE_ATTENTION)
+
+
 SHORT_STEP_COST = 0.7   # a short-stage step against a fine-tune step (no LongCE pass): 82 against 55 tokens/s on B
 
 
@@ -211,18 +219,19 @@ class Plan:
         candidate = candidate_seconds(self.facts, self.machine, T)
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
         per_token = scale / rate.tokens_s
-        train = self.value("train.tokens") * per_token
+        train = self.value("train.steps") * self.value("train.seq_len") * per_token   # what the steps train
         short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
         at_target, at_original = self.judge_passes()
-        judge = rate.forward * scale * (at_target * forward_share(T) + at_original * forward_share(L))
+        judge = rate.forward * (at_target * pass_cost(self.facts, T) + at_original * pass_cost(self.facts, L))
         search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
 
     def judge_passes(self) -> tuple[int, int]:
         """The judge's forward passes at the target and at the original context: each row's recall sequences with
         their control passes, passkey trials and perplexity pass at T; the base's perplexity at L, the goal's windows
-        of the base and the checkpoint, and a pass at L of each searched row (longrope reads the input's length, so
-        its perplexity at L is not the first L tokens of the pass at T)."""
+        of the base and the checkpoint, and a pass at L of each row that reads the input's length: the checkpoint and
+        its start where they carry the searched longrope (their perplexity at L is not the first L tokens of the pass
+        at T)."""
         from hf_posenc.eval import recall
 
         if self.value("judge.mode") == "skip":
@@ -383,20 +392,25 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
             setting = next(s for s in settings if s.name == "search.candidates")
             setting.value = candidates
             setting.reason = (f"what fits 45 % of --hours {args.hours:g} at ~{per_candidate:.0f} s a candidate "
-                              f"(at most 16)")
+                              f"(at most 16)" if candidates else f"none: the 5 seeds alone take "
+                              f"{5 * per_candidate / (36 * args.hours):.0f} % of --hours {args.hours:g}")
         if tokens < window:
-            least = next(h / 100 for h in itertools.count(math.ceil(args.hours * 100)) if split(h / 100)[1] >= window)
+            # from the least the seeds and one step take (more candidates only raise it), up by 0.01 h
+            floor = ((5 + (args.search.candidates or 0)) * per_candidate * searched
+                     + window * scale / tokens_s / share) / 3600
+            least = next(h / 100 for h in itertools.count(math.floor(floor * 100)) if split(h / 100)[1] >= window)
+            fewer = " (or fewer --search.candidates)" if searched and args.search.candidates else ""
             raise ConfigError(f"--hours {args.hours:g} leaves no time for one fine-tune step of {window} tokens"
                               f"{' after the search' if searched else ''} on this machine: give at least --hours "
-                              f"{least:g}")
+                              f"{least:.2f}{fewer}")
         put("train.tokens", None, tokens, f"what --hours {args.hours:g} leaves after the search"
             f"{' and the short stage' if share < 1 else ''}, at ~{tokens_s / scale:.0f} tokens/s on this machine")
-    else:
-        tokens = put("train.tokens", args.tokens or None, int(9.375 * T),
-                     "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
-        if tokens < window:
-            raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}: "
-                              f"raise --tokens")
+        return put("train.steps", None, tokens // window, f"the whole windows those tokens fill, one {window}-token "
+                                                          f"window a step")
+    tokens = put("train.tokens", args.tokens or None, int(9.375 * T),
+                 "9.375 x target (the shipped 307k tokens at 32k)" if not args.tokens else "--tokens")
+    if tokens < window:
+        raise ConfigError(f"the fine-tune's budget is {tokens} tokens, below one window of {window}: raise --tokens")
     return put("train.steps", None, math.ceil(tokens / window), f"tokens / window, one {window}-token window a step")
 
 
@@ -503,7 +517,7 @@ def guard_length(original: int) -> int:
 
 def candidate_seconds(facts: Facts, machine: tuple, target: int) -> float:
     """What a search candidate should take on this machine: RATES' 32k figure, scaled by parameters and length."""
-    return RATES[machine[0]].candidate * facts.parameters / REFERENCE_PARAMETERS * forward_share(target)
+    return RATES[machine[0]].candidate * pass_cost(facts, target)
 
 
 # ---------------------------------------------------------------------------------------------- the run

@@ -102,6 +102,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
     need(args.judge.bin is None or args.judge.bin <= args.target,
          f"judge.bin {args.judge.bin} is wider than the window it bins (the target {args.target})")
+    for name in ("seq_len", "longce_window"):
+        value = getattr(args.train, name)
+        need(value is None or value >= 1, f"train.{name} must be >= 1 token (or null: the rule), got {value}")
     need(args.train.short_steps is None or args.train.short_steps >= 0,
          f"train.short_steps must be >= 0 (0: no short stage; null: the rule), got {args.train.short_steps}")
     need(args.train.short_lr is None or (math.isfinite(args.train.short_lr) and args.train.short_lr > 0),
