@@ -71,8 +71,8 @@ class Facts:
     pairs: int
     critical: int | None     # None: one RoPE per layer type (no search)
     parameters: int
+    attention: int              # layers x query heads x head size: what a pass's attention part grows with
     layer_types: list
-    attention: int = 0          # layers x query heads x head size: what a pass's attention part grows with
     apart: str | None = None  # why documents cannot be kept apart under spread ids (None: they can)
     baselines: dict = field(default_factory=dict)   # training-free method -> None (it applies) or why not
 
@@ -115,7 +115,7 @@ def model_facts(args: ExtendConfig) -> Facts:
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
     return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters,
-                 layers, attention, apart, baselines)
+                 attention, layers, apart, baselines)
 
 
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
@@ -187,7 +187,7 @@ def pass_cost(facts: Facts, length: int) -> float:
     ~250 s at 24k as the 24k search ran; the other machines' are taken alike (not measured there)."""
     r = length / 32768
     return (0.23 * r * facts.parameters / REFERENCE_PARAMETERS
-            + 0.77 * r * r * (facts.attention or REFERENCE_ATTENTION) / REFERENCE_ATTENTION)
+            + 0.77 * r * r * facts.attention / REFERENCE_ATTENTION)
 
 
 SHORT_STEP_COST = 0.7   # a short-stage step against a fine-tune step (no LongCE pass): 82 against 55 tokens/s on B
