@@ -170,6 +170,7 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     assert windows[0] == windows[1] and len(windows[0]) == extend_report.SHORT_WINDOWS   # the same windows, paired
     report = (out / "REPORT.md").read_text()
     assert "| extended |" in report and "Goals:" in report
+    assert extend_report.QUICK in report and extend_report.QUICK in (out / "README.md").read_text()   # a cut judge
     assert "within +1 % of the unpatched model (the mean): " in report and "(n 6)" in report
     for row in {"yarn", "self_extend"} - set(baselines):   # left out, saying why
         assert f"; no {row}: method '{row}' " in report
@@ -206,6 +207,7 @@ def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monk
                             MACHINE)
     at_target, at_original = plan.judge_passes()
     assert (out / "REPORT.md").is_file() and at_target > 0
+    assert (extend_report.QUICK in (out / "REPORT.md").read_text()) == (mode == "quick")
     # a passkey trial is the prompt and its answer: a few tokens short of the target
     assert (sum(n > 64 for n in lengths), lengths.count(64)) == (at_target, at_original), sorted(set(lengths))
     assert len(lengths) == at_target + at_original
@@ -323,6 +325,8 @@ def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts)
     assert not (out / "short").exists()
     assert (out / "model.safetensors").read_bytes() == (out / "finetune" / "model.safetensors").read_bytes()
     assert "; then" not in (out / "README.md").read_text()   # the card names no short stage
+    assert "Not judged (judge.mode skip)" in (out / "README.md").read_text()
+    assert "Not judged (judge.mode skip)" in (out / "REPORT.md").read_text()
 
 
 def test_a_held_out_text_shorter_than_the_target_is_refused_before_the_search(tmp_path, texts, capsys):

@@ -101,6 +101,8 @@ def wanted_cells(run, row: str) -> list[str]:
     return cells + (["passkey"] if v("judge.passkey_depths") else [])
 
 
+QUICK = ("Judged quick (judge.mode quick): one passage seed, no passkey; the same command with `--judge.mode full` "
+         "judges this checkpoint again with two seeds and the passkey.")
 PASSKEY_TRIALS = 2   # passkey trials at each depth of the key
 SHORT_WINDOWS = 6   # perplexity windows at the original context the goal's +1 % is read on (fewer in a short text)
 
@@ -368,7 +370,8 @@ def report(run) -> str:
     if judged:
         table, goals = recall_tables(run, cells)
         ppl, rise = perplexity_summary(run, cells)
-        lines += ["## Judged", "", f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
+        lines += ["## Judged", "", *([QUICK, ""] if v("judge.mode") == "quick" else []),
+                  f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
                   f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
                   f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
                   f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed at distances even over the window over {v('judge.seeds')} seed(s). "
@@ -432,6 +435,8 @@ def card(run, cells: dict) -> str:
                   f"untrained Self-Extend, paired: whole window {interval(se['whole'])}, last quarter "
                   f"{interval(se['last_quarter'])} nats / token" if se else "")
         judged += "; " + "; ".join(g.removeprefix("- ") for g in goal_lines(goals, rise)) + ". Every bin: REPORT.md."
+        if v("judge.mode") == "quick":
+            judged += f" {QUICK}"
     return "\n".join([
         *front_matter(facts.ref), f"# {base_name(facts.ref)} extended to {v('target')} tokens", "",
         f"Extended with hf_posenc (`hf-posenc extend --model {base_name(facts.ref)} --target {v('target')}`) from "
