@@ -256,6 +256,10 @@ def test_the_extended_folder_names_its_hub_base_and_holds_no_machine_path(tmp_pa
     card = (out / "README.md").read_text()
     assert yaml.safe_load(card.split("---")[1])["base_model"] == "org/tiny-llama"
     assert card.count("# org/tiny-llama extended to 256 tokens") == 1
+    # what the run was given instead of the rules, its texts by their own names (no path)
+    assert (", with search.corpus tune, search.candidates 0, train.corpus train, train.tokens 64, judge.mode quick, "
+            "judge.corpus held given") in card
+    assert "1 steps of one 32-token window (32 tokens)" in card or "2 steps of one 32-token window (64 tokens)" in card
     for file in out.iterdir():   # the checkpoint, its card and report: the stage folders are the run's records
         if file.is_file():
             text = file.read_bytes().decode("utf-8", "replace")

@@ -411,6 +411,16 @@ def export(run) -> None:
     (run.out / "README.md").write_text(card(run, cells))
 
 
+def given_words(run) -> str:
+    """The settings the run was given instead of the plan's rules, as the card names them (a local text by its file
+    names: no path)."""
+    from .finetune_card import corpus_name
+
+    given = [f"{s.name} {corpus_name(s.value) if s.name.endswith('.corpus') else format_value(s.value)}"
+             for s in run.plan.settings if s.given and s.name not in ("target", "output_dir")]
+    return f", with {', '.join(given)} given (the plan's rules for the rest: REPORT.md)" if given else ""
+
+
 def card(run, cells: dict) -> str:
     """README.md of the extended checkpoint: what it was made from, what it carries, how it was trained and judged."""
     import transformers
@@ -440,7 +450,7 @@ def card(run, cells: dict) -> str:
     return "\n".join([
         *front_matter(facts.ref), f"# {base_name(facts.ref)} extended to {v('target')} tokens", "",
         f"Extended with hf_posenc (`hf-posenc extend --model {base_name(facts.ref)} --target {v('target')}`) from "
-        f"{facts.original} to {v('target')} tokens.", "",
+        f"{facts.original} to {v('target')} tokens{given_words(run)}.", "",
         f"- **Positions**: {carried}. Stock transformers loads it as is "
         f"(`AutoModelForCausalLM.from_pretrained(folder)`); `hf-posenc export folder model.gguf` writes it for "
         f"llama.cpp.",
@@ -448,8 +458,8 @@ def card(run, cells: dict) -> str:
                             f"at a distance on `{corpus_name(v('search.corpus'))}`, the pairs from the critical one "
                             f"({facts.critical} of {facts.pairs}) held at >= {v('search.critical_floor')} x s"
                             if v("search") else "none (one RoPE per layer type): the fine-tune started from YaRN"),
-        f"- **Training**: {v('train.steps')} steps of one {v('train.seq_len')}-token window ({v('train.tokens'):,} "
-        f"tokens) of `{corpus_name(v('train.corpus'))}`, documents "
+        f"- **Training**: {v('train.steps')} steps of one {v('train.seq_len')}-token window "
+        f"({v('train.steps') * v('train.seq_len'):,} tokens) of `{corpus_name(v('train.corpus'))}`, documents "
         f"{'kept apart' if v('train.packing') == 'documents' else 'joined'}, PoSE ids spread over {v('target')} "
         f"(`{v('train.positions')}`), LongCE (window {v('train.longce_window')}), lr {v('train.lr')}"
         + (f"; then {v('train.short_steps')} step{'s' if v('train.short_steps') != 1 else ''} of one contiguous "
