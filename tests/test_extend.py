@@ -249,6 +249,33 @@ def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_pa
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before
 
 
+def test_a_resumed_stage_counts_what_earlier_runs_spent_in_its_estimate(tmp_path, monkeypatch, capsys):
+    model = smollm2_like(tmp_path / "m")   # SmolLM2's plan, no weights: the stages do not run
+    tiny_tokenizer().save_pretrained(model)
+    argv = ["--model", str(model), "--target", "16384", "--output_dir", str(tmp_path / "out")]
+    for stage in extend.STAGES:   # the stages' work is not what this reads
+        monkeypatch.setattr(extend.ExtendRun, f"stage_{stage}", lambda self: None)
+
+    def killed(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extend.ExtendRun, "stage_search", killed)
+    with pytest.raises(SystemExit):
+        run_extend(argv)
+    plan = extend.make_plan(extend_config.parse_args(argv), extend.model_facts(extend_config.parse_args(argv)),
+                            extend.machine_kind())
+    whole, search = sum(plan.estimates().values()), plan.estimates()["search"]
+    for spent, says in ((600.0, f"10 min of it spent by earlier runs, ~{search - 10:.0f} min left in it, "
+                                f"~{whole - 10:.0f} min left in all"),
+                        (60 * search + 60, "past its estimate: its own progress says what is left, "
+                                           f"~{whole - search:.0f} min left in all")):
+        (tmp_path / "out" / "clock.json").write_text(json.dumps({"search": spent}))
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            run_extend(argv)
+        assert says in capsys.readouterr().err
+
+
 def test_the_extended_folder_names_its_hub_base_and_holds_no_machine_path(tmp_path, texts):
     model = save_family(tmp_path / "llama", "llama")
     (model / "README.md").write_text("---\nbase_model: org/tiny-llama\n---\n")   # a folder hf_posenc saved

@@ -614,12 +614,16 @@ class ExtendRun:
                    "judge": self.plan.value("judge.mode") == "skip"}
         stages = [s for s in STAGES if not skipped.get(s)]
         for i, stage in enumerate(stages, 1):
-            left = sum(estimates[s] for s in stages[i - 1:] if s not in self.done)
             if stage in self.done:
                 print(f"[{i}/{len(stages)} {stage}] done ({self.done[stage]['seconds'] / 60:.1f} min)", file=sys.stderr)
                 continue
-            print(f"[{i}/{len(stages)} {stage}] ~{estimates[stage]:.0f} min for this stage, ~{left:.0f} min left in "
-                  f"all (estimates)", file=sys.stderr)
+            spent = self.spent().get(stage, 0.0) / 60   # a killed run's part of this stage
+            here = max(0.0, estimates[stage] - spent)
+            left = here + sum(estimates[s] for s in stages[i:] if s not in self.done)
+            resumed = (f"{spent:.0f} min of it spent by earlier runs, " + (f"~{here:.0f} min left in it" if here else
+                       "past its estimate: its own progress says what is left") + ", ") if spent >= 0.5 else ""
+            print(f"[{i}/{len(stages)} {stage}] ~{estimates[stage]:.0f} min for this stage, {resumed}~{left:.0f} min "
+                  f"left in all (estimates)", file=sys.stderr)
             self.clocked(stage)
         print(f"extended checkpoint: {self.out} (REPORT.md, README.md)", file=sys.stderr)
         return self.out
