@@ -412,8 +412,8 @@ def export(run) -> None:
 
 
 def given_words(run) -> str:
-    """The settings the run was given instead of the plan's rules, as the card names them (a local text by its file
-    names: no path)."""
+    """The settings the run was given instead of the plan's rules, as the card names them (a local text by its own
+    name: no path)."""
     from .finetune_card import corpus_name
 
     given = [f"{s.name} {corpus_name(s.value) if s.name.endswith('.corpus') else format_value(s.value)}"
