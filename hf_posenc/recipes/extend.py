@@ -516,7 +516,8 @@ def guard_length(original: int) -> int:
 
 
 def candidate_seconds(facts: Facts, machine: tuple, target: int) -> float:
-    """What a search candidate should take on this machine: RATES' 32k figure, scaled by parameters and length."""
+    """What a search candidate should take on this machine: RATES' 32k figure, scaled as this model's pass at the
+    target (pass_cost)."""
     return RATES[machine[0]].candidate * pass_cost(facts, target)
 
 
