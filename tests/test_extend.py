@@ -107,6 +107,24 @@ def test_estimates_grow_with_attentions_square_past_32k(tmp_path):
     assert plan_of(folder, "--target", "32768", "--judge.mode", "skip").estimates()["judge"] == 0
 
 
+def test_a_slow_machine_checkpoints_every_ten_minutes_a_fast_one_every_third_of_the_steps(tmp_path):
+    """A run killed at a session's end loses at most ~CHECKPOINT_SECONDS of training, not a third of a 64k
+    fine-tune (50 steps, ~66 min on 2 AVX2 cores)."""
+    folder = smollm2_like(tmp_path / "m")
+    args = extend_config.parse_args(["--model", str(folder), "--target", "65536"])
+    facts = extend.model_facts(args)
+    for kind, most in (("float32", None), ("cuda", 150 // 3)):
+        plan = extend.make_plan(args, facts, (kind, "test", "float32", "asked for"))
+        step = 4096 * facts.parameters / extend.REFERENCE_PARAMETERS / extend.RATES[kind].tokens_s
+        every = extend.finetune_sections(plan)[1].save_every
+        if most:
+            assert every == most   # a step takes a fraction of a second: a third of the steps, as before
+        else:
+            assert every * step <= extend.CHECKPOINT_SECONDS + step and every < 150 // 3
+        short = extend.short_sections(plan)[1].save_every
+        assert 1 <= short <= plan.value("train.short_steps") // 2
+
+
 # ----------------------------------------------------------------------------------------- the whole pipeline
 FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 16},
             "phi3": {"pad_token_id": 0, "original_max_position_embeddings": 64},

@@ -460,6 +460,16 @@ def short_window(plan: Plan) -> int:
     return min(plan.value("train.seq_len"), plan.facts.original)
 
 
+CHECKPOINT_SECONDS = 600   # a killed fine-tune or short stage loses at most about this much training
+
+
+def save_every(plan: Plan, steps: int, window: int, cost: float = 1.0, share: int = 3) -> int:
+    """Steps between a stage's checkpoints: a `share` of its steps, or fewer where those would take longer than
+    CHECKPOINT_SECONDS at this machine's rate (a step of `window` tokens costing `cost` fine-tune tokens each)."""
+    step_seconds = cost * window * plan.facts.parameters / REFERENCE_PARAMETERS / RATES[plan.machine[0]].tokens_s
+    return max(1, min(steps // share, round(CHECKPOINT_SECONDS / step_seconds)))
+
+
 def short_sections(plan: Plan):
     """The short stage's data and train sections: the fine-tune's text, contiguous ids, cross-entropy."""
     from hf_posenc.recipes import finetune_config as fc
@@ -469,7 +479,8 @@ def short_sections(plan: Plan):
     return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=short_window(plan), packing=v("train.packing")),
             fc.TrainArgs(objective="lm", positions="contiguous", loss="ce", steps=steps, lr=v("train.short_lr"),
                          warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",
-                         save_every=max(1, steps // 2), seed=v("train.seed") + 1))   # other windows than before
+                         save_every=save_every(plan, steps, short_window(plan), SHORT_STEP_COST, share=2),
+                         seed=v("train.seed") + 1))   # other windows than before
 
 
 def finetune_sections(plan: Plan):
@@ -482,7 +493,7 @@ def finetune_sections(plan: Plan):
             fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
                          longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
                          warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",   # a step at lr 0: none
-                         save_every=max(1, steps // 3), seed=v("train.seed")))
+                         save_every=save_every(plan, steps, v("train.seq_len")), seed=v("train.seed")))
 
 
 def search_stage_config(plan: Plan, model: recipe_config.ModelArgs, output_dir: str):
