@@ -180,6 +180,11 @@ REFERENCE_PARAMETERS = 135e6
 REFERENCE_ATTENTION = 30 * 9 * 64   # SmolLM2-135M: layers x query heads x head size
 
 
+def token_seconds(facts: Facts, machine: tuple) -> float:
+    """Seconds a fine-tune token takes on this machine: RATES' tokens a second, scaled by the parameter count."""
+    return facts.parameters / REFERENCE_PARAMETERS / RATES[machine[0]].tokens_s
+
+
 def pass_cost(facts: Facts, length: int) -> float:
     """A forward pass of this model over `length` tokens, in passes of SmolLM2-135M over 32k. Its weights' part
     grows with the length and the parameter count, attention's with the length's square and the attention width.
@@ -214,15 +219,14 @@ class Plan:
     def estimates(self) -> dict:
         """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length; the judge
         by its forward passes)."""
-        rate, scale = RATES[self.machine[0]], self.facts.parameters / REFERENCE_PARAMETERS
         T, L = self.value("target"), self.facts.original
         candidate = candidate_seconds(self.facts, self.machine, T)
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
-        per_token = scale / rate.tokens_s
+        per_token = token_seconds(self.facts, self.machine)
         train = self.value("train.steps") * self.value("train.seq_len") * per_token   # what the steps train
         short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
         at_target, at_original = self.judge_passes()
-        judge = rate.forward * (at_target * pass_cost(self.facts, T) + at_original * pass_cost(self.facts, L))
+        judge = RATES[self.machine[0]].forward * (at_target * pass_cost(self.facts, T) + at_original * pass_cost(self.facts, L))
         search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
 
@@ -466,7 +470,7 @@ CHECKPOINT_SECONDS = 600   # a killed fine-tune or short stage loses at most abo
 def save_every(plan: Plan, steps: int, window: int, cost: float = 1.0, share: int = 3) -> int:
     """Steps between a stage's checkpoints: a `share` of its steps, or fewer where those would take longer than
     CHECKPOINT_SECONDS at this machine's rate (a step of `window` tokens costing `cost` fine-tune tokens each)."""
-    step_seconds = cost * window * plan.facts.parameters / REFERENCE_PARAMETERS / RATES[plan.machine[0]].tokens_s
+    step_seconds = cost * window * token_seconds(plan.facts, plan.machine)
     return max(1, min(steps // share, round(CHECKPOINT_SECONDS / step_seconds)))
 
 
