@@ -327,6 +327,10 @@ BAD = [
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
     (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
     (["--target", "256", "--train.seq_len", "512"], "train: "),
+    (["--target", "256", "--train.longce_window", "16"], "train.longce_window 16 + its stride 16 must be below "
+                                                         "train.seq_len 32"),
+    (["--target", "256", "--search.far_from", "0"], "search.far_from must be >= 1 token (or null: the rule), got 0"),
+    (["--target", "256", "--search.band_width", "0"], "search.band_width must be >= 1 token"),
     (["--target", "256", "--train.short_steps", "-1"], "train.short_steps must be >= 0 (0: no short stage"),
     (["--target", "256", "--train.short_lr", "0"], "train.short_lr must be > 0"),
     (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
@@ -378,13 +382,28 @@ def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts)
     assert "Not judged (judge.mode skip)" in (out / "REPORT.md").read_text()
 
 
-def test_a_held_out_text_shorter_than_the_target_is_refused_before_the_search(tmp_path, texts, capsys):
+SHORT_TEXTS = [
+    (["--judge.corpus", "{short}"], "judge.corpus '{short}' has 14 tokens, fewer than the target 256: name a longer "
+                                    "text, or --judge.mode skip"),
+    (["--search.corpus", "{short}"], "search.corpus '{short}' has 14 tokens, fewer than the 512 that the search's 2 "
+                                     "recall sequences of 256 take"),
+    (["--train.corpus", "{short}"], "train.corpus '{short}' has 14 tokens, fewer than one span of the target 256"),
+    (["--judge.passages", "2000"], "fewer than the {need} that the judge's {k} recall sequences of 256 take"),
+]
+
+
+@pytest.mark.parametrize("more, message", SHORT_TEXTS, ids=["judge", "search", "train", "judge's passages"])
+def test_a_text_too_short_for_its_stage_is_refused_before_the_search(tmp_path, texts, capsys, more, message):
+    """Each stage's text is counted before anything is written: not refused hours later, after the stages before
+    it (the search, the fine-tune)."""
     model = save_family(tmp_path / "llama", "llama")
     (tmp_path / "short").mkdir()
-    (tmp_path / "short" / "a.txt").write_text("A held-out text of a few words.\n")
-    argv = tiny_argv(model, texts, tmp_path / "out", "--judge.corpus", str(tmp_path / "short"))
+    (tmp_path / "short" / "a.txt").write_text("A few words.\n")
+    short = str(tmp_path / "short")
+    argv = tiny_argv(model, texts, tmp_path / "out", *[m.format(short=short) for m in more])
     got = one_line_refusal(capsys, run_extend, argv)
-    assert f"judge.corpus {str(tmp_path / 'short')!r} has" in got and "fewer than the target 256" in got
+    k = extend_report.judge_layout(256, 2000, extend_report.judge_passage(64), 0, seed=0)[1]   # the layout's own
+    assert message.format(short=short, k=k, need=256 * k) in got, got
     assert not (tmp_path / "out").exists()
 
 

@@ -56,6 +56,12 @@ class Layout:
     def distances(self) -> list[int]:
         return [r - f for f, r in zip(self.firsts, self.repeats)]
 
+    @property
+    def text_tokens(self) -> int:
+        """Distinct tokens of the text one sequence takes (`make_recall`): its filler, its passages and the
+        control's other passages, all the sequence but its head."""
+        return self.length - self.head
+
 
 @dataclass
 class RecallSet:
@@ -182,8 +188,8 @@ def make_recall(tokenizer, text: str | Sequence[int], layout: Layout, *, sequenc
         raise InvalidParameterError(f"prefix has {len(prefix)} token(s), the layout's head {layout.head}")
     ids = _text_tokens(tokenizer, text)
     n, size = len(layout.firsts), layout.passage_tokens
-    filler_tokens = layout.length - layout.head - 2 * n * size
-    need = sequences * (filler_tokens + 2 * n * size)     # filler, passages, the control's other passages
+    filler_tokens = layout.text_tokens - 2 * n * size
+    need = sequences * layout.text_tokens
     if len(ids) < need:
         raise InvalidInputError(
             f"the recall text has {len(ids)} tokens; {sequences} sequence(s) of {layout.length} with {n} passages "

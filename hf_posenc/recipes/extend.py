@@ -367,7 +367,7 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
             except ValueError:
                 continue
             return 2 * per_sequence, band
-    return 2 * derived, width or min(span, T // 8)   # as derived: check_plan says why the search refuses it
+    return 2 * max(2, derived), width or min(span, T // 8)   # check_plan says why the search refuses it
 
 
 def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: list, put, window: int) -> int:
@@ -437,8 +437,13 @@ def check_plan(plan: Plan) -> None:
             search_settings(plan)
         except ValueError as err:
             raise ConfigError(within("search", err)) from None
+    window, seq_len = v("train.longce_window"), v("train.seq_len")
+    if 2 * window >= seq_len:   # LongCE's stride is its window (the fine-tune recipe's rule, checked hours later)
+        raise ConfigError(f"train.longce_window {window} + its stride {window} must be below train.seq_len "
+                          f"{seq_len}: only a token after both has a shorter context to compare; lower "
+                          f"train.longce_window")
     try:
-        scheme(v("train.positions")).resolve(v("target")).check_window(v("train.seq_len"))
+        scheme(v("train.positions")).resolve(v("target")).check_window(seq_len)
         finetune_sections(plan)
         if v("train.short_steps"):
             short_sections(plan)
@@ -457,6 +462,33 @@ def check_plan(plan: Plan) -> None:
             recall.distance_bins(v("target"), v("judge.bin"))
         except ValueError as err:
             raise ConfigError(f"judge: {err}") from None
+
+
+def text_needs(plan: Plan, done: dict) -> list[tuple[str, str, int, str]]:
+    """(field, spec, tokens, what takes them) of each text a stage not done reads: the search's recall sequences,
+    one span of the target for the fine-tune (PoSE takes each window from one; the short stage a window), the
+    judge's perplexity at the target and its recall sequences."""
+    from hf_posenc.eval import recall
+
+    v, T = plan.value, plan.value("target")
+    needs = []
+    if v("search") and "search" not in done:
+        k = recall.cell_sequences(T, v("search.passages"), v("search.passage_tokens"))[1]
+        needs.append(("search.corpus", v("search.corpus"), k * T, f"the {k * T} that the search's {k} recall "
+                                                                  f"sequences of {T} take"))
+    if "finetune" not in done:
+        needs.append(("train.corpus", v("train.corpus"), T, f"one span of the target {T} (PoSE takes each "
+                                                            f"window from one)"))
+    elif v("train.short_steps") and "short" not in done:
+        needs.append(("train.corpus", v("train.corpus"), short_window(plan),
+                      f"one short-stage window of {short_window(plan)}"))
+    if v("judge.mode") != "skip" and "judge" not in done:
+        passage = extend_report.judge_passage(plan.facts.original)
+        k = extend_report.judge_layout(T, v("judge.passages"), passage, 0, seed=0)[1]
+        needs.append(("judge.corpus", v("judge.corpus"), k * T, f"the {k * T} that the judge's {k} recall "
+                                                                f"sequences of {T} take" if k > 1 else
+                      f"the target {T}"))
+    return needs
 
 
 def short_window(plan: Plan) -> int:
@@ -612,9 +644,7 @@ class ExtendRun:
         write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k != stage})
 
     def run(self) -> Path:
-        if self.plan.value("judge.mode") != "skip" and "judge" not in self.done:   # before anything is written
-            extend_report.check_judge_text(self.plan.facts.ref, self.plan.value("judge.corpus"),
-                                           self.plan.value("target"))
+        extend_report.check_texts(self.plan.facts.ref, text_needs(self.plan, self.done))   # before anything is written
         self.out.mkdir(parents=True, exist_ok=True)
         if self.rejudge:   # other judge settings: the trained stages stand, the judge and the export run again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in TRAINED})

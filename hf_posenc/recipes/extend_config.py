@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
     need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
                                     f"out ({MAX_LENGTH} tokens)")
+    for name in ("far_from", "band_width", "passage_tokens"):   # the search recipe reads 0 as its own default
+        value = getattr(args.search, name)
+        need(value is None or value >= 1, f"search.{name} must be >= 1 token (or null: the rule), got {value}")
     for name in ("passages", "bin"):
         value = getattr(args.judge, name)
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")

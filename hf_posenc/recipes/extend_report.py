@@ -49,19 +49,28 @@ def cells_file(out: Path, settings: dict) -> Path:
     return out / "judge" / f"cells-{key}.json"
 
 
-def check_judge_text(ref: str, spec: str, target: int) -> None:
-    """The held-out text holds at least `target` tokens: refused now, not after the search and the fine-tune (the
-    tokenizer only, the documents counted until there are enough)."""
+def check_texts(ref: str, needs: list[tuple[str, str, int, str]]) -> None:
+    """Each text a stage still to run reads, as (field, spec, tokens, what takes them), loads and holds those
+    tokens: refused now, not after the stages before it (the tokenizer only, each text's documents counted until
+    there are enough)."""
     import hf_posenc as hp
     from hf_posenc import corpora
+    from hf_posenc.errors import PosEncError
 
-    tokenizer, total = hp.load_tokenizer(ref), 0
-    for text in corpora.load_corpus(spec)["text"]:
-        total += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1   # the newline between documents
-        if total >= target:
-            return
-    raise ConfigError(f"judge.corpus {spec!r} has {total} tokens, fewer than the target {target}: name a longer "
-                      f"held-out text, or --judge.mode skip")
+    tokenizer = hp.load_tokenizer(ref)
+    for field, spec, need, what in needs:
+        try:
+            documents = corpora.load_corpus(spec)["text"]
+        except (PosEncError, OSError, ValueError) as err:   # unreachable, unreadable: the loader's own words
+            raise ConfigError(f"{field}: {err}") from None
+        total = 0
+        for text in documents:
+            total += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1   # the newline between them
+            if total >= need:
+                break
+        else:
+            skip = ", or --judge.mode skip" if field == "judge.corpus" else ""
+            raise ConfigError(f"{field} {spec!r} has {total} tokens, fewer than {what}: name a longer text{skip}")
 
 
 def judge_passage(original: int) -> int:
