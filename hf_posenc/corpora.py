@@ -131,6 +131,17 @@ def _local_files(spec: str) -> list[str]:
         return []
 
 
+def shares_text(spec: str, other: str) -> bool:
+    """Whether two corpus specs read some text in common, however spelled: one built-in corpus (the whole, or
+    parts in common), or local files in common (a folder, a file in it, a glob, a path with a trailing slash)."""
+    (name, _, parts), (other_name, _, other_parts) = spec.partition(":"), other.partition(":")
+    if name in BUILTIN or other_name in BUILTIN:
+        wanted, theirs = set(parts.split(",")) - {""}, set(other_parts.split(",")) - {""}
+        return name == other_name and (not wanted or not theirs or bool(wanted & theirs))
+    files = [{str(Path(f).resolve()) for f in _local_files(s)} for s in (spec, other)]
+    return spec == other or bool(files[0] & files[1])
+
+
 def names_missing_files(spec: str) -> bool:
     """Whether `spec` reads as local files (a folder, a path, a glob) and no corpus file is there: a spec to refuse,
     not a hub dataset's name to look up."""

@@ -453,9 +453,24 @@ def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, c
     assert "6 passages a seed" in (out / "REPORT.md").read_text()
 
 
-def test_a_judge_text_a_stage_reads_is_said_not_held_out(tmp_path):
-    plan = plan_of(smollm2_like(tmp_path / "m"), "--target", "16384", "--judge.corpus", "stdlib")
-    assert "judge.corpus" in plan.text() and "NOT held out: a stage trains or searches on it" in plan.text()
+@pytest.mark.parametrize("judged, trained", [("stdlib", None), ("shakespeare:hamlet", None),
+                                             ("{texts}/train", "{texts}/train/"), ("{texts}/train/0.txt", "{texts}/train"),
+                                             ("{texts}/train/*.txt", "{texts}/train")])
+def test_a_judge_text_a_stage_reads_is_said_not_held_out_however_spelled(tmp_path, texts, judged, trained):
+    """The built-in corpus or one of its parts, a folder with a trailing slash, a file in it, a glob of it."""
+    folder = smollm2_like(tmp_path / "m")
+    more = ["--train.corpus", trained.format(texts=texts)] if trained else []
+    plan = plan_of(folder, "--target", "16384", "--judge.corpus", judged.format(texts=texts), *more)
+    assert "NOT held out: a stage trains or searches on it" in plan.text()
+    assert "neither the search nor the fine-tune" not in plan.text()
+
+
+def test_a_held_out_text_is_said_held_out(tmp_path, texts):
+    plan = plan_of(smollm2_like(tmp_path / "m"), "--target", "16384", "--judge.corpus", str(texts / "held"),
+                   "--train.corpus", str(texts / "train"), "--search.corpus", "shakespeare:lear")
+    assert "a text neither the search nor the fine-tune reads" in plan.text() and "NOT held out" not in plan.text()
+    assert plan_of(smollm2_like(tmp_path / "m2"), "--target", "16384", "--search.corpus", "kjv").value(
+        "judge.corpus") == "shakespeare"   # the first built-in text no stage reads
 
 
 def test_a_one_step_budget_trains_and_the_judge_fills_every_bin(tmp_path, texts):

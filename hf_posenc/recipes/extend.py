@@ -269,6 +269,8 @@ def asked(section, name: str):
 
 def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     """Every setting of the run from the model, the target and the machine, by the rules stated beside each."""
+    from hf_posenc import corpora   # datasets: not at --help
+
     L, T = facts.original, args.target
     settings: list[Setting] = []
 
@@ -323,10 +325,11 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("train.short_lr", ta.short_lr, ta.lr / 2, "half the fine-tune's")
     ja = args.judge
     mode = put("judge.mode", asked(ja, "mode"), ja.mode, "full: two passage seeds, perplexity, passkey; quick: one seed")
-    read = {args.search.corpus if searched else None, ta.corpus}
-    held_out = next((t for t in TEXTS if t not in read), None)
+    read = [ta.corpus, *([args.search.corpus] if searched else [])]
+    held_out = next((t for t in TEXTS if not any(corpora.shares_text(t, r) for r in read)), None)
     corpus = put("judge.corpus", ja.corpus, held_out, "a text neither the search nor the fine-tune reads"
-                 if ja.corpus not in read else "NOT held out: a stage trains or searches on it")
+                 if ja.corpus is None or not any(corpora.shares_text(ja.corpus, r) for r in read) else
+                 "NOT held out: a stage trains or searches on it")
     if mode != "skip" and corpus is None:
         raise ConfigError("judge.corpus: every built-in text is read by a stage; name a held-out text")
     left_out = {m: why for m, why in facts.baselines.items() if why}
