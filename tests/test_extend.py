@@ -229,6 +229,10 @@ def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monk
     # a passkey trial is the prompt and its answer: a few tokens short of the target
     assert (sum(n > 64 for n in lengths), lengths.count(64)) == (at_target, at_original), sorted(set(lengths))
     assert len(lengths) == at_target + at_original
+    cells = json.loads(next((out / "judge").glob("cells-*.json")).read_text())
+    # the passkey is the checkpoint's only: six trials cannot tell two rows apart
+    assert [c for c in cells if c.endswith("/passkey")] == (["extended/passkey"] if mode == "full" else [])
+    assert ("Passkey, the key about" in (out / "REPORT.md").read_text()) == (mode == "full")
 
 
 def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_path, texts, monkeypatch, capsys):

@@ -226,13 +226,14 @@ class Plan:
         train = self.value("train.steps") * self.value("train.seq_len") * per_token   # what the steps train
         short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
         at_target, at_original = self.judge_passes()
-        judge = RATES[self.machine[0]].forward * (at_target * pass_cost(self.facts, T) + at_original * pass_cost(self.facts, L))
+        judge = RATES[self.machine[0]].forward * (at_target * pass_cost(self.facts, T)
+                                                  + at_original * pass_cost(self.facts, L))
         search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
 
     def judge_passes(self) -> tuple[int, int]:
         """The judge's forward passes at the target and at the original context: each row's recall sequences with
-        their control passes, passkey trials and perplexity pass at T; the base's perplexity at L, the goal's windows
+        their control passes and perplexity pass at T, the checkpoint's passkey trials; the base's perplexity at L, the goal's windows
         of the base and the checkpoint, and a pass at L of each row that reads the input's length: the checkpoint and
         its start where they carry the searched longrope (their perplexity at L is not the first L tokens of the pass
         at T)."""
@@ -242,10 +243,10 @@ class Plan:
             return 0, 0
         T, L, rows = self.value("target"), self.facts.original, len(self.rows())
         sequences = recall.cell_sequences(T, self.value("judge.passages"), extend_report.judge_passage(L))[1]
-        per_row = (2 * self.value("judge.seeds") * sequences + 1
-                   + extend_report.PASSKEY_TRIALS * len(self.value("judge.passkey_depths")))
+        per_row = 2 * self.value("judge.seeds") * sequences + 1
+        passkey = extend_report.PASSKEY_TRIALS * len(self.value("judge.passkey_depths"))   # the checkpoint's only
         searched = 2 if self.value("search") else 0   # the checkpoint and its untrained start
-        return rows * per_row, 1 + 2 * extend_report.SHORT_WINDOWS + searched
+        return rows * per_row + passkey, 1 + 2 * extend_report.SHORT_WINDOWS + searched
 
     def text(self) -> str:
         width = max(len(s.name) for s in self.settings)
@@ -342,8 +343,8 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("judge.bin", ja.bin, max(L // 2, T // 8), "distance bins of the report: the larger of half the original "
                                                   "context and target / 8 (4k up to 32k for an 8k model)")
     put("judge.passkey_depths", None, [0.05, 0.15, 0.25] if mode == "full" else [],
-        "the key in the farthest quarter of the window, "
-        f"{extend_report.PASSKEY_TRIALS} trials each")
+        f"the checkpoint's passkey, the key in the farthest quarter of the window, {extend_report.PASSKEY_TRIALS} "
+        f"trials each (too few to tell two rows apart: the other rows are not asked)")
     plan = Plan(settings, facts, machine)
     check_plan(plan)
     return plan

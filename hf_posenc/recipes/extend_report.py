@@ -107,7 +107,8 @@ def wanted_cells(run, row: str) -> list[str]:
         return ["perplexity", "short_perplexity"]
     cells = [f"recall_seed{k}" for k in range(v("judge.seeds"))] + ["perplexity"]
     cells += ["short_perplexity"] if row == "extended" else []   # the goal's windows: this row and base only
-    return cells + (["passkey"] if v("judge.passkey_depths") else [])
+    # the passkey: the checkpoint's only (6 trials cannot tell two rows apart, and they are half of a row's passes)
+    return cells + (["passkey"] if v("judge.passkey_depths") and row == "extended" else [])
 
 
 QUICK = ("Judged quick (judge.mode quick): one passage seed, no passkey; the same command with `--judge.mode full` "
