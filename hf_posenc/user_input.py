@@ -108,6 +108,28 @@ def output_folder(out: str, flag: str, inputs=(), *, replaces: bool = False) -> 
 
 
 @contextlib.contextmanager
+def held(folder: Path, what: str):
+    """`folder` (it exists) for this process alone while the block runs: a second process asking for it is refused
+    naming `what`. An advisory lock on the folder itself (no file is written); the system lets go of it when the
+    process ends, killed or not. Where there is no flock (Windows) the block runs unguarded."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{what} is in use: another process runs in it now; let it finish (or stop it), then "
+                             f"run this command again to go on from where it stopped") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def replacing(out: Path):
     """A fresh folder beside `out` to write into; when the block succeeds it takes `out`'s place by renames,
     so `out` never mixes old and new files (a previous model's tokenizer, shards or index), and a failed

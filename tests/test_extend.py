@@ -411,6 +411,27 @@ def test_a_text_too_short_for_its_stage_is_refused_before_the_search(tmp_path, t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_second_run_in_a_folder_in_use_is_refused_and_changes_nothing(tmp_path, texts, capsys):
+    """Running the command again to see how far a background run got must not start the same stages twice."""
+    from hf_posenc import user_input
+
+    model = save_family(tmp_path / "llama", "llama")
+    out = tmp_path / "out"
+    out.mkdir()   # a run that has just started: its folder made, nothing in it yet
+    with user_input.held(out, "the folder"):   # what the running process holds while it runs
+        got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, out, "--judge.mode", "skip"))
+    assert f"output_dir {out} is in use: another process runs in it now" in got, got
+    assert not any(out.iterdir())
+    assert run_extend(tiny_argv(model, texts, out, "--judge.mode", "skip")) == out   # let go of: the run goes on
+
+
+def test_an_output_inside_a_text_it_reads_is_refused(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, texts / "train" / "run"))
+    assert f"is or lies inside the input {texts / 'train'}" in got, got
+    assert not (texts / "train" / "run").exists()
+
+
 def test_models_extend_cannot_take_are_refused_before_weights_load(tmp_path, capsys):
     from transformers import GPT2Config
 

@@ -578,9 +578,12 @@ class ExtendRun:
     time spent so far in a stage not done (clock.json)."""
 
     def __init__(self, args: ExtendConfig, plan: Plan):
+        from hf_posenc import corpora
+
         self.args, self.plan = args, plan
-        self.out = user_input.output_folder(args.output_dir, "output_dir", [p for p in [Path(plan.facts.ref)]
-                                                                            if p.exists()])
+        texts = [s.value for s in plan.settings if s.name in ("search.corpus", "train.corpus", "judge.corpus")]
+        inputs = [Path(plan.facts.ref), *(path for spec in texts if spec for path in corpora.corpus_paths(spec))]
+        self.out = user_input.output_folder(args.output_dir, "output_dir", [p for p in inputs if p.exists()])
         self.check_folder()
 
     def check_folder(self) -> None:
@@ -650,6 +653,11 @@ class ExtendRun:
     def run(self) -> Path:
         extend_report.check_texts(self.plan.facts.ref, text_needs(self.plan, self.done))   # before anything is written
         self.out.mkdir(parents=True, exist_ok=True)
+        with user_input.held(self.out, f"output_dir {self.args.output_dir}"):   # one run at a time in a folder
+            return self.stages()
+
+    def stages(self) -> Path:
+        self.check_folder()   # again, now that no other run can change the folder
         if self.rejudge:   # other judge settings: the trained stages stand, the judge and the export run again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in TRAINED})
             write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in TRAINED})
