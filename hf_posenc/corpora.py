@@ -16,6 +16,7 @@ cuts the stream of documents, joined by EOS, into blocks for training (every tok
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from pathlib import Path
@@ -132,14 +133,25 @@ def _local_files(spec: str) -> list[str]:
 
 
 def shares_text(spec: str, other: str) -> bool:
-    """Whether two corpus specs read some text in common, however spelled: one built-in corpus (the whole, or
-    parts in common), or local files in common (a folder, a file in it, a glob, a path with a trailing slash)."""
-    (name, _, parts), (other_name, _, other_parts) = spec.partition(":"), other.partition(":")
+    """Whether two corpus specs read some text in common: one built-in corpus whose chosen parts share a document
+    (compared by content: `kjv:john`, `kjv: john` and `kjv:-genesis` all read John), or local files in common
+    however their paths are spelled (a folder, a file in it, a glob, a trailing slash), or one hub dataset."""
+    name, other_name = spec.partition(":")[0].strip(), other.partition(":")[0].strip()
     if name in BUILTIN or other_name in BUILTIN:
-        wanted, theirs = set(parts.split(",")) - {""}, set(other_parts.split(",")) - {""}
-        return name == other_name and (not wanted or not theirs or bool(wanted & theirs))
+        if name != other_name:
+            return False
+        try:
+            return bool(_documents(spec) & _documents(other))
+        except InvalidInputError:   # a part the corpus lacks: refused where a stage reads the text
+            return spec == other
     files = [{str(Path(f).resolve()) for f in _local_files(s)} for s in (spec, other)]
     return spec == other or bool(files[0] & files[1])
+
+
+@functools.lru_cache(maxsize=None)
+def _documents(spec: str) -> frozenset[int]:
+    """A built-in corpus spec's documents, as hashes of their texts."""
+    return frozenset(hash(text) for text in load_corpus(spec)["text"])
 
 
 def names_missing_files(spec: str) -> bool:

@@ -14,6 +14,11 @@ from typing import NoReturn
 
 import yaml
 
+try:
+    import fcntl   # POSIX: a run's folder locked while it runs (folder_lock)
+except ImportError:   # Windows
+    fcntl = None
+
 from . import assets
 from .errors import MethodNotApplicableError, PosEncError, UnsupportedModelError
 
@@ -108,25 +113,25 @@ def output_folder(out: str, flag: str, inputs=(), *, replaces: bool = False) -> 
 
 
 @contextlib.contextmanager
-def held(folder: Path, what: str):
+def folder_lock(folder: Path, what: str):
     """`folder` (it exists) for this process alone while the block runs: a second process asking for it is refused
     naming `what`. An advisory lock on the folder itself (no file is written); the system lets go of it when the
-    process ends, killed or not. Where there is no flock (Windows) the block runs unguarded."""
+    process ends, killed or not. Where the system has no such lock (Windows; NFS or Lustre without flock) the
+    block runs unguarded."""
+    fd = os.open(folder, os.O_RDONLY) if fcntl is not None else None
     try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"{what} is in use: another process runs in it now; let it finish (or stop it), then "
-                             f"run this command again to go on from where it stopped") from None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UsageError(f"{what} is in use: another process runs in it now; let it finish (or stop it), "
+                                 f"then run this command again to go on from where it stopped") from None
+            except OSError:   # no flock on this file system (EBADF on NFS, ENOSYS, ENOLCK): unguarded
+                pass
         yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 @contextlib.contextmanager

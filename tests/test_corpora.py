@@ -47,3 +47,27 @@ def test_a_spec_that_names_local_files_and_finds_none_is_told_apart_from_a_hub_n
     assert names_missing_files(str(tmp_path / "b.txt")) and names_missing_files("/" + "x" * 5000 + ".txt")
     assert not any(names_missing_files(spec) for spec in (str(tmp_path / "a.txt"), str(tmp_path / "*.txt"),
                                                           str(tmp_path), "kjv", "kjv:genesis", "org/dataset"))
+
+
+SHARED = [("kjv", "kjv", True), ("kjv", "stdlib", False), ("shakespeare:hamlet", "shakespeare", True),
+          ("shakespeare:hamlet", "shakespeare:lear", False), ("shakespeare:hamlet,lear", "shakespeare:lear", True),
+          ("shakespeare:-hamlet", "shakespeare:lear", True), ("shakespeare:-hamlet", "shakespeare:hamlet", False),
+          ("shakespeare:-hamlet", "shakespeare:-lear", True), ("kjv: john", "kjv:john", True),
+          ("shakespeare:nosuch", "shakespeare", False), ("org/data", "org/data", True),
+          ("org/data", "org/other", False),
+          ("{d}", "{d}/", True), ("{d}/a.txt", "{d}", True), ("{d}/*.txt", "{d}", True),
+          ("{d}/b.txt", "{d}/a.txt", False), ("{d}", "{e}", False), ("kjv", "{d}", False)]
+
+
+@pytest.mark.parametrize("spec, other, shared", SHARED)
+def test_shares_text_reads_two_specs_as_the_text_they_name(tmp_path, spec, other, shared):
+    """Whether a judge's text is held out: built-in parts by the documents they choose, local files however their
+    path is spelled; a hub dataset by its name."""
+    from hf_posenc.corpora import shares_text
+
+    for name in ("d", "e"):
+        (tmp_path / name).mkdir()
+        for file in ("a.txt", "b.txt"):
+            (tmp_path / name / file).write_text(f"{name} {file}\n")
+    spec, other = (s.format(d=tmp_path / "d", e=tmp_path / "e") for s in (spec, other))
+    assert shares_text(spec, other) == shared and shares_text(other, spec) == shared

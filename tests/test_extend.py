@@ -387,11 +387,11 @@ def test_without_a_short_stage_the_checkpoint_is_the_fine_tunes(tmp_path, texts)
 
 
 SHORT_TEXTS = [
-    (["--judge.corpus", "{short}"], "judge.corpus '{short}' has 14 tokens, fewer than the target 256: name a longer "
+    (["--judge.corpus", "{short}"], "judge.corpus '{short}' has 13 tokens, fewer than the target 256: name a longer "
                                     "text, or --judge.mode skip"),
-    (["--search.corpus", "{short}"], "search.corpus '{short}' has 14 tokens, fewer than the 512 that the search's 2 "
+    (["--search.corpus", "{short}"], "search.corpus '{short}' has 13 tokens, fewer than the 512 that the search's 2 "
                                      "recall sequences of 256 take"),
-    (["--train.corpus", "{short}"], "train.corpus '{short}' has 14 tokens, fewer than one span of the target 256"),
+    (["--train.corpus", "{short}"], "train.corpus '{short}' has 13 tokens, fewer than one span of the target 256"),
     (["--judge.passages", "2000"], "fewer than the {need} that the judge's {k} recall sequences of 256 take"),
 ]
 
@@ -411,18 +411,47 @@ def test_a_text_too_short_for_its_stage_is_refused_before_the_search(tmp_path, t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_rejudge_counts_its_new_text_before_anything_changes(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out"))
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("A few words.\n")
+    got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, out, "--judge.corpus", str(tmp_path / "short")))
+    assert "judge.corpus" in got and "has 13 tokens, fewer than the target 256" in got, got
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == before   # stages.json, plan.json kept
+
+
+def test_an_unreadable_text_is_refused_naming_its_setting(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{bad\n')
+    got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out", "--train.corpus",
+                                                        str(tmp_path / "bad.jsonl")))
+    assert got.startswith("error: train.corpus: ") and "bad.jsonl cannot be read as JSON" in got, got
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_second_run_in_a_folder_in_use_is_refused_and_changes_nothing(tmp_path, texts, capsys):
     """Running the command again to see how far a background run got must not start the same stages twice."""
     from hf_posenc import user_input
 
+    pytest.importorskip("fcntl")   # POSIX: Windows runs unguarded
     model = save_family(tmp_path / "llama", "llama")
     out = tmp_path / "out"
     out.mkdir()   # a run that has just started: its folder made, nothing in it yet
-    with user_input.held(out, "the folder"):   # what the running process holds while it runs
+    with user_input.folder_lock(out, "the folder"):   # what the running process holds while it runs
         got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, out, "--judge.mode", "skip"))
-    assert f"output_dir {out} is in use: another process runs in it now" in got, got
+    assert f"output_dir {out} (stages done: none) is in use: another process runs in it now" in got, got
     assert not any(out.iterdir())
     assert run_extend(tiny_argv(model, texts, out, "--judge.mode", "skip")) == out   # let go of: the run goes on
+
+
+def test_a_launcher_with_several_processes_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model = save_family(tmp_path / "llama", "llama")
+    got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--target", "256", "--output_dir",
+                                                str(tmp_path / "out")])
+    assert "runs in one process (WORLD_SIZE is 2)" in got and not (tmp_path / "out").exists()
 
 
 def test_an_output_inside_a_text_it_reads_is_refused(tmp_path, texts, capsys):
@@ -478,9 +507,9 @@ def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, c
     assert "6 passages a seed" in (out / "REPORT.md").read_text()
 
 
-@pytest.mark.parametrize("judged, trained", [("stdlib", None), ("shakespeare:hamlet", None),
-                                             ("{texts}/train", "{texts}/train/"), ("{texts}/train/0.txt", "{texts}/train"),
-                                             ("{texts}/train/*.txt", "{texts}/train")])
+@pytest.mark.parametrize("judged, trained", [
+    ("stdlib", None), ("shakespeare:hamlet", None), ("{texts}/train", "{texts}/train/"),
+    ("{texts}/train/0.txt", "{texts}/train"), ("{texts}/train/*.txt", "{texts}/train")])
 def test_a_judge_text_a_stage_reads_is_said_not_held_out_however_spelled(tmp_path, texts, judged, trained):
     """The built-in corpus or one of its parts, a folder with a trailing slash, a file in it, a glob of it."""
     folder = smollm2_like(tmp_path / "m")

@@ -233,10 +233,10 @@ class Plan:
 
     def judge_passes(self) -> tuple[int, int]:
         """The judge's forward passes at the target and at the original context: each row's recall sequences with
-        their control passes and perplexity pass at T, the checkpoint's passkey trials; the base's perplexity at L, the goal's windows
-        of the base and the checkpoint, and a pass at L of each row that reads the input's length: the checkpoint and
-        its start where they carry the searched longrope (their perplexity at L is not the first L tokens of the pass
-        at T)."""
+        their control passes and its perplexity pass at T, the checkpoint's passkey trials; the base's perplexity
+        at L, the goal's windows of the base and the checkpoint, and a pass at L of each row that reads the input's
+        length: the checkpoint and its start where they carry the searched longrope (their perplexity at L is not
+        the first L tokens of the pass at T)."""
         from hf_posenc.eval import recall
 
         if self.value("judge.mode") == "skip":
@@ -325,11 +325,15 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
         f"(RESULTS: 'The short stage')")
     put("train.short_lr", ta.short_lr, ta.lr / 2, "half the fine-tune's")
     ja = args.judge
-    mode = put("judge.mode", asked(ja, "mode"), ja.mode, "full: two passage seeds, perplexity, passkey; quick: one seed")
+    mode = put("judge.mode", asked(ja, "mode"), ja.mode,
+               "full: two passage seeds, perplexity, passkey; quick: one seed")
     read = [ta.corpus, *([args.search.corpus] if searched else [])]
-    held_out = next((t for t in TEXTS if not any(corpora.shares_text(t, r) for r in read)), None)
-    corpus = put("judge.corpus", ja.corpus, held_out, "a text neither the search nor the fine-tune reads"
-                 if ja.corpus is None or not any(corpora.shares_text(ja.corpus, r) for r in read) else
+
+    def held(text: str) -> bool:
+        return not any(corpora.shares_text(text, r) for r in read)
+
+    corpus = put("judge.corpus", ja.corpus, next((t for t in TEXTS if held(t)), None),
+                 "a text neither the search nor the fine-tune reads" if ja.corpus is None or held(ja.corpus) else
                  "NOT held out: a stage trains or searches on it")
     if mode != "skip" and corpus is None:
         raise ConfigError("judge.corpus: every built-in text is read by a stage; name a held-out text")
@@ -359,7 +363,8 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
     span = T - far
     derived = int(0.5625 * T / (2 * tokens)) if passages is None else passages // 2
     counts = [None] if width else range(max(1, round(span / max(1, T // 8))), 0, -1)
-    tries = sorted({max(2, int(derived * 0.9 ** k)) for k in range(60)}, reverse=True) if passages is None else [derived]
+    tries = (sorted({max(2, int(derived * 0.9 ** k)) for k in range(60)}, reverse=True) if passages is None
+             else [derived])
     for per_sequence in tries:
         for count in counts:
             band = width or math.ceil(span / count)
@@ -468,30 +473,37 @@ def check_plan(plan: Plan) -> None:
             raise ConfigError(f"judge: {err}") from None
 
 
-def text_needs(plan: Plan, done: dict) -> list[tuple[str, str, int, str]]:
-    """(field, spec, tokens, what takes them) of each text a stage not done reads: the search's recall sequences,
-    one span of the target for the fine-tune (PoSE takes each window from one; the short stage a window), the
-    judge's perplexity at the target and its recall sequences."""
+class TextNeed(NamedTuple):
+    field: str   # the setting that names the text
+    spec: str    # the text (a load_corpus spec)
+    tokens: int  # the tokens its stage takes of it
+    what: str    # the stage's need, in words
+
+
+def text_needs(plan: Plan, done: dict) -> list[TextNeed]:
+    """The texts the stages not done read: the search's recall sequences, one span of the target for the fine-tune
+    (PoSE takes each window from one; the short stage a window), the judge's recall sequences and its perplexity
+    at the target (counted without a BOS: a token a sequence more than the stages take)."""
     from hf_posenc.eval import recall
 
     v, T = plan.value, plan.value("target")
     needs = []
     if v("search") and "search" not in done:
         k = recall.cell_sequences(T, v("search.passages"), v("search.passage_tokens"))[1]
-        needs.append(("search.corpus", v("search.corpus"), k * T, f"the {k * T} that the search's {k} recall "
-                                                                  f"sequences of {T} take"))
+        needs.append(TextNeed("search.corpus", v("search.corpus"), k * T,
+                              f"the {k * T} that the search's {k} recall sequences of {T} take"))
     if "finetune" not in done:
-        needs.append(("train.corpus", v("train.corpus"), T, f"one span of the target {T} (PoSE takes each "
-                                                            f"window from one)"))
+        needs.append(TextNeed("train.corpus", v("train.corpus"), T,
+                              f"one span of the target {T} (PoSE takes each window from one)"))
     elif v("train.short_steps") and "short" not in done:
-        needs.append(("train.corpus", v("train.corpus"), short_window(plan),
-                      f"one short-stage window of {short_window(plan)}"))
+        needs.append(TextNeed("train.corpus", v("train.corpus"), short_window(plan),
+                              f"one short-stage window of {short_window(plan)}"))
     if v("judge.mode") != "skip" and "judge" not in done:
         passage = extend_report.judge_passage(plan.facts.original)
         k = extend_report.judge_layout(T, v("judge.passages"), passage, 0, seed=0)[1]
-        needs.append(("judge.corpus", v("judge.corpus"), k * T, f"the {k * T} that the judge's {k} recall "
-                                                                f"sequences of {T} take" if k > 1 else
-                      f"the target {T}"))
+        needs.append(TextNeed("judge.corpus", v("judge.corpus"), k * T,
+                              f"the {k * T} that the judge's {k} recall sequences of {T} take" if k > 1 else
+                              f"the target {T}"))
     return needs
 
 
@@ -651,13 +663,24 @@ class ExtendRun:
         write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k != stage})
 
     def run(self) -> Path:
-        extend_report.check_texts(self.plan.facts.ref, text_needs(self.plan, self.done))   # before anything is written
+        """The stages not done, one run at a time in the folder; the texts they read checked before anything is
+        written (in a folder of a run, once no other run works in it)."""
+        fresh = not self.out.exists()
+        if fresh:
+            self.check_texts()
         self.out.mkdir(parents=True, exist_ok=True)
-        with user_input.held(self.out, f"output_dir {self.args.output_dir}"):   # one run at a time in a folder
-            return self.stages()
+        done = ", ".join(self.done) or "none"
+        with user_input.folder_lock(self.out, f"output_dir {self.args.output_dir} (stages done: {done})"):
+            if not fresh:
+                self.check_folder()   # again: the run that held the folder may have moved on
+                self.check_texts()
+            return self.run_stages()
 
-    def stages(self) -> Path:
-        self.check_folder()   # again, now that no other run can change the folder
+    def check_texts(self) -> None:
+        kept = {k: v for k, v in self.done.items() if k in TRAINED} if self.rejudge else self.done
+        extend_report.check_texts(self.plan.facts.ref, text_needs(self.plan, kept))
+
+    def run_stages(self) -> Path:
         if self.rejudge:   # other judge settings: the trained stages stand, the judge and the export run again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in TRAINED})
             write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in TRAINED})

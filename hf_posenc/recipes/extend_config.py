@@ -7,6 +7,7 @@ checks the values alone."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,11 +94,15 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
                                about=ABOUT, shipped=lambda name: name.startswith("extend_"))
     from hf_posenc.eval.retrieval import MAX_LENGTH
 
+    world = os.environ.get("WORLD_SIZE", "1")
+    need(not world.isdigit() or int(world) <= 1, f"hf-posenc extend runs in one process (WORLD_SIZE is {world}): its "
+                                                 f"stages would all run once a process; start it without torchrun or "
+                                                 f"accelerate launch")
     need(args.target >= 0, f"--target must be a positive number of tokens, got {args.target}")
     need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
     need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
                                     f"out ({MAX_LENGTH} tokens)")
-    for name in ("far_from", "band_width", "passage_tokens"):   # the search recipe reads 0 as its own default
+    for name in ("far_from", "band_width", "passage_tokens"):   # the search reads 0 as its default for the first two
         value = getattr(args.search, name)
         need(value is None or value >= 1, f"search.{name} must be >= 1 token (or null: the rule), got {value}")
     for name in ("passages", "bin"):
@@ -115,8 +120,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
     need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be a finite number >= 0 (0: --tokens' rule), "
                                                         f"got {args.hours}")
-    need(not (args.tokens and args.hours), f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's "
-                                           f"length: give one")
+    need(not (args.tokens and args.hours),
+         f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's length: give one")
     need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
     if not args.output_dir.strip():
         args.output_dir = f"runs/extend_{Path(args.model.name).name.removesuffix('.gguf')}_{args.target}"

@@ -49,28 +49,30 @@ def cells_file(out: Path, settings: dict) -> Path:
     return out / "judge" / f"cells-{key}.json"
 
 
-def check_texts(ref: str, needs: list[tuple[str, str, int, str]]) -> None:
-    """Each text a stage still to run reads, as (field, spec, tokens, what takes them), loads and holds those
-    tokens: refused now, not after the stages before it (the tokenizer only, each text's documents counted until
-    there are enough)."""
+def check_texts(ref: str, needs: list) -> None:
+    """Each text a stage still to run reads (extend.TextNeed) loads and holds the tokens it takes: refused now, not
+    after the stages before it. The tokenizer only; the documents joined as the stages join them, a doubling prefix
+    of them tokenized until there are enough."""
     import hf_posenc as hp
     from hf_posenc import corpora
     from hf_posenc.errors import PosEncError
 
     tokenizer = hp.load_tokenizer(ref)
-    for field, spec, need, what in needs:
+    for need in needs:
         try:
-            documents = corpora.load_corpus(spec)["text"]
+            documents = list(corpora.load_corpus(need.spec)["text"])
         except (PosEncError, OSError, ValueError) as err:   # unreachable, unreadable: the loader's own words
-            raise ConfigError(f"{field}: {err}") from None
-        total = 0
-        for text in documents:
-            total += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1   # the newline between them
-            if total >= need:
+            raise ConfigError(f"{need.field}: {err}") from None
+        count, total = 1, 0
+        while True:
+            total = len(tokenizer("\n".join(documents[:count]), add_special_tokens=False)["input_ids"])
+            if total >= need.tokens or count >= len(documents):
                 break
-        else:
-            skip = ", or --judge.mode skip" if field == "judge.corpus" else ""
-            raise ConfigError(f"{field} {spec!r} has {total} tokens, fewer than {what}: name a longer text{skip}")
+            count *= 2
+        if total < need.tokens:
+            skip = ", or --judge.mode skip" if need.field == "judge.corpus" else ""
+            raise ConfigError(f"{need.field} {need.spec!r} has {total} tokens, fewer than {need.what}: name a longer "
+                              f"text{skip}")
 
 
 def judge_passage(original: int) -> int:
@@ -312,14 +314,15 @@ def percent(d: dict) -> str:
 
 
 def passkey_lines(run, cells: dict) -> list[str]:
-    found = [(row, cells[f"{row}/passkey"]) for row in run.plan.rows() if f"{row}/passkey" in cells]
-    if not found:
+    """The checkpoint's passkey (a judge of an earlier version asked every row: those cells are not shown)."""
+    c = cells.get("extended/passkey")
+    if c is None:
         return []
     depths = run.plan.value("judge.passkey_depths")
     back = ", ".join(f"{int((1 - d) * run.plan.value('target'))}" for d in depths)
-    return [f"Passkey, the key about {back} tokens back ({PASSKEY_TRIALS} trials a depth): "
-            + "; ".join(f"{row} {c['found']}/{c['trials']} (answer log-prob "
-                        f"{sum(c['logprobs']) / len(c['logprobs']):.2f})" for row, c in found), ""]
+    return [f"Passkey, the key about {back} tokens back ({PASSKEY_TRIALS} trials a depth; the checkpoint's only: so "
+            f"few trials cannot tell two rows apart): found {c['found']}/{c['trials']} (answer log-prob "
+            f"{sum(c['logprobs']) / len(c['logprobs']):.2f})", ""]
 
 
 def figure(run, cells: dict, path: Path) -> bool:
@@ -387,7 +390,8 @@ def report(run) -> str:
                   f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
                   f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
                   f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
-                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed at distances even over the window over {v('judge.seeds')} seed(s). "
+                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed at distances even over the window "
+                  f"over {v('judge.seeds')} seed(s). "
                   f"`start` is the untrained search result, `yarn` and `self_extend` the base model patched to the "
                   f"target, no training.", "", *table, "", "Goals:", "", *goal_lines(goals, rise), "",
                   f"![recall by distance]({FIGURE})", "", "Perplexity on the same text (its first tokens):", "",
