@@ -446,6 +446,24 @@ def test_a_second_run_in_a_folder_in_use_is_refused_and_changes_nothing(tmp_path
     assert run_extend(tiny_argv(model, texts, out, "--judge.mode", "skip")) == out   # let go of: the run goes on
 
 
+def test_a_file_system_without_flock_runs_unguarded(tmp_path, monkeypatch):
+    """NFS emulates flock with fcntl locks, which a folder opened read-only cannot take (EBADF): not a refusal."""
+    import errno
+
+    from hf_posenc import user_input
+
+    fcntl = pytest.importorskip("fcntl")
+
+    def no_flock(fd, op):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    ran = []
+    with user_input.folder_lock(tmp_path, "the folder"):
+        ran.append(True)
+    assert ran == [True]
+
+
 def test_a_launcher_with_several_processes_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     model = save_family(tmp_path / "llama", "llama")
