@@ -196,8 +196,25 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
         assert "one RoPE per layer type" in report
 
 
+def test_the_judges_time_left_follows_the_runs_pace(monkeypatch):
+    """Each cell's line: its number, and the minutes the cells left should take: the plan's estimate at first, then
+    scaled by how the cells measured went against theirs."""
+    clock = [1000.0]
+    monkeypatch.setattr(extend_report.time, "perf_counter", lambda: clock[0])
+    seconds = {"recall_seed0": 60.0, "passkey": 120.0, "perplexity": 60.0}
+    pace = extend_report.Pace([("extended", "recall_seed0"), ("extended", "passkey"), ("yarn", "perplexity")],
+                              lambda row, cell: seconds[cell])
+    assert pace.next("extended", "recall_seed0") == ("cell 1 of 3: extended, recall_seed0 (~4 min left in the judge "
+                                                     "(estimate))")
+    clock[0] += 120.0   # twice its estimate: the machine is busy
+    assert pace.next("extended", "passkey") == ("cell 2 of 3: extended, passkey (~6 min left in the judge at this "
+                                                "run's pace)")
+    clock[0] += 60.0   # half its estimate: 180 s for 180 planned so far
+    assert pace.next("yarn", "perplexity").endswith("(~1 min left in the judge at this run's pace)")
+
+
 @pytest.mark.parametrize("mode", ["quick", "full"])
-def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monkeypatch, mode):
+def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monkeypatch, capsys, mode):
     """The judge's estimate is its passes times a pass's time: the passes the plan counts at the target and at the
     original context are the ones the judge runs, every row's recall (with its control), passkey and perplexity."""
     from transformers import LlamaModel
@@ -229,6 +246,8 @@ def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monk
     # a passkey trial is the prompt and its answer: a few tokens short of the target
     assert (sum(n > 64 for n in lengths), lengths.count(64)) == (at_target, at_original), sorted(set(lengths))
     assert len(lengths) == at_target + at_original
+    cells_planned = len(plan.judge_cells())
+    assert f"judge: cell 1 of {cells_planned}: base, perplexity (~" in capsys.readouterr().out
     cells = json.loads(next((out / "judge").glob("cells-*.json")).read_text())
     # the passkey is the checkpoint's only: six trials cannot tell two rows apart
     assert [c for c in cells if c.endswith("/passkey")] == (["extended/passkey"] if mode == "full" else [])

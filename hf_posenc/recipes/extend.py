@@ -219,34 +219,31 @@ class Plan:
     def estimates(self) -> dict:
         """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length; the judge
         by its forward passes)."""
-        T, L = self.value("target"), self.facts.original
-        candidate = candidate_seconds(self.facts, self.machine, T)
+        candidate = candidate_seconds(self.facts, self.machine, self.value("target"))
         candidates = 5 + self.value("search.candidates") if self.value("search") else 0
         per_token = token_seconds(self.facts, self.machine)
         train = self.value("train.steps") * self.value("train.seq_len") * per_token   # what the steps train
         short = self.value("train.short_steps") * short_window(self) * per_token * SHORT_STEP_COST
-        at_target, at_original = self.judge_passes()
-        judge = RATES[self.machine[0]].forward * (at_target * pass_cost(self.facts, T)
-                                                  + at_original * pass_cost(self.facts, L))
+        judge = sum(self.cell_seconds(row, cell) for row, cell in self.judge_cells())
         search = candidates * candidate
         return {"search": search / 60, "finetune": train / 60, "short": short / 60, "judge": judge / 60, "export": 0.1}
 
-    def judge_passes(self) -> tuple[int, int]:
-        """The judge's forward passes at the target and at the original context: each row's recall sequences with
-        their control passes and its perplexity pass at T, the checkpoint's passkey trials; the base's perplexity
-        at L, the goal's windows of the base and the checkpoint, and a pass at L of each row that reads the input's
-        length: the checkpoint and its start where they carry the searched longrope (their perplexity at L is not
-        the first L tokens of the pass at T)."""
-        from hf_posenc.eval import recall
-
+    def judge_cells(self) -> list[tuple[str, str]]:
+        """Every (row, cell) the judge measures: the unpatched model's (`base`) and each row's."""
         if self.value("judge.mode") == "skip":
-            return 0, 0
-        T, L, rows = self.value("target"), self.facts.original, len(self.rows())
-        sequences = recall.cell_sequences(T, self.value("judge.passages"), extend_report.judge_passage(L))[1]
-        per_row = 2 * self.value("judge.seeds") * sequences + 1
-        passkey = extend_report.PASSKEY_TRIALS * len(self.value("judge.passkey_depths"))   # the checkpoint's only
-        searched = 2 if self.value("search") else 0   # the checkpoint and its untrained start
-        return rows * per_row + passkey, 1 + 2 * extend_report.SHORT_WINDOWS + searched
+            return []
+        return [(row, c) for row in ["base", *self.rows()] for c in extend_report.wanted_cells(self, row)]
+
+    def judge_passes(self) -> tuple[int, int]:
+        """The judge's forward passes at the target and at the original context, its cells' (cell_passes)."""
+        passes = [extend_report.cell_passes(self, row, cell) for row, cell in self.judge_cells()]
+        return sum(p[0] for p in passes), sum(p[1] for p in passes)
+
+    def cell_seconds(self, row: str, cell: str) -> float:
+        """What a judge cell should take on this machine: its passes at this machine's rate."""
+        at_target, at_original = extend_report.cell_passes(self, row, cell)
+        return RATES[self.machine[0]].forward * (at_target * pass_cost(self.facts, self.value("target"))
+                                                 + at_original * pass_cost(self.facts, self.facts.original))
 
     def text(self) -> str:
         width = max(len(s.name) for s in self.settings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 from hf_posenc.errors import ConfigError
@@ -103,14 +104,33 @@ def recall_cell(model, tokenizer, ids: list[int], prefix: list[int], settings: d
     return recall.summarize_recall(scored, length=T, bin_width=settings["judge.bin"])
 
 
-def wanted_cells(run, row: str) -> list[str]:
-    v = run.plan.value
+def wanted_cells(plan, row: str) -> list[str]:
+    """The cells the judge measures of a row (`base`: the unpatched model) under the plan (extend.Plan)."""
+    v = plan.value
     if row == "base":   # the unpatched model: the perplexity the extended one is held to inside its context
         return ["perplexity", "short_perplexity"]
     cells = [f"recall_seed{k}" for k in range(v("judge.seeds"))] + ["perplexity"]
     cells += ["short_perplexity"] if row == "extended" else []   # the goal's windows: this row and base only
     # the passkey: the checkpoint's only (6 trials cannot tell two rows apart, and they are half of a row's passes)
     return cells + (["passkey"] if v("judge.passkey_depths") and row == "extended" else [])
+
+
+def cell_passes(plan, row: str, cell: str) -> tuple[int, int]:
+    """The forward passes a judge cell runs at the target and at the original context: a recall cell its
+    sequences with their controls; perplexity one pass at the target (the base's at the original context), and one
+    at the original context for a row that reads the input's length (the searched longrope: its perplexity there
+    is not the first tokens of the pass at the target); the goal's windows; the passkey's trials."""
+    from hf_posenc.eval import recall
+
+    v = plan.value
+    T, L = v("target"), plan.facts.original
+    if cell.startswith("recall_seed"):
+        return 2 * recall.cell_sequences(T, v("judge.passages"), judge_passage(L))[1], 0
+    if cell == "perplexity":
+        return (0, 1) if row == "base" else (1, int(bool(v("search")) and row in ("extended", "start")))
+    if cell == "short_perplexity":
+        return 0, SHORT_WINDOWS
+    return PASSKEY_TRIALS * len(v("judge.passkey_depths")), 0
 
 
 QUICK = ("Judged quick (judge.mode quick): one passage seed, no passkey; the same command with `--judge.mode full` "
@@ -156,6 +176,28 @@ def load_row(run, row: str, dtype):
     return model.eval()
 
 
+class Pace:
+    """The judge's cells left and the minutes they should take: the plan's estimate of each, scaled by how this
+    run's cells have gone against theirs (the machine may be faster, slower or busy)."""
+
+    def __init__(self, cells: list[tuple[str, str]], estimate):
+        self.cells, self.estimate, self.done = cells, estimate, 0
+        self.planned = self.spent = 0.0   # seconds: the plan's for the cells measured, and what they took
+        self.started = None
+
+    def next(self, row: str, cell: str) -> str:
+        """The line for the cell that starts now; the one before it is counted as done."""
+        if self.started is not None:
+            self.planned += self.estimate(*self.cells[self.done])
+            self.spent += time.perf_counter() - self.started
+            self.done += 1
+        self.started = time.perf_counter()
+        left = sum(self.estimate(*c) for c in self.cells[self.done:]) / 60
+        paced = f"~{left * self.spent / self.planned:.0f} min left in the judge at this run's pace" if self.spent \
+            else f"~{left:.0f} min left in the judge (estimate)"
+        return f"cell {self.done + 1} of {len(self.cells)}: {row}, {cell} ({paced})"
+
+
 def judge(run) -> None:
     """Every cell of every row, each saved as it completes."""
     import torch
@@ -170,7 +212,7 @@ def judge(run) -> None:
     path.parent.mkdir(exist_ok=True)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     rows = ["base", *run.plan.rows()]
-    if all(f"{row}/{cell}" in cells for row in rows for cell in wanted_cells(run, row)):
+    if all(f"{row}/{cell}" in cells for row in rows for cell in wanted_cells(run.plan, row)):
         return
     T, L = v("target"), facts.original
     tokenizer = hp.load_tokenizer(facts.ref)
@@ -180,13 +222,15 @@ def judge(run) -> None:
     if len(ids) < T:
         raise ConfigError(f"judge.corpus {v('judge.corpus')!r} has {len(ids)} tokens, fewer than the target {T}")
     dtype = loading.resolve_dtype(run.args.model.dtype)[0]
+    pace = Pace([(row, c) for row in rows for c in wanted_cells(run.plan, row) if f"{row}/{c}" not in cells],
+                run.plan.cell_seconds)
     for row in rows:
-        todo = [c for c in wanted_cells(run, row) if f"{row}/{c}" not in cells]
+        todo = [c for c in wanted_cells(run.plan, row) if f"{row}/{c}" not in cells]
         if not todo:
             continue
         model = load_row(run, row, dtype)
         for cell in todo:
-            print(f"judge: {row}, {cell}", flush=True)
+            print(f"judge: {pace.next(row, cell)}", flush=True)
             if cell.startswith("recall_seed"):
                 found = recall_cell(model, tokenizer, ids, prefix, run.plan.record(), L,
                                     int(cell.removeprefix("recall_seed")))
