@@ -58,6 +58,8 @@ def check_texts(ref: str, needs: list) -> None:
     from hf_posenc import corpora
     from hf_posenc.errors import PosEncError
 
+    if not needs:
+        return
     tokenizer = hp.load_tokenizer(ref)
     for need in needs:
         try:
