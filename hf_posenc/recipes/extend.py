@@ -267,8 +267,6 @@ def asked(section, name: str):
 
 def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     """Every setting of the run from the model, the target and the machine, by the rules stated beside each."""
-    from hf_posenc import corpora   # datasets: not at --help
-
     L, T = facts.original, args.target
     settings: list[Setting] = []
 
@@ -325,13 +323,10 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     mode = put("judge.mode", asked(ja, "mode"), ja.mode,
                "full: two passage seeds, perplexity, passkey; quick: one seed")
     read = [ta.corpus, *([args.search.corpus] if searched else [])]
-
-    def held(text: str) -> bool:
-        return not any(corpora.shares_text(text, r) for r in read)
-
-    corpus = put("judge.corpus", ja.corpus, next((t for t in TEXTS if held(t)), None),
-                 "a text neither the search nor the fine-tune reads" if ja.corpus is None or held(ja.corpus) else
-                 "NOT held out: a stage trains or searches on it")
+    held_out = extend_report.held_out
+    corpus = put("judge.corpus", ja.corpus, next((t for t in TEXTS if held_out(t, read)), None),
+                 "a text neither the search nor the fine-tune reads" if ja.corpus is None or held_out(ja.corpus, read)
+                 else "NOT held out: a stage trains or searches on it")
     if mode != "skip" and corpus is None:
         raise ConfigError("judge.corpus: every built-in text is read by a stage; name a held-out text")
     left_out = {m: why for m, why in facts.baselines.items() if why}

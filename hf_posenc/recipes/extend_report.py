@@ -407,13 +407,17 @@ def figure(run, cells: dict, path: Path) -> bool:
     return True
 
 
-def held_out_words(run) -> str:
+def held_out(text: str, read: list[str]) -> bool:
+    """Whether a judge's text is none of the texts the stages read, however each is spelled."""
     from hf_posenc.corpora import shares_text
 
+    return not any(shares_text(text, r) for r in read)
+
+
+def held_out_words(run) -> str:
     v = run.plan.value
     read = [v("train.corpus"), *([v("search.corpus")] if v("search") else [])]
-    return ("a text neither the search nor the fine-tune read" if not any(shares_text(v("judge.corpus"), r)
-                                                                          for r in read) else
+    return ("a text neither the search nor the fine-tune read" if held_out(v("judge.corpus"), read) else
             "NOT held out: a stage of this run read it, so the figures say how it fits that text")
 
 
