@@ -213,6 +213,21 @@ def test_the_judges_time_left_follows_the_runs_pace(monkeypatch):
     assert pace.next("yarn", "perplexity").endswith("(~1 min left in the judge at this run's pace)")
 
 
+def test_a_missed_bin_goal_names_the_bins_below(tmp_path):
+    """The card's goal line says where the checkpoint fell below Self-Extend, not only the least lower end."""
+    def d(mean, low, high, n=12, name=None):
+        return {"mean": mean, "low": low, "high": high, "n": n, **({"bin": name} if name else {})}
+    quarter = d(0.70, 0.55, 0.86, 18)
+    goals = {"self_extend": {"bins": [d(0.12, 0.05, 0.19, name="0-4k"), d(-0.10, -0.22, 0.04, name="8-12k"),
+                                      d(-0.3, -0.5, -0.1, 1, name="12-16k")],   # one passage: no interval, not judged
+                             "last_quarter": quarter, "whole": quarter}}
+    lines = extend_report.goal_lines(goals, {"rise": None})
+    assert lines[0] == ("- every bin >= untrained Self-Extend - 0.10 (lower ends): missed at 8-12k (-0.10 [-0.22, "
+                        "+0.04] (n 12))"), lines
+    goals["self_extend"]["bins"][1] = d(0.02, -0.09, 0.13, name="8-12k")
+    assert extend_report.goal_lines(goals, {"rise": None})[0].endswith("met (least lower end -0.09)")
+
+
 @pytest.mark.parametrize("mode", ["quick", "full"])
 def test_the_plan_counts_the_forward_passes_the_judge_runs(tmp_path, texts, monkeypatch, capsys, mode):
     """The judge's estimate is its passes times a pass's time: the passes the plan counts at the target and at the

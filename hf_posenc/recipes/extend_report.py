@@ -300,7 +300,7 @@ def recall_tables(run, cells: dict) -> tuple[list[str], dict]:
         def diff(keep):
             pairs = [(e["gap"], o["gap"]) for e, o in zip(passages["extended"], passages[row]) if keep(e["distance"])]
             return stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
-        per_bin = [diff(lambda d, a=a, b=b: a <= d < b) for a, b in bins]
+        per_bin = [{**diff(lambda d, a=a, b=b: a <= d < b), "bin": label(a, b)} for a, b in bins]
         quarter, whole = diff(lambda d: d >= last), diff(lambda d: True)
         goals[row] = {"bins": per_bin, "last_quarter": quarter, "whole": whole}
         lines.append(f"| {row} | " + " | ".join(interval(d) for d in per_bin) + f" | {interval(quarter)} | "
@@ -314,10 +314,15 @@ def goal_lines(goals: dict, perplexity: dict) -> list[str]:
     se, yarn = goals.get("self_extend"), goals.get("yarn")
     if se:
         measured = [d for d in se["bins"] if d["n"] >= 2]
-        lows = [d["low"] for d in measured]
-        met = bool(lows) and min(lows) >= -0.10
-        out.append(f"- every bin >= untrained Self-Extend - 0.10 (lower ends): {'met' if met else 'missed'} "
-                   f"(least lower end {min(lows):+.2f})" if lows else "- every bin vs Self-Extend: too few passages")
+        below = [d for d in measured if d["low"] < -0.10]
+        if not measured:
+            out.append("- every bin vs Self-Extend: too few passages")
+        elif below:   # which bins, so that a reader sees where without opening the table
+            out.append("- every bin >= untrained Self-Extend - 0.10 (lower ends): missed at "
+                       + ", ".join(f"{d['bin']} ({interval(d)})" for d in below))
+        else:
+            out.append(f"- every bin >= untrained Self-Extend - 0.10 (lower ends): met (least lower end "
+                       f"{min(d['low'] for d in measured):+.2f})")
         q = se["last_quarter"]
         if q["n"] >= 2:
             out.append(f"- the last quarter above Self-Extend (lower end > 0): {'met' if q['low'] > 0 else 'missed'} "
