@@ -60,6 +60,40 @@ def run_settings(run: Path) -> dict:
     return json.loads(plan.read_text())["settings"]
 
 
+def check_model(run: Path, model: str) -> None:
+    """--model is the run's base (plan.json keeps which, without its path): not another model called unpatched."""
+    from hf_posenc import user_input
+    from hf_posenc.recipes.extend import model_key
+
+    plan = json.loads((run / "plan.json").read_text())
+    if model_key(user_input.model_ref(model)) != plan.get("model_path"):
+        common.refuse(f"--model {model} is not the model the run extended ({plan.get('model')}): give the --model "
+                      f"the run was given")
+
+
+def judge_text(settings: dict, given: str | None) -> str:
+    """The judge's text: plan.json's, or --judge_corpus where the run's is local files (checked to be those files)."""
+    recorded = settings["judge.corpus"]
+    local = " (local " in recorded   # plan.json names local files by corpora.text_key: no path to read them from
+    if given is None:
+        if local:
+            common.refuse(f"the run's judge text is local files ({recorded}): name them with --judge_corpus")
+        return recorded
+    want = recorded if local else corpora.text_key(recorded)
+    if corpora.text_key(given) != want:
+        common.refuse(f"--judge_corpus {given} reads {corpora.text_key(given)}, not the run's judge text {want}")
+    return given
+
+
+def original_context(model: str) -> int:
+    """The unpatched model's context (its text config: one for every family, Gemma 3's layer types included)."""
+    from transformers import AutoConfig
+
+    from hf_posenc import user_input
+
+    return int(AutoConfig.from_pretrained(user_input.model_ref(model)).get_text_config().max_position_embeddings)
+
+
 def judge_cells(run: Path, settings: dict) -> dict:
     """The run's judge cells for its planned judge settings."""
     path = extend_report.cells_file(run, settings)
@@ -99,11 +133,15 @@ def main() -> None:
     parser.add_argument("--windows", type=common.count(2), default=6, help="perplexity windows at the original length")
     parser.add_argument("--out", required=True)
     parser.add_argument("--report", action="store_true")
-    parser.add_argument("--model", default="smollm2", help="the unpatched model (the run's base)")
+    parser.add_argument("--model", default="smollm2", help="the unpatched model: the run's base (checked)")
+    parser.add_argument("--judge_corpus", help="the run's judge text where it is local files (plan.json names them "
+                                               "without their path; checked against it)")
     args = parser.parse_args()
 
     run = Path(args.run)
     settings = run_settings(run)
+    check_model(run, args.model)
+    text = judge_text(settings, args.judge_corpus)
     if Path(args.out).resolve().is_relative_to(run.resolve()):
         common.refuse(f"--out {args.out} is inside the run's folder (its records and checkpoint): give a results file "
                       f"outside it")
@@ -111,9 +149,10 @@ def main() -> None:
     for spec in args.rows:
         name, _, folder = spec.partition("=")
         folder, _, mode = folder.partition(":")
-        if not name or not folder or mode not in ("", "switched") or name in rows:
+        taken = [*rows, *settings["judge.rows"]]   # the judge's rows too: a row of that name would replace theirs
+        if not name or not folder or mode not in ("", "switched") or name in taken:
             common.refuse(f"row {spec!r}: a row is NAME=FOLDER or NAME=FOLDER:switched, its NAME new (not "
-                          f"{', '.join(rows)})")
+                          f"{', '.join(taken)})")
         rows[name] = (folder, mode == "switched")
     for name, (folder, switched) in rows.items():   # every checkpoint there before the first slow cell
         config = Path(folder) / "config.json"
@@ -134,9 +173,9 @@ def main() -> None:
 
     seeds = settings["judge.seeds"]
     tokenizer = hp.load_tokenizer(args.model)
-    ids = common.corpus_ids(tokenizer, settings["judge.corpus"])
+    ids = common.corpus_ids(tokenizer, text)
     prefix = corpora.bos_prefix(tokenizer)
-    L = json.loads((run / "finetune" / "config.json").read_text())["original_max_position_embeddings"]
+    L = original_context(args.model)
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16
     print(common.machine(), flush=True)
     for name, (folder, switched) in rows.items():

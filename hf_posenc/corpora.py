@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
 from pathlib import Path
 
@@ -146,6 +147,18 @@ def shares_text(spec: str, other: str) -> bool:
             return spec == other
     files = [{str(Path(f).resolve()) for f in _local_files(s)} for s in (spec, other)]
     return spec == other or bool(files[0] & files[1])
+
+
+def text_key(spec: str) -> str:
+    """Which text a spec reads, without its machine path: local files by their names and a hash of where they lie
+    (`texts/train`, `texts/train/`, `texts/train/*.txt` and the absolute path give one key; the same names elsewhere
+    another), a built-in corpus or a hub dataset as given."""
+    files = sorted({str(Path(f).resolve()) for f in _local_files(spec)}) if spec.partition(":")[0] not in BUILTIN else []
+    if not files:
+        return spec
+    folders = ", ".join(sorted({Path(f).parent.name for f in files}))
+    names = ", ".join(Path(f).name for f in files) if len(files) <= 3 else f"{len(files)} files in {folders}"
+    return f"{names} (local {hashlib.sha256(chr(0).join(files).encode()).hexdigest()[:10]})"
 
 
 @functools.lru_cache(maxsize=None)

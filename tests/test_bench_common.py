@@ -373,11 +373,17 @@ def test_bench_ruler_refuses_a_bad_flag_in_one_line_before_anything_loads(capsys
     assert script_refusal(capsys, monkeypatch, bench_ruler, argv).startswith(says)
 
 
-def extend_run(folder: Path, short: bool = True) -> Path:
+def extend_run(folder: Path, short: bool = True, judge_corpus: str = "kjv") -> Path:
     """An `hf-posenc extend` run's folder as bench_extend_variants reads it: its plan and stage checkpoints' configs."""
+    from hf_posenc import user_input
+    from hf_posenc.recipes.extend import model_key
+
     (folder / "plan.json").parent.mkdir(parents=True)
-    (folder / "plan.json").write_text(json.dumps({"settings": {"search": True, "target": 256, "judge.seeds": 2,
-                                                               "train.short_steps": 1 if short else 0}}))
+    settings = {"search": True, "target": 256, "judge.seeds": 2, "train.short_steps": 1 if short else 0,
+                "judge.rows": ["yarn", "self_extend"], "judge.corpus": judge_corpus}
+    (folder / "plan.json").write_text(json.dumps({"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                  "model_path": model_key(user_input.model_ref("smollm2")),
+                                                  "settings": settings}))
     for stage, rope in (("search/best", "longrope"), ("finetune", "longrope"), *([("short", "longrope")] * short)):
         (folder / stage).mkdir(parents=True)
         (folder / stage / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": rope}}))
@@ -400,7 +406,10 @@ def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_s
 @pytest.mark.parametrize("argv, says", [
     (["--rows", "a=MISSING"], "error: row a: no checkpoint at MISSING (no config.json)"),
     (["--rows", "finetune=RUN/short"], "error: row 'finetune=RUN/short': a row is NAME=FOLDER or NAME=FOLDER:switched, "
-                                       "its NAME new (not unpatched, extended, start, finetune)"),
+                                       "its NAME new (not unpatched, extended, start, finetune, yarn, self_extend)"),
+    (["--rows", "self_extend=RUN/short"], "error: row 'self_extend=RUN/short': a row is"),   # the judge's row
+    (["--model", "YARN"], "error: --model YARN is not the model the run extended (HuggingFaceTB/SmolLM2-135M-Instruct)"),
+    (["--judge_corpus", "HELD"], "error: --judge_corpus HELD reads a.txt (local "),
     (["--rows", "a=RUN/short:twisted"], "error: row 'a=RUN/short:twisted': a row is"),
     (["--rows", "a=YARN:switched"], "error: row a: YARN carries 'yarn', not longrope: nothing to switch"),
     (["--rows", "a=FOURX:switched"], "error: row a: FOURX carries 'linear', not longrope: nothing to switch"),
@@ -415,14 +424,33 @@ def test_bench_extend_variants_refuses_in_one_line_before_anything_loads(tmp_pat
     (tmp_path / "yarn" / "config.json").write_text(json.dumps({"rope_parameters": {"rope_type": "yarn"}}))
     (tmp_path / "old").mkdir()   # transformers 4.x's spelling
     (tmp_path / "old" / "config.json").write_text(json.dumps({"rope_scaling": {"type": "linear", "factor": 2.0}}))
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "a.txt").write_text("words\n")
     names = {"RUN": str(run), "MISSING": str(tmp_path / "missing"), "YARN": str(tmp_path / "yarn"),
-             "FOURX": str(tmp_path / "old")}
+             "FOURX": str(tmp_path / "old"), "HELD": str(tmp_path / "held")}
     for key, value in names.items():
         argv, says = [a.replace(key, value) for a in argv], says.replace(key, value)
     monkeypatch.setattr(hp, "from_pretrained", lambda *a, **k: pytest.fail("a model loaded"))
     full = ["--run", str(run), "--out", str(tmp_path / "out.json"), *argv]
     assert script_refusal(capsys, monkeypatch, bench, full).startswith(says)
     assert not (tmp_path / "out.json").exists()
+
+
+def test_bench_extend_variants_reads_a_local_judge_text_only_when_named(tmp_path, capsys, monkeypatch):
+    """plan.json names local texts without their path: the bench asks for them, and takes only those files."""
+    import bench_extend_variants as bench
+    from hf_posenc import corpora
+
+    for name in ("held", "other"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.txt").write_text("words\n")
+    key = corpora.text_key(str(tmp_path / "held"))
+    assert bench.judge_text({"judge.corpus": key}, str(tmp_path / "held" / "a.txt")) == str(tmp_path / "held" / "a.txt")
+    assert bench.judge_text({"judge.corpus": "kjv"}, None) == "kjv"
+    assert refused(capsys, bench.judge_text, {"judge.corpus": key}, None) == (
+        f"error: the run's judge text is local files ({key}): name them with --judge_corpus")
+    assert refused(capsys, bench.judge_text, {"judge.corpus": key}, str(tmp_path / "other")).startswith(
+        f"error: --judge_corpus {tmp_path / 'other'} reads a.txt (local ")
 
 
 def test_common_refuses_a_dtype_it_does_not_know_by_name(capsys):

@@ -71,3 +71,22 @@ def test_shares_text_reads_two_specs_as_the_text_they_name(tmp_path, spec, other
             (tmp_path / name / file).write_text(f"{name} {file}\n")
     spec, other = (s.format(d=tmp_path / "d", e=tmp_path / "e") for s in (spec, other))
     assert shares_text(spec, other) == shared and shares_text(other, spec) == shared
+
+
+def test_text_key_names_the_files_a_spec_reads_without_their_path(tmp_path, monkeypatch):
+    """A run's record of its texts: one key however the same files are spelled, another for other files of the same
+    names, no machine path; a built-in corpus or a hub name as given."""
+    from hf_posenc.corpora import text_key
+
+    for name in ("d", "e"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.txt").write_text(f"{name}\n")
+    monkeypatch.chdir(tmp_path)
+    key = text_key(str(tmp_path / "d"))
+    assert key.startswith("a.txt (local ") and str(tmp_path) not in key
+    assert {text_key(s) for s in ("d", "d/", "./d", "d/*.txt")} == {key}
+    assert text_key("e").startswith("a.txt (local ") and text_key("e") != key   # the same name elsewhere
+    for i in range(4):
+        (tmp_path / "e" / f"{i}.txt").write_text("more\n")
+    assert text_key("e").startswith("5 files in e (local ")
+    assert [text_key(s) for s in ("kjv", "shakespeare:hamlet", "org/data")] == ["kjv", "shakespeare:hamlet", "org/data"]

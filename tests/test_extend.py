@@ -213,6 +213,27 @@ def test_the_judges_time_left_follows_the_runs_pace(monkeypatch):
     assert pace.next("yarn", "perplexity").endswith("(~1 min left in the judge at this run's pace)")
 
 
+def test_a_resume_reads_the_texts_it_began_with_however_spelled(tmp_path, texts, capsys, monkeypatch):
+    """Local texts are one run's by the files they read: spelled relative or absolute, the same run; the same
+    relative names from another folder, other files, another run (refused, not resumed on other texts)."""
+    import shutil
+
+    model = save_family(tmp_path / "llama", "llama")
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out", "--judge.mode", "skip"))
+    stages = (out / "stages.json").read_bytes()
+    monkeypatch.chdir(texts)
+    relative = tiny_argv(model, Path("."), out, "--judge.mode", "skip")
+    assert run_extend(relative) == out and (out / "stages.json").read_bytes() == stages   # done: nothing ran again
+    other = tmp_path / "elsewhere"
+    shutil.copytree(texts, other)
+    (other / "tune" / "0.txt").write_text("other words " * 400)
+    monkeypatch.chdir(other)
+    got = one_line_refusal(capsys, run_extend, relative)
+    assert "holds a run with other settings (search.corpus: 0.txt, 1.txt, 2.txt (local " in got, got
+    assert "train.corpus: 0.txt, 1.txt, 2.txt (local" in got, got
+    assert (out / "stages.json").read_bytes() == stages
+
+
 def test_a_missed_bin_goal_names_the_bins_below(tmp_path):
     """The card's goal line says where the checkpoint fell below Self-Extend, not only the least lower end."""
     def d(mean, low, high, n=12, name=None):
@@ -346,7 +367,7 @@ def test_the_extended_folder_names_its_hub_base_and_holds_no_machine_path(tmp_pa
     for file in out.iterdir():   # the checkpoint, its card and report: the stage folders are the run's records
         if file.is_file():
             text = file.read_bytes().decode("utf-8", "replace")
-            for root in (str(tmp_path), str(tmp_path.resolve()), str(Path.home())):
+            for root in (str(tmp_path), str(tmp_path.resolve()), str(Path.home()), str(texts), str(texts.resolve())):
                 assert root not in text, f"{file.name} names {root}"
 
 

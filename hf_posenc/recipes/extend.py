@@ -47,6 +47,7 @@ from hf_posenc.recipes.extend_report import format_value, write_json
 STAGES = ("search", "finetune", "short", "judge", "export")
 TRAINED = ("search", "finetune", "short")   # the stages a rerun with other judge settings keeps
 ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
+TEXT_FIELDS = ("search.corpus", "train.corpus", "judge.corpus")   # the texts the stages read
 CLOCK_SECONDS = 30.0   # a running stage writes down its time this often (clock.json; REPORT.md says half a minute)
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
 
@@ -213,8 +214,12 @@ class Plan:
         return ["extended", *(["start"] if self.value("search") else []), *self.value("judge.rows")]
 
     def record(self) -> dict:
-        """What makes two runs the same run (compared on a rerun)."""
-        return {s.name: s.value for s in self.settings}
+        """What makes two runs the same run (compared on a rerun; plan.json): local texts by which files they read
+        (corpora.text_key: however the path is spelled, from wherever the command runs; no machine path)."""
+        from hf_posenc import corpora
+
+        return {s.name: corpora.text_key(s.value) if s.name in TEXT_FIELDS and s.value else s.value
+                for s in self.settings}
 
     def estimates(self) -> dict:
         """Minutes each stage should take on this machine (rough: RATES, scaled by parameters and length; the judge
@@ -450,7 +455,7 @@ def check_plan(plan: Plan) -> None:
             short_sections(plan)
     except (ValueError, AttributeError) as err:
         raise ConfigError(within("train", err)) from None
-    for name in ("search.corpus", "train.corpus", "judge.corpus"):
+    for name in TEXT_FIELDS:
         spec = v(name) if any(s.name == name for s in plan.settings) else None
         if spec and corpora.names_missing_files(spec):
             raise ConfigError(f"{name} {spec!r}: no such text (a load_corpus spec: kjv, shakespeare, stdlib, local "
@@ -585,7 +590,7 @@ class ExtendRun:
         from hf_posenc import corpora
 
         self.args, self.plan = args, plan
-        texts = [s.value for s in plan.settings if s.name in ("search.corpus", "train.corpus", "judge.corpus")]
+        texts = [s.value for s in plan.settings if s.name in TEXT_FIELDS]
         inputs = [Path(plan.facts.ref), *(path for spec in texts if spec for path in corpora.corpus_paths(spec))]
         self.out = user_input.output_folder(args.output_dir, "output_dir", [p for p in inputs if p.exists()])
         self.check_folder()
