@@ -395,6 +395,13 @@ BAD = [
     (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
     ([], "--target is needed"),
     (["--target", "-5"], "--target must be a positive number of tokens, got -5"),
+    (["--target", "256", "--search.far_from", "256"], "search.far_from 256 and search.passage_tokens 8 leave no "
+                                                      "distance to search"),
+    (["--target", "256", "--search.passage_tokens", "100000"], "search.far_from 32 and search.passage_tokens 100000 "
+                                                               "leave no distance"),
+    (["--target", "256", "--search.far_from", "200"], "search: no layout of passages fits: passages of 8 tokens "
+                                                      "repeated 200 to 256 tokens back"),
+    (["--target", "256", "--model.attn_implementation", "foo"], "model.attn_implementation='foo' cannot be used"),
 ]
 
 
@@ -560,6 +567,22 @@ def test_the_plan_alone_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "critical pair 20 of 32" in err and "search.band_width" in err and "8192" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_given_value_is_said_given_and_what_the_rule_would_give(tmp_path, capsys):
+    """A value the user set is not printed with the rule's reason as if the rule had chosen it."""
+    folder = smollm2_like(tmp_path / "m")
+    extend.main(["--model", str(folder), "--target", "32768", "--plan_only", "--output_dir", str(tmp_path / "out"),
+                 "--train.seq_len", "2048", "--train.corpus", "kjv", "--train.lr", "1e-4", "--judge.corpus",
+                 "shakespeare:hamlet", "--search.corpus", "stdlib"])
+    lines = {line.split()[0]: line for line in capsys.readouterr().err.splitlines() if line.startswith("  ")}
+    assert "(given) the rule gives 4096: half the original context" in lines["train.seq_len"]
+    assert "(given) the rule gives stdlib: long documents" in lines["train.corpus"]
+    assert "(given) the rule gives shakespeare: the tuning text" in lines["search.corpus"]
+    assert "(given) the rule gives 6e-05: the shipped fine-tune's" in lines["train.lr"]
+    assert lines["train.short_lr"].split()[1:] == ["5e-05", "half", "the", "fine-tune's"]   # the rule, on the given lr
+    assert "(given) a text neither the search nor the fine-tune reads" in lines["judge.corpus"]
+    assert "(given) s = 4 x the original 8192" in lines["target"]
 
 
 def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, capsys):

@@ -112,6 +112,9 @@ def model_facts(args: ExtendConfig) -> Facts:
     from hf_posenc.train.hardware import choose_attention
     from hf_posenc.train.documents import why_not_per_document
 
+    from hf_posenc.recipes.finetune_checks import check_attention
+
+    check_attention(args.model, skeleton)   # an implementation transformers refuses: now, not after plan.json
     apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
@@ -262,12 +265,16 @@ class Plan:
         return "\n".join(lines)
 
 
+def default(section, name: str):
+    """A field's default in its config section."""
+    field_ = next(f for f in dataclasses.fields(section) if f.name == name)
+    return field_.default_factory() if callable(field_.default_factory) else field_.default
+
+
 def asked(section, name: str):
     """The value the user gave a field (None: he left its default, which the plan then states)."""
     value = getattr(section, name)
-    default = next(f for f in dataclasses.fields(section) if f.name == name)
-    return None if value == (default.default_factory() if callable(default.default_factory) else default.default) \
-        else value
+    return None if value == default(section, name) else value
 
 
 def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
@@ -276,6 +283,8 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     settings: list[Setting] = []
 
     def put(name: str, given, derived, reason: str):
+        if given is not None and given != derived:   # the reason is the rule's: say what the rule would give
+            reason = f"the rule gives {format_value(derived)}: {reason}"
         settings.append(Setting(name, derived if given is None else given, reason, given is not None))
         return settings[-1].value
 
@@ -288,7 +297,7 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
                          f"search takes one RoPE, so the fine-tune starts from YaRN at the target")
     sa = args.search
     if searched:
-        put("search.corpus", asked(sa, "corpus"), sa.corpus, "the tuning text of the passages")
+        put("search.corpus", asked(sa, "corpus"), default(sa, "corpus"), "the tuning text of the passages")
         put("search.critical_floor", sa.critical_floor, 1.33,
             "the critical pairs' farthest position at the target lands at 3/4 of the original context, not on "
             "their last and least-trained positions (LongRoPE2 wants >= s; RESULTS: 'The critical pairs' floor')")
@@ -296,6 +305,10 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
                      "a passage: 192 tokens, at most 1/32 of the original context")
         far = put("search.far_from", sa.far_from, L // 2, "the fitness reads tokens only far context predicts: "
                                                         "half the original context and more")
+        if far + tokens >= T:   # before the layout: it cuts the distances from far_from to the target into bands
+            raise ConfigError(f"search.far_from {far} and search.passage_tokens {tokens} leave no distance to search: "
+                              f"a passage repeated at least far_from back must fit before the target {T} (far_from "
+                              f"+ passage_tokens < target)")
         passages, width = search_layout(T, L, far, tokens, sa.passages, sa.band_width)
         put("search.passages", sa.passages, passages,
             "2 sequences (the race scores the first), each 56 % passages (48 a sequence at 32k), fewer where they "
@@ -310,7 +323,7 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
                                                      "PoSE gives its ids spread over the target")
     put("train.positions", None, "pose chunks=2 text=span",
         f"each window two chunks of a {T}-token span of one document: training pairs up to {T} apart")
-    put("train.corpus", asked(ta, "corpus"), ta.corpus, "long documents (the standard library's packages)")
+    put("train.corpus", asked(ta, "corpus"), default(ta, "corpus"), "long documents (the standard library's packages)")
     put("train.packing", None, "documents" if facts.apart is None else "joined",
         "documents kept apart (each attends only to itself)" if facts.apart is None else
         f"joined: {facts.apart}, so transformers' masks would read PoSE's jumps as new documents")
@@ -329,7 +342,7 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
                "full: two passage seeds, perplexity, passkey; quick: one seed")
     read = [ta.corpus, *([args.search.corpus] if searched else [])]
     held_out = extend_report.held_out
-    corpus = put("judge.corpus", ja.corpus, next((t for t in TEXTS if held_out(t, read)), None),
+    corpus = put("judge.corpus", ja.corpus, ja.corpus or next((t for t in TEXTS if held_out(t, read)), None),
                  "a text neither the search nor the fine-tune reads" if ja.corpus is None or held_out(ja.corpus, read)
                  else "NOT held out: a stage trains or searches on it")
     if mode != "skip" and corpus is None:
@@ -373,7 +386,10 @@ def search_layout(T: int, L: int, far: int, tokens: int, passages: int | None, w
             except ValueError:
                 continue
             return 2 * per_sequence, band
-    return 2 * max(2, derived), width or min(span, T // 8)   # check_plan says why the search refuses it
+    if passages is None and width is None:   # nothing given the layout could name: say what does not fit
+        raise ConfigError(f"search: no layout of passages fits: passages of {tokens} tokens repeated {far} to {T} "
+                          f"tokens back, at least 2 a band; lower search.far_from or search.passage_tokens")
+    return 2 * max(2, derived), width or min(span, T // 8)   # check_plan says why the search refuses the given
 
 
 def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: list, put, window: int) -> int:
