@@ -154,10 +154,12 @@ def save_family(folder: Path, family: str) -> Path:
     return folder
 
 
-def tiny_argv(model: Path, texts: Path, out: Path, *more: str) -> list[str]:
-    return ["--model", str(model), "--model.dtype", "float32", "--target", "256", "--tokens", "64",
-            "--search.candidates", "0", "--search.corpus", str(texts / "tune"), "--train.corpus", str(texts / "train"),
-            "--judge.corpus", str(texts / "held"), "--judge.mode", "quick", "--output_dir", str(out), *more]
+def tiny_argv(model: Path, texts: Path, out: Path, *more: str, search: bool = True) -> list[str]:
+    """search=False: a model the pipeline does not search (one RoPE per layer type), which refuses search flags."""
+    searched = ["--search.candidates", "0", "--search.corpus", str(texts / "tune")] if search else []
+    return ["--model", str(model), "--model.dtype", "float32", "--target", "256", "--tokens", "64", *searched,
+            "--train.corpus", str(texts / "train"), "--judge.corpus", str(texts / "held"), "--judge.mode", "quick",
+            "--output_dir", str(out), *more]
 
 
 def run_extend(argv: list[str]):
@@ -167,9 +169,14 @@ def run_extend(argv: list[str]):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, texts, family):
+def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, texts, capsys, family):
     model = save_family(tmp_path / family, family)
-    out = run_extend(tiny_argv(model, texts, tmp_path / "out"))
+    searched = family != "gemma3_text"
+    if not searched:   # search flags it would not read are refused, not ignored
+        got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out"))
+        assert got.startswith("error: search.corpus, search.candidates: gemma3_text has one RoPE per layer type"), got
+        assert not (tmp_path / "out").exists()
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out", search=searched))
     assert set(json.loads((out / "stages.json").read_text())) == (
         {"finetune", "short", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
     # the checkpoint is the short stage's, trained from the fine-tune's
@@ -638,3 +645,5 @@ def test_a_one_step_budget_trains_and_the_judge_fills_every_bin(tmp_path, texts)
     width = json.loads((out / "plan.json").read_text())["settings"]["judge.bin"]
     filled = {p["distance"] // width for p in cell["passages"]}
     assert filled == set(range(256 // width))
+    laid = len(cell["passages"])   # whole sequences: the report says the count laid out, and the one asked
+    assert laid != 16 and f"{laid} passages (16 asked: whole sequences of " in (out / "REPORT.md").read_text()

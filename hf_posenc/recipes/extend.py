@@ -296,6 +296,10 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
         if searched else f"skipped: {facts.model_type} has one RoPE per layer type {facts.layer_types}; the factor "
                          f"search takes one RoPE, so the fine-tune starts from YaRN at the target")
     sa = args.search
+    unread = [f"search.{f.name}" for f in dataclasses.fields(sa) if asked(sa, f.name) is not None]
+    if not searched and unread:   # accepted and ignored would let the user believe they acted
+        raise ConfigError(f"{', '.join(unread)}: {facts.model_type} has one RoPE per layer type, which the pipeline "
+                          f"does not search (its fine-tune starts from YaRN): drop the search settings")
     if searched:
         put("search.corpus", asked(sa, "corpus"), default(sa, "corpus"), "the tuning text of the passages")
         put("search.critical_floor", sa.critical_floor, 1.33,

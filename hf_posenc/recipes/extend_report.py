@@ -95,6 +95,16 @@ def judge_layout(target: int, passages: int, passage: int, head: int, seed: int)
                               seed=seed), sequences
 
 
+def passages_words(run) -> str:
+    """The judge's passages a seed as laid out: whole sequences, so a count that fills none evenly is rounded up."""
+    from hf_posenc.eval import recall
+
+    asked, v = run.plan.value("judge.passages"), run.plan.value
+    per_sequence, sequences = recall.cell_sequences(v("target"), asked, judge_passage(run.plan.facts.original))
+    laid = per_sequence * sequences
+    return f"{laid} passages" + (f" ({asked} asked: whole sequences of {per_sequence})" if laid != asked else "")
+
+
 def recall_cell(model, tokenizer, ids: list[int], prefix: list[int], settings: dict, original: int, seed: int) -> dict:
     """One recall cell of the judge: the passages of `seed` laid out over the target, scored with their control."""
     from hf_posenc.eval import recall
@@ -443,7 +453,7 @@ def report(run) -> str:
                   f"On `{corpus_name(v('judge.corpus'))}`, {held_out_words(run)}. Recall "
                   f"at a distance at {v('target')} tokens: passages of the text repeated later in one sequence, the "
                   f"gap = loss of a repeat without its first copy (control pass) - with it, nats / token; mean "
-                  f"[95 % bootstrap] (n), {v('judge.passages')} passages a seed at distances even over the window "
+                  f"[95 % bootstrap] (n), {passages_words(run)} a seed at distances even over the window "
                   f"over {v('judge.seeds')} seed(s). "
                   f"`start` is the untrained search result, `yarn` and `self_extend` the base model patched to the "
                   f"target, no training.", "", *table, "", "Goals:", "", *goal_lines(goals, rise), "",
