@@ -385,11 +385,15 @@ BAD = [
     (["--target", "256", "--tokens", "64", "--hours", "1"], "give one"),
     (["--target", "256", "--judge.mode", "most"], "judge.mode must be one of full, quick, skip"),
     (["--target", "256", "--search.passages", "3"], "search: "),
-    (["--target", "256", "--search.critical_floor", "0.5"], "error: search: critical_floor must be"),
+    (["--target", "256", "--search.critical_floor", "0.5"], "error: search.critical_floor must be a number >= 1 (a "
+                                                            "multiple of s; null: the rule), got 0.5"),
+    (["--target", "256", "--search.critical_floor", "nan"], "search.critical_floor must be a number >= 1"),
+    (["--target", "256", "--hours", "1e300"], "--hours must be a number from 0 to 8760 (a year; 0: --tokens' rule), "
+                                              "got 1e+300"),
     (["--target", "256", "--train.lr", "-1"], "error: train.lr must be a positive number"),
     (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
     (["--target", "256", "--judge.bin", "512"], "judge.bin 512 is wider than the window it bins (the target 256)"),
-    (["--target", "256", "--hours", "inf"], "--hours must be a finite number >= 0"),
+    (["--target", "256", "--hours", "inf"], "--hours must be a number from 0 to 8760"),
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
     (["--target", "256", "--judge.corpus", "./nowhere/*.txt"], "judge.corpus './nowhere/*.txt': no such text"),
     (["--target", "256", "--train.seq_len", "512"], "train: "),

@@ -260,8 +260,11 @@ class Plan:
         for s in self.settings:
             lines.append(f"  {s.name:<{width}}  {format_value(s.value):<22} {'(given) ' if s.given else ''}{s.reason}")
         est = self.estimates()
-        lines.append("  estimated: " + ", ".join(f"{k} ~{v:.0f} min" for k, v in est.items() if v >= 0.5)
-                     + f"; whole ~{sum(est.values()):.0f} min (rates: benchmarks/RESULTS.md, scaled)")
+        parts = [f"{k} ~{v:.0f} min" for k, v in est.items() if v >= 0.5]
+        whole = sum(est.values())
+        lines.append("  estimated: " + (", ".join(parts) + "; " if parts else "")
+                     + (f"whole ~{whole:.0f} min" if whole >= 0.5 else "whole under a minute")
+                     + " (rates: benchmarks/RESULTS.md, scaled)")
         return "\n".join(lines)
 
 
@@ -637,7 +640,8 @@ class ExtendRun:
         changed = [f"{k}: {format_value(old.get(k))} there, {format_value(new.get(k))} now"
                    for k in differ if not k.startswith(ADJUSTABLE)]
         if there.get("model") != self.plan.facts.name or there.get("model_path") != model_key(self.plan.facts.ref):
-            changed.insert(0, f"model: {there.get('model')} there, {self.plan.facts.name} now")
+            elsewhere = " (another of that name)" if there.get("model") == self.plan.facts.name else ""
+            changed.insert(0, f"model: {there.get('model')} there, {self.plan.facts.name}{elsewhere} now")
         if changed:
             raise ConfigError(f"output_dir {self.args.output_dir} holds a run with other settings ({'; '.join(changed)}"
                               f"); run with those settings to resume it, or choose another --output_dir (the "
@@ -701,8 +705,7 @@ class ExtendRun:
         if self.rejudge:   # other judge settings: the trained stages stand, the judge and the export run again
             write_json(self.out / "stages.json", {k: v for k, v in self.done.items() if k in TRAINED})
             write_json(self.out / "clock.json", {k: v for k, v in self.spent().items() if k in TRAINED})
-            (self.out / "plan.json").unlink()
-        if not (self.out / "plan.json").exists():
+        if self.rejudge or not (self.out / "plan.json").exists():   # replaced whole: a kill leaves one or the other
             write_json(self.out / "plan.json", {"model": self.plan.facts.name,
                                                 "model_path": model_key(self.plan.facts.ref),
                                                 "settings": self.plan.record(),

@@ -74,7 +74,8 @@ class ExtendConfig:
         "help": "the fine-tune's training tokens (0: 9.375 x target, the shipped 307k at 32k; or from --hours)"})
     hours: float = field(default=0.0, metadata={
         "help": "wall time for the search and the fine-tune on this machine (0: --tokens' rule): the fine-tune "
-                "gets what the search leaves, at this machine's measured rate"})
+                "gets what the search leaves, at this machine's measured rate; the judge comes on top (the plan "
+                "says its minutes; --judge.mode quick or skip cuts it)"})
     search: SearchPlanArgs = field(default_factory=SearchPlanArgs, metadata={"help": "the factor search"})
     train: TrainPlanArgs = field(default_factory=TrainPlanArgs, metadata={"help": "the fine-tune"})
     judge: JudgePlanArgs = field(default_factory=JudgePlanArgs, metadata={"help": "the report card"})
@@ -118,11 +119,16 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     need(args.train.short_lr is None or (math.isfinite(args.train.short_lr) and args.train.short_lr > 0),
          f"train.short_lr must be > 0 (or null: lr / 2), got {args.train.short_lr}")
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
-    need(math.isfinite(args.hours) and args.hours >= 0, f"--hours must be a finite number >= 0 (0: --tokens' rule), "
-                                                        f"got {args.hours}")
+    need(math.isfinite(args.hours) and 0 <= args.hours <= 8760, f"--hours must be a number from 0 to 8760 (a year; "
+                                                                 f"0: --tokens' rule), got {args.hours}")
+    floor = args.search.critical_floor
+    need(floor is None or (isinstance(floor, (int, float)) and math.isfinite(floor) and floor >= 1),
+         f"search.critical_floor must be a number >= 1 (a multiple of s; null: the rule), got {floor}")
     need(not (args.tokens and args.hours),
          f"--tokens {args.tokens} and --hours {args.hours:g} both set the fine-tune's length: give one")
     need(args.judge.mode in JUDGE_MODES, f"judge.mode must be one of {', '.join(JUDGE_MODES)}, got {args.judge.mode!r}")
     if not args.output_dir.strip():
-        args.output_dir = f"runs/extend_{Path(args.model.name).name.removesuffix('.gguf')}_{args.target}"
+        model = Path(args.model.name).expanduser()
+        name = (model.resolve() if model.exists() else model).name   # `--model .`: the folder's own name
+        args.output_dir = f"runs/extend_{name.removesuffix('.gguf')}_{args.target}"
     return args

@@ -75,7 +75,8 @@ def hub_id(ref: str) -> str | None:
 
 def base_name(ref: str) -> str:
     """How a card names the model it was made from: its hub id, else the folder's or file's own name."""
-    return hub_id(ref) or Path(str(ref)).expanduser().name
+    path = Path(str(ref)).expanduser()
+    return hub_id(ref) or (path.resolve().name if path.exists() else path.name)   # `.`: the folder's own name
 
 
 def front_matter(ref: str) -> list[str]:
