@@ -87,11 +87,9 @@ def judge_text(settings: dict, given: str | None) -> str:
 
 def original_context(model: str) -> int:
     """The unpatched model's context (its text config: one for every family, Gemma 3's layer types included)."""
-    from transformers import AutoConfig
+    from hf_posenc import loading, user_input
 
-    from hf_posenc import user_input
-
-    return int(AutoConfig.from_pretrained(user_input.model_ref(model)).get_text_config().max_position_embeddings)
+    return int(loading.load_config(user_input.model_ref(model)).get_text_config().max_position_embeddings)
 
 
 def judge_cells(run: Path, settings: dict) -> dict:

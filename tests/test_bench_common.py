@@ -453,6 +453,18 @@ def test_bench_extend_variants_reads_a_local_judge_text_only_when_named(tmp_path
         f"error: --judge_corpus {tmp_path / 'other'} reads a.txt (local ")
 
 
+def test_bench_extend_variants_reads_the_bases_context_from_any_model(tmp_path):
+    """The original context the perplexity windows take: the embedded model (a GGUF asset) and a model with one RoPE
+    per layer type (Gemma 3's text config), not a fine-tune's config keys."""
+    import bench_extend_variants as bench
+    from transformers import Gemma3TextConfig
+
+    assert bench.original_context("smollm2") == 8192
+    Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=16, max_position_embeddings=96).save_pretrained(tmp_path)
+    assert bench.original_context(str(tmp_path)) == 96
+
+
 def test_common_refuses_a_dtype_it_does_not_know_by_name(capsys):
     assert refused(capsys, common.dtype_name, "float8") == ("error: --dtype must be one of auto, float32, bfloat16, "
                                                             "float16, got 'float8'")
