@@ -153,7 +153,9 @@ def text_key(spec: str) -> str:
     """Which text a spec reads, without its machine path: local files by their names and a hash of where they lie
     (`texts/train`, `texts/train/`, `texts/train/*.txt` and the absolute path give one key; the same names elsewhere
     another), a built-in corpus or a hub dataset as given."""
-    files = sorted({str(Path(f).resolve()) for f in _local_files(spec)}) if spec.partition(":")[0] not in BUILTIN else []
+    if spec.partition(":")[0] in BUILTIN:
+        return spec
+    files = sorted({str(Path(f).resolve()) for f in _local_files(spec)})
     if not files:
         return spec
     folders = ", ".join(sorted({Path(f).parent.name for f in files}))

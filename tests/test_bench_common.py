@@ -408,7 +408,8 @@ def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_s
     (["--rows", "finetune=RUN/short"], "error: row 'finetune=RUN/short': a row is NAME=FOLDER or NAME=FOLDER:switched, "
                                        "its NAME new (not unpatched, extended, start, finetune, yarn, self_extend)"),
     (["--rows", "self_extend=RUN/short"], "error: row 'self_extend=RUN/short': a row is"),   # the judge's row
-    (["--model", "YARN"], "error: --model YARN is not the model the run extended (HuggingFaceTB/SmolLM2-135M-Instruct)"),
+    (["--model", "YARN"], "error: --model YARN is not the model the run extended "
+                          "(HuggingFaceTB/SmolLM2-135M-Instruct)"),
     (["--judge_corpus", "HELD"], "error: --judge_corpus HELD reads a.txt (local "),
     (["--rows", "a=RUN/short:twisted"], "error: row 'a=RUN/short:twisted': a row is"),
     (["--rows", "a=YARN:switched"], "error: row a: YARN carries 'yarn', not longrope: nothing to switch"),

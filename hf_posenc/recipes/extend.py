@@ -109,10 +109,9 @@ def model_facts(args: ExtendConfig) -> Facts:
     parameters = sum(p.numel() for p in skeleton.parameters())
     heads = text.num_attention_heads
     attention = text.num_hidden_layers * heads * (getattr(text, "head_dim", None) or text.hidden_size // heads)
-    from hf_posenc.train.hardware import choose_attention
-    from hf_posenc.train.documents import why_not_per_document
-
     from hf_posenc.recipes.finetune_checks import check_attention
+    from hf_posenc.train.documents import why_not_per_document
+    from hf_posenc.train.hardware import choose_attention
 
     check_attention(args.model, skeleton)   # an implementation transformers refuses: now, not after plan.json
     apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
