@@ -843,3 +843,16 @@ def test_a_guard_perplexity_that_is_not_a_number_is_refused_before_any_candidate
     with pytest.raises(InvalidInputError, match="guard perplexity is nan"):
         runner.run()
     assert not (tmp_path / "search.json").exists() and not (tmp_path / "candidates.jsonl").exists()
+
+
+def test_summary_shows_the_bests_bands_beside_the_best_seeds():
+    """Where the mean of the bands bought the far bands with the middle ones: each band's loss beside the best
+    seed's, and the change (the 24k search's best was worse than YaRN at 7-13k)."""
+    def bands(*losses):
+        return [{"from": 10 * i, "to": 10 * (i + 1), "n": 2, "loss": x} for i, x in enumerate(losses)]
+    best, seed = {"kind": "cma:11", "bands": bands(1.35, 2.10)}, {"kind": "seed:YaRN", "bands": bands(1.98, 1.68)}
+    lines = recipe.band_lines(best, seed)
+    assert lines[0] == "| distance band | passages | loss of the repeats | seed:YaRN | best - seed:YaRN |"
+    assert lines[2:4] == ["| 0-10 | 2 | 1.3500 | 1.9800 | -0.6300 |", "| 10-20 | 2 | 2.1000 | 1.6800 | +0.4200 |"]
+    assert recipe.band_lines(best, best)[0] == "| distance band | passages | loss of the repeats |"   # a seed won
+    assert recipe.band_lines(best)[2] == "| 0-10 | 2 | 1.3500 |"

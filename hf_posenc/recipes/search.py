@@ -183,14 +183,25 @@ def save_best(tokenizer, best: dict, s, folder: Path, ref: str) -> None:
         (Path(fresh) / "README.md").write_text(card.patch_card(model, ref))
 
 
-def band_lines(best: dict) -> list[str]:
-    """The best candidate's loss band by band (a search recorded before bands: nothing)."""
+def band_lines(best: dict, seed: dict | None = None) -> list[str]:
+    """The best candidate's loss band by band, beside the best seed's (a search recorded before bands: nothing): the
+    mean of the bands can buy the far ones with the middle ones, and this table shows where."""
     bands = best.get("bands") or []
     if len(bands) < 2:
         return []
-    return ["| distance band | passages | loss of the repeats |", "|---|---|---|",
-            *(f"| {b['from']}-{b['to']} | {b['n']} | {'-' if b['loss'] is None else format(b['loss'], '.4f')} |"
-              for b in bands), ""]
+    theirs = {(b["from"], b["to"]): b["loss"] for b in (seed.get("bands") or [])} if seed and seed is not best else {}
+
+    def number(x) -> str:
+        return "-" if x is None else format(x, ".4f")
+
+    def beside(b: dict) -> str:
+        other = theirs.get((b["from"], b["to"]))
+        change = "-" if other is None or b["loss"] is None else format(b["loss"] - other, "+.4f")
+        return f" {number(other)} | {change} |" if theirs else ""
+
+    extra = f" {seed['kind']} | best - {seed['kind']} |" if theirs else ""
+    return [f"| distance band | passages | loss of the repeats |{extra}", "|---|---|---|" + "---|---|" * bool(theirs),
+            *(f"| {b['from']}-{b['to']} | {b['n']} | {number(b['loss'])} |{beside(b)}" for b in bands), ""]
 
 
 def summary(rows: list[dict], best: dict, s, record: dict) -> str:
@@ -232,7 +243,7 @@ def summary(rows: list[dict], best: dict, s, record: dict) -> str:
              + (f"; their factors held >= {s.floor_factor:g}." if s.floor_factor else ".")
              + f" Cost: {cpu_hours:.2f} CPU-hours, {len(rows) / cpu_hours:.1f} candidates a CPU-hour"
              + (f" ({raced} raced out after their first sequence)" if s.race else "") + ".", "",
-             *band_lines(best), 
+             *band_lines(best, anchor),
              f"| # | candidate | loss of far repeats (95 %) | - {anchor['kind'] if anchor else 'best seed'} (paired, 95 %) "
              f"| one-pass gap | guard | seconds |", "|---|---|---|---|---|---|---|"]
     for r in rows:
