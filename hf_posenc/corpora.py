@@ -133,6 +133,11 @@ def _local_files(spec: str) -> list[str]:
         return []
 
 
+def _resolved_files(spec: str) -> set[str]:
+    """The local files a spec reads, by their resolved paths: one set however the spec spells them."""
+    return {str(Path(f).resolve()) for f in _local_files(spec)}
+
+
 def shares_text(spec: str, other: str) -> bool:
     """Whether two corpus specs read some text in common: one built-in corpus whose chosen parts share a document
     (compared by content: `kjv:john`, `kjv: john` and `kjv:-genesis` all read John), or local files in common
@@ -145,8 +150,7 @@ def shares_text(spec: str, other: str) -> bool:
             return bool(_documents(spec) & _documents(other))
         except InvalidInputError:   # a part the corpus lacks: refused where a stage reads the text
             return spec == other
-    files = [{str(Path(f).resolve()) for f in _local_files(s)} for s in (spec, other)]
-    return spec == other or bool(files[0] & files[1])
+    return spec == other or bool(_resolved_files(spec) & _resolved_files(other))
 
 
 def text_key(spec: str) -> str:
@@ -155,7 +159,7 @@ def text_key(spec: str) -> str:
     another), a built-in corpus or a hub dataset as given."""
     if spec.partition(":")[0] in BUILTIN:
         return spec
-    files = sorted({str(Path(f).resolve()) for f in _local_files(spec)})
+    files = sorted(_resolved_files(spec))
     if not files:
         return spec
     folders = ", ".join(sorted({Path(f).parent.name for f in files}))
