@@ -65,6 +65,17 @@ def test_the_plan_at_32k_is_the_shipped_path(tmp_path):
     assert plan.value("judge.corpus") == "kjv" and plan.value("judge.bin") == 4096
 
 
+@pytest.mark.parametrize("target, share", [(16384, 0.08), (32768, 0.08), (65536, 0.16), (131072, 0.32)])
+def test_the_guard_grows_with_s_past_4x(tmp_path, target, share):
+    """The shipped 8 % at 4x and below (the 16k-32k runs' plans unchanged); past 4x in proportion to s, as the closed
+    forms' own rise inside the original context grows (at 8x every seed exceeds 8 %); a given share stands."""
+    folder = smollm2_like(tmp_path / "m")
+    assert plan_of(folder, "--target", str(target)).value("search.guard_share") == pytest.approx(share)
+    assert extend.search_settings(plan_of(folder, "--target", str(target))).guard_share == pytest.approx(share)
+    given = plan_of(folder, "--target", str(target), "--search.guard_share", "0.05")
+    assert given.value("search.guard_share") == 0.05 and f"the rule gives {share:g}" in given.text()
+
+
 @pytest.mark.parametrize("target", [16384, 24576, 32768, 65536])
 def test_every_ratio_plans_a_search_the_search_takes(tmp_path, target):
     plan = plan_of(smollm2_like(tmp_path / "m"), "--target", str(target))

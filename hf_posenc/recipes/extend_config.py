@@ -34,8 +34,9 @@ class SearchPlanArgs:
         "help": "recall passages over 2 sequences (null: what fills 56 % of them, as the shipped search)"})
     passage_tokens: int | None = field(default=None, metadata={
         "help": "tokens of a passage (null: 192, less for a short original context)"})
-    guard_share: float = field(default=0.08, metadata={
-        "help": "largest rise of perplexity inside the original context a candidate may have"})
+    guard_share: float | None = field(default=None, metadata={
+        "help": "largest rise of perplexity inside the original context a candidate may have (null: 0.08 up to "
+                "4x the original context, 0.02 x s past it)"})
 
 
 @dataclass
