@@ -217,10 +217,17 @@ def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
             theirs = extend_report.pooled(every, other, seeds)
             if name == other or not theirs:
                 continue
-            for what, keep in (("whole window", lambda d: True), ("last quarter", lambda d: d >= last)):
+            def diff(keep):
                 pairs = [(a["gap"], b["gap"]) for a, b in zip(mine, theirs) if keep(a["distance"])]
-                d = stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
-                print(f"  {name} - {other}, {what}: {extend_report.interval(d)}")
+                return stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+
+            for what, keep in (("whole window", lambda d: True), ("last quarter", lambda d: d >= last)):
+                print(f"  {name} - {other}, {what}: {extend_report.interval(diff(keep))}")
+            if other == "self_extend":   # the goal: every bin's lower end >= -0.10
+                width = settings["judge.bin"]
+                bins = [f"{a // 1024}-{(a + width) // 1024}k {extend_report.interval(diff(lambda d, a=a: a <= d < a + width))}"
+                        for a in range(0, T, width)]
+                print(f"  {name} - {other}, by bin: " + "; ".join(bins))
 
 
 if __name__ == "__main__":
