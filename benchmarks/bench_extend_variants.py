@@ -224,9 +224,9 @@ def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
             for what, keep in (("whole window", lambda d: True), ("last quarter", lambda d: d >= last)):
                 print(f"  {name} - {other}, {what}: {extend_report.interval(diff(keep))}")
             if other == "self_extend":   # the goal: every bin's lower end >= -0.10
-                width = settings["judge.bin"]
-                bins = [f"{a // 1024}-{(a + width) // 1024}k {extend_report.interval(diff(lambda d, a=a: a <= d < a + width))}"
-                        for a in range(0, T, width)]
+                edges = [*range(0, T, settings["judge.bin"]), T]   # the judge's bins, the last cut at T
+                bins = [f"{a // 1024}-{b // 1024}k {extend_report.interval(diff(lambda d, a=a, b=b: a <= d < b))}"
+                        for a, b in zip(edges, edges[1:])]
                 print(f"  {name} - {other}, by bin: " + "; ".join(bins))
 
 
