@@ -206,6 +206,11 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     assert windows[0] == windows[1] and len(windows[0]) == extend_report.SHORT_WINDOWS   # the same windows, paired
     report = (out / "REPORT.md").read_text()
     assert "| extended |" in report and "Goals:" in report
+    args = extend_config.parse_args(tiny_argv(model, texts, tmp_path / "out", search=searched))
+    planned = extend.make_plan(args, extend.model_facts(args), extend.machine_kind("float32")).estimates()
+    for stage, info in json.loads((out / "stages.json").read_text()).items():   # each stage's time beside its plan's
+        if stage != "export":   # REPORT.md is written by the export, before its own time is known
+            assert f"| {stage} | {info['seconds'] / 60:.1f} | {planned[stage]:.1f} |" in report
     assert extend_report.QUICK in report and extend_report.QUICK in (out / "README.md").read_text()   # a cut judge
     assert "within +1 % of the unpatched model (the mean): " in report and "(n 6)" in report
     for row in {"yarn", "self_extend"} - set(baselines):   # left out, saying why

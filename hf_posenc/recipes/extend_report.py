@@ -462,11 +462,12 @@ def report(run) -> str:
     else:
         lines += ["## Judged", "", "Not judged (judge.mode skip): run `hf-posenc extend` again with --judge.mode "
                   "quick or full on this folder's settings to add the report card.", ""]
-    done = run.done
+    done, planned = run.done, run.plan.estimates()
     lines += ["## Time", "", f"Wall time on {run.plan.machine[1]}, every run of a stage added up (a killed run's to "
-              f"the last time it wrote clock.json, at most half a minute before):", "", "| stage | minutes |",
-              "|---|---|",
-              *(f"| {stage} | {info['seconds'] / 60:.1f} |" for stage, info in done.items()), ""]
+              f"the last time it wrote clock.json, at most half a minute before), beside the plan's estimate:", "",
+              "| stage | minutes | planned |", "|---|---|---|",
+              *(f"| {stage} | {info['seconds'] / 60:.1f} | {planned[stage]:.1f} |" for stage, info in done.items()),
+              ""]
     return "\n".join(lines)
 
 
