@@ -224,9 +224,8 @@ def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
             for what, keep in (("whole window", lambda d: True), ("last quarter", lambda d: d >= last)):
                 print(f"  {name} - {other}, {what}: {extend_report.interval(diff(keep))}")
             if other == "self_extend":   # the goal: every bin's lower end >= -0.10
-                edges = [*range(0, T, settings["judge.bin"]), T]   # the judge's bins, the last cut at T
-                bins = [f"{a // 1024}-{b // 1024}k {extend_report.interval(diff(lambda d, a=a, b=b: a <= d < b))}"
-                        for a, b in zip(edges, edges[1:])]
+                bins = [f"{name} {extend_report.interval(diff(lambda d, a=a, b=b: a <= d < b))}"
+                        for a, b, name in extend_report.distance_bins(T, settings["judge.bin"])]
                 print(f"  {name} - {other}, by bin: " + "; ".join(bins))
 
 

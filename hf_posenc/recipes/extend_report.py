@@ -281,6 +281,12 @@ def interval(d: dict, digits: int = 2) -> str:
     return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] (n {d['n']})"
 
 
+def distance_bins(target: int, width: int) -> list[tuple[int, int, str]]:
+    """(from, to, label) of the report's distance bins: `width` tokens each, the last cut at the target."""
+    edges = [*range(0, target, width), target]
+    return [(a, b, f"{a // 1024}-{b // 1024}k" if width % 1024 == 0 else f"{a}-{b}") for a, b in zip(edges, edges[1:])]
+
+
 def recall_tables(run, cells: dict) -> tuple[list[str], dict]:
     """The gap by distance bin of every row, and the extended row's paired differences from each other row (the
     same passages: the pairing removes how hard each passage is); the goals read from them."""
@@ -290,27 +296,22 @@ def recall_tables(run, cells: dict) -> tuple[list[str], dict]:
     T, width, seeds = v("target"), v("judge.bin"), v("judge.seeds")
     rows = run.plan.rows()
     passages = {row: pooled(cells, row, seeds) for row in rows}
-    edges = list(range(0, T, width)) + [T]
-    bins = list(zip(edges, edges[1:]))
-
-    def label(low, high):
-        return f"{low // 1024}-{high // 1024}k" if width % 1024 == 0 else f"{low}-{high}"
-
-    lines = ["| row | " + " | ".join(label(a, b) for a, b in bins) + " |", "|---|" + "---|" * len(bins)]
+    bins = distance_bins(T, width)
+    lines = ["| row | " + " | ".join(name for _, _, name in bins) + " |", "|---|" + "---|" * len(bins)]
     for row in rows:
         lines.append(f"| {row} | " + " | ".join(
             interval(stats.bootstrap_mean([p["gap"] for p in passages[row] if a <= p["distance"] < b]))
-            for a, b in bins) + " |")
+            for a, b, _ in bins) + " |")
     goals = {}
     lines += ["", "Paired, extended minus each row, the same passages (nats / token; 95 % bootstrap):", "",
-              "| extended - | " + " | ".join(label(a, b) for a, b in bins) + " | last quarter | whole window |",
+              "| extended - | " + " | ".join(name for _, _, name in bins) + " | last quarter | whole window |",
               "|---|" + "---|" * (len(bins) + 2)]
     last = 3 * T // 4
     for row in rows[1:]:
         def diff(keep):
             pairs = [(e["gap"], o["gap"]) for e, o in zip(passages["extended"], passages[row]) if keep(e["distance"])]
             return stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs])
-        per_bin = [{**diff(lambda d, a=a, b=b: a <= d < b), "bin": label(a, b)} for a, b in bins]
+        per_bin = [{**diff(lambda d, a=a, b=b: a <= d < b), "bin": name} for a, b, name in bins]
         quarter, whole = diff(lambda d: d >= last), diff(lambda d: True)
         goals[row] = {"bins": per_bin, "last_quarter": quarter, "whole": whole}
         lines.append(f"| {row} | " + " | ".join(interval(d) for d in per_bin) + f" | {interval(quarter)} | "
