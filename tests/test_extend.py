@@ -93,9 +93,14 @@ def test_hours_buy_candidates_and_tokens_at_the_machines_rate(tmp_path):
     scale = plan.facts.parameters / extend.REFERENCE_PARAMETERS
     left = 2 * 3600 - (5 + plan.value("search.candidates")) * candidate_s
     assert plan.value("search.candidates") == 16
-    share = 1 / (1 + extend.SHORT_STEP_COST / 4)   # the short stage: a quarter as many steps, each cheaper
+    # the short stage: a quarter as many contiguous steps (and its long ones beside them), each cheaper
+    share = 1 / (1 + extend.SHORT_STEP_COST / (4 * (1 - extend.SHORT_LONG_SHARE)))
     assert plan.value("train.tokens") == int(share * left * tokens_s / scale)
-    assert plan.value("train.short_steps") == math.ceil(plan.value("train.steps") / 4)
+    assert plan.value("train.short_steps") == math.ceil(plan.value("train.steps") / 4 / (1 - extend.SHORT_LONG_SHARE))
+    mixed = plan_of(folder, "--target", "32768", "--hours", "2", "--train.short_long_share", "0.75")
+    share = 1 / (1 + extend.SHORT_STEP_COST)   # a quarter contiguous, three times as many long beside them
+    assert mixed.value("train.tokens") == int(share * left * tokens_s / scale)
+    assert mixed.value("train.short_steps") == 4 * math.ceil(mixed.value("train.steps") / 4)
     alone = plan_of(folder, "--target", "32768", "--hours", "2", "--train.short_steps", "0")
     assert alone.value("train.tokens") == int(left * tokens_s / scale)   # no short stage: the fine-tune gets it all
     short = plan_of(folder, "--target", "32768", "--hours", "0.3")
@@ -349,6 +354,33 @@ def test_a_killed_run_resumes_at_its_stage_and_other_settings_are_refused(tmp_pa
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before
 
 
+def test_the_short_stage_mixes_the_fine_tunes_long_windows_at_its_share(tmp_path, texts, capsys):
+    """train.short_long_share: that share of the short stage's windows drawn as the fine-tune's long ones, beside as
+    many contiguous ones as before; a run planned before the setting existed ran contiguous windows alone and
+    resumes as such."""
+    model = save_family(tmp_path / "llama", "llama")
+    out = run_extend(tiny_argv(model, texts, tmp_path / "out", "--train.short_long_share", "0.5", "--judge.mode",
+                               "skip"))
+    settings = json.loads((out / "plan.json").read_text())["settings"]
+    assert settings["train.short_steps"] == 2 * math.ceil(settings["train.steps"] / 4)
+    ran = json.loads((out / "short" / "finetune_config.json").read_text())["train"]
+    assert ran["positions"] == settings["train.positions"] + " contiguous_share=0.5"
+    assert (ran["steps"], ran["loss"]) == (settings["train.short_steps"], "ce")
+
+    argv = tiny_argv(model, texts, tmp_path / "old", "--judge.mode", "skip")
+    old = run_extend([*argv, "--train.short_long_share", "0"])
+    assert json.loads((old / "short" / "finetune_config.json").read_text())["train"]["positions"] == "contiguous"
+    saved = json.loads((old / "plan.json").read_text())
+    del saved["settings"]["train.short_long_share"]   # as planned before the setting was added
+    (old / "plan.json").write_text(json.dumps(saved))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in old.rglob("*") if p.name != "plan.json")
+    run_extend([*argv, "--train.short_long_share", "0"])   # the same run: every stage done
+    assert "[3/4 short] done" in capsys.readouterr().err   # (the judge skipped)
+    message = one_line_refusal(capsys, run_extend, [*argv, "--train.short_long_share", "0.25"])
+    assert "train.short_long_share: 0 there, 0.25 now" in message
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in old.rglob("*") if p.name != "plan.json") == before
+
+
 def test_a_resumed_stage_counts_what_earlier_runs_spent_in_its_estimate(tmp_path, monkeypatch, capsys):
     model = smollm2_like(tmp_path / "m")   # SmolLM2's plan, no weights: the stages do not run
     tiny_tokenizer().save_pretrained(model)
@@ -419,6 +451,11 @@ BAD = [
     (["--target", "256", "--search.band_width", "0"], "search.band_width must be >= 1 token"),
     (["--target", "256", "--train.short_steps", "-1"], "train.short_steps must be >= 0 (0: no short stage"),
     (["--target", "256", "--train.short_lr", "0"], "train.short_lr must be > 0"),
+    (["--target", "256", "--train.short_long_share", "1"], "train.short_long_share must be in [0, 1) (0: contiguous "
+                                                           "windows alone; null: the rule), got 1.0"),
+    (["--target", "256", "--train.short_long_share", "nan"], "train.short_long_share must be in [0, 1)"),
+    (["--target", "256", "--train.short_long_share", "0.5", "--train.short_steps", "0"],
+     "train.short_long_share 0.5 with train.short_steps 0: there is no short stage to mix long windows into"),
     (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
     ([], "--target is needed"),
     (["--target", "-5"], "--target must be a positive number of tokens, got -5"),

@@ -47,6 +47,7 @@ from hf_posenc.recipes.extend_report import format_value, write_json
 STAGES = ("search", "finetune", "short", "judge", "export")
 TRAINED = ("search", "finetune", "short")   # the stages a rerun with other judge settings keeps
 ADJUSTABLE = ("judge.",)   # settings a rerun may change: the same checkpoint judged again
+PLANNED_BEFORE = {"train.short_long_share": 0.0}   # settings added since a run was planned: the value it ran with
 TEXT_FIELDS = ("search.corpus", "train.corpus", "judge.corpus")   # the texts the stages read
 CLOCK_SECONDS = 30.0   # a running stage writes down its time this often (clock.json; REPORT.md says half a minute)
 TEXTS = ("kjv", "shakespeare", "stdlib")   # the built-in corpora: the judge takes the first no stage read
@@ -279,6 +280,7 @@ def asked(section, name: str):
     return None if value == default(section, name) else value
 
 
+SHORT_LONG_SHARE = 0.0   # the short stage's share of long windows
 GUARD_SHARE = 0.08   # the shipped 32k search's guard (4x); a static factor set costs more inside L as s grows
 
 
@@ -343,10 +345,17 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("train.lr", asked(ta, "lr"), 6e-5, "the shipped fine-tune's, constant after 10 warmup steps")
     put("train.seed", asked(ta, "seed"), 42, "the data order")
     steps = settings_tokens(args, facts, machine, settings, put, window)
-    put("train.short_steps", ta.short_steps, math.ceil(steps / 4),
-        f"then a short stage: contiguous {min(window, L)}-token windows inside the original context, "
-        f"cross-entropy, a quarter of the fine-tune's steps: it takes back the perplexity the fine-tune costs there "
-        f"(RESULTS: 'The short stage')")
+    mixed = put("train.short_long_share", ta.short_long_share, SHORT_LONG_SHARE,
+                "the short stage's windows drawn as the fine-tune's long ones: they keep the distances it trained "
+                "while the contiguous ones take perplexity back (RESULTS: 'The short stage')")
+    put("train.short_steps", ta.short_steps, math.ceil(math.ceil(steps / 4) / (1 - mixed)),
+        f"then a short stage: contiguous {min(window, L)}-token windows inside the original context"
+        f"{f' ({mixed:g} of its windows long ones)' if mixed else ''}, cross-entropy, as many contiguous ones as a "
+        f"quarter of the fine-tune's steps: they take back the perplexity the fine-tune costs there (RESULTS: 'The "
+        f"short stage')")
+    if ta.short_long_share and ta.short_steps == 0:   # accepted and ignored would let the user believe it acted
+        raise ConfigError(f"train.short_long_share {ta.short_long_share:g} with train.short_steps 0: there is no "
+                          f"short stage to mix long windows into; drop one of them")
     put("train.short_lr", ta.short_lr, ta.lr / 2, "half the fine-tune's")
     ja = args.judge
     mode = put("judge.mode", asked(ja, "mode"), ja.mode,
@@ -412,7 +421,9 @@ def settings_tokens(args: ExtendConfig, facts: Facts, machine: tuple, settings: 
         scale = facts.parameters / REFERENCE_PARAMETERS
         searched = any(s.name == "search" and s.value for s in settings)
         per_candidate = candidate_seconds(facts, machine, T)
-        share = 1.0 if args.train.short_steps == 0 else 1 / (1 + SHORT_STEP_COST / 4)   # the short stage's quarter
+        mixed = SHORT_LONG_SHARE if args.train.short_long_share is None else args.train.short_long_share
+        # the short stage: a quarter of the steps contiguous, and its long windows beside them
+        share = 1.0 if args.train.short_steps == 0 else 1 / (1 + SHORT_STEP_COST / (4 * (1 - mixed)))
 
         def split(hours: float) -> tuple[int, int]:
             """(search candidates, fine-tune tokens) in these hours: the search takes at most 45 % of them (the
@@ -547,13 +558,15 @@ def save_every(plan: Plan, steps: int, window: int, cost: float = 1.0, share: in
 
 
 def short_sections(plan: Plan):
-    """The short stage's data and train sections: the fine-tune's text, contiguous ids, cross-entropy."""
+    """The short stage's data and train sections: the fine-tune's text, contiguous ids (or, window by window at
+    train.short_long_share, the fine-tune's long ones), cross-entropy."""
     from hf_posenc.recipes import finetune_config as fc
 
     v = plan.value
-    steps = v("train.short_steps")
+    steps, mixed = v("train.short_steps"), v("train.short_long_share")
+    positions = f"{v('train.positions')} contiguous_share={1 - mixed:g}" if mixed else "contiguous"
     return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=short_window(plan), packing=v("train.packing")),
-            fc.TrainArgs(objective="lm", positions="contiguous", loss="ce", steps=steps, lr=v("train.short_lr"),
+            fc.TrainArgs(objective="lm", positions=positions, loss="ce", steps=steps, lr=v("train.short_lr"),
                          warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",
                          save_every=save_every(plan, steps, short_window(plan), SHORT_STEP_COST, share=2),
                          seed=v("train.seed") + 1))   # other windows than before
@@ -638,6 +651,7 @@ class ExtendRun:
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"{saved} cannot be read ({err}): not an extend run's plan; choose another "
                               f"--output_dir") from None
+        old = {**PLANNED_BEFORE, **old}
         new = json.loads(json.dumps(self.plan.record()))
         differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         self.rejudge = bool(differ) and all(k.startswith(ADJUSTABLE) for k in differ)

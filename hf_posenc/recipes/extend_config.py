@@ -52,6 +52,9 @@ class TrainPlanArgs:
         "help": "steps of the short stage after the fine-tune: contiguous windows inside the original context, "
                 "cross-entropy (null: a quarter of the fine-tune's steps; 0: no short stage)"})
     short_lr: float | None = field(default=None, metadata={"help": "the short stage's learning rate (null: lr / 2)"})
+    short_long_share: float | None = field(default=None, metadata={
+        "help": "share of the short stage's windows drawn as the fine-tune's long ones (PoSE ids over the target), "
+                "window by window (null: the rule; 0: contiguous windows alone)"})
 
 
 @dataclass
@@ -119,6 +122,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
          f"train.short_steps must be >= 0 (0: no short stage; null: the rule), got {args.train.short_steps}")
     need(args.train.short_lr is None or (math.isfinite(args.train.short_lr) and args.train.short_lr > 0),
          f"train.short_lr must be > 0 (or null: lr / 2), got {args.train.short_lr}")
+    share = args.train.short_long_share
+    need(share is None or (math.isfinite(share) and 0 <= share < 1),
+         f"train.short_long_share must be in [0, 1) (0: contiguous windows alone; null: the rule), got {share}")
     need(args.tokens >= 0, f"--tokens must be >= 0 (0: the rule), got {args.tokens}")
     need(math.isfinite(args.hours) and 0 <= args.hours <= 8760, f"--hours must be a number from 0 to 8760 (a year; "
                                                                  f"0: --tokens' rule), got {args.hours}")

@@ -545,7 +545,9 @@ def card(run, cells: dict) -> str:
         f"{'kept apart' if v('train.packing') == 'documents' else 'joined'}, PoSE ids spread over {v('target')} "
         f"(`{v('train.positions')}`), LongCE (window {v('train.longce_window')}), lr {v('train.lr')}"
         + (f"; then {v('train.short_steps')} step{'s' if v('train.short_steps') != 1 else ''} of one contiguous "
-           f"{min(v('train.seq_len'), facts.original)}-token window inside the original context, cross-entropy, "
-           f"lr {v('train.short_lr')}" if v("train.short_steps") else ""),
+           f"{min(v('train.seq_len'), facts.original)}-token window inside the original context"
+           + (f" (each drawn with odds {v('train.short_long_share'):g} as a long one, PoSE as above)"
+              if v("train.short_long_share") else "")
+           + f", cross-entropy, lr {v('train.short_lr')}" if v("train.short_steps") else ""),
         f"- **Judged**: {judged}", "",
         "REPORT.md holds the plan, every distance bin, perplexity, the passkey and the time each stage took.", ""])
