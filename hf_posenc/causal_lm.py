@@ -25,6 +25,15 @@ def unwrapped(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def decoder(model: nn.Module) -> nn.Module:
+    """The decoder under the LM head (LlamaModel, ...): `base_model`, or the `model` it holds where its class names a
+    prefix it does not hold (Llama 4's text-only LM: "language_model", so `base_model` is the LM itself, head and
+    all); the model itself where it has neither."""
+    inner = unwrapped(model)
+    body = getattr(inner, "base_model", inner)
+    return getattr(inner, "model", inner) if body is inner else body
+
+
 def check_causal_lm(model, what: str) -> None:
     """Refuse, before any work, a `model` that does not predict each next token from the ones before it (None,
     an encoder, a masked LM, an encoder-decoder): `what` scores next tokens, and such a model's output is
@@ -60,8 +69,8 @@ def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
                   position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The last hidden states, before the output layer: the model's base (decoder) module."""
     extra = {} if position_ids is None else {"position_ids": position_ids}
-    return unwrapped(model).base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                                    **extra).last_hidden_state
+    return decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          **extra).last_hidden_state
 
 
 def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,12 @@ from accelerate.state import AcceleratorState, GradientState
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from hf_posenc import assets
+from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.recipes import extend
 from hf_posenc.recipes import extend_config
 from hf_posenc.recipes import extend_report
 from refusals import one_line_refusal
-from tiny import TINY_TEXT_VOCAB, tiny_config, tiny_tokenizer
+from tiny import ROPE_FAMILIES, TINY_TEXT_VOCAB, tiny_config, tiny_tokenizer
 
 MACHINE = ("avx512_bf16", "2 CPU cores (test)", "float32", "asked for")
 
@@ -142,10 +143,15 @@ def test_a_slow_machine_checkpoints_every_ten_minutes_a_fast_one_every_third_of_
 
 
 # ----------------------------------------------------------------------------------------- the whole pipeline
-FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 16},
-            "phi3": {"pad_token_id": 0, "original_max_position_embeddings": 64},
-            "olmo": {}, "olmo2": {},
-            "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}}
+# every RoPE family the registry covers, as its contract tests build it, but with the attention the pipeline
+# chooses ("auto": Gemma 2 has no sdpa, and the pipeline must find eager for it)
+FAMILIES = {family: {k: v for k, v in ROPE_FAMILIES[family].items() if k != "attn_implementation"}
+            for family in TESTED_MODEL_TYPES}
+ONE_ROPE_PER_LAYER_TYPE = {"gemma3_text", "olmo3"}   # not searched: the fine-tune starts from YaRN
+NO_YARN = {"phi3"}   # Phi3Config accepts longrope only
+# a sliding window Self-Extend would drop (Mistral, Gemma 2), a rotary layout other than rotate-half (Cohere's
+# interleaved pairs, DeepSeek's, Llama 4's complex one), or no YaRN config to carry it (Phi-3)
+NO_SELF_EXTEND = {"mistral", "gemma2", "cohere", "deepseek_v3", "llama4_text", "phi3"}
 
 
 @pytest.fixture(scope="module")
@@ -187,14 +193,14 @@ def run_extend(argv: list[str]):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, texts, capsys, family):
     model = save_family(tmp_path / family, family)
-    searched = family != "gemma3_text"
+    searched = family not in ONE_ROPE_PER_LAYER_TYPE
     if not searched:   # search flags it would not read are refused, not ignored
         got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out"))
-        assert got.startswith("error: search.corpus, search.candidates: gemma3_text has one RoPE per layer type"), got
+        assert got.startswith(f"error: search.corpus, search.candidates: {family} has one RoPE per layer type"), got
         assert not (tmp_path / "out").exists()
     out = run_extend(tiny_argv(model, texts, tmp_path / "out", search=searched))
     assert set(json.loads((out / "stages.json").read_text())) == (
-        {"finetune", "short", "judge", "export"} | ({"search"} if family != "gemma3_text" else set()))
+        {"finetune", "short", "judge", "export"} | ({"search"} if searched else set()))
     # the checkpoint is the short stage's, trained from the fine-tune's
     assert (out / "model.safetensors").read_bytes() == (out / "short" / "model.safetensors").read_bytes()
     assert (out / "model.safetensors").read_bytes() != (out / "finetune" / "model.safetensors").read_bytes()
@@ -202,10 +208,9 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     assert extended.config.max_position_embeddings == 256
     cells = json.loads(next((out / "judge").glob("cells-*.json")).read_text())
     baselines = json.loads((out / "plan.json").read_text())["settings"]["judge.rows"]
-    # Mistral's sliding window: no Self-Extend; Phi-3's config carries longrope only: neither training-free row
-    assert ("yarn" in baselines) == (family != "phi3")
-    assert ("self_extend" in baselines) == (family not in ("mistral", "phi3"))
-    rows = ["extended", *baselines] + (["start"] if family != "gemma3_text" else [])
+    assert ("yarn" in baselines) == (family not in NO_YARN)
+    assert ("self_extend" in baselines) == (family not in NO_SELF_EXTEND)
+    rows = ["extended", *baselines] + (["start"] if searched else [])
     assert {f"{row}/recall_seed0" for row in rows} <= set(cells) and "base/perplexity" in cells
     windows = [cells[f"{row}/short_perplexity"]["offsets"] for row in ("base", "extended")]
     assert windows[0] == windows[1] and len(windows[0]) == extend_report.SHORT_WINDOWS   # the same windows, paired
@@ -220,7 +225,7 @@ def test_the_whole_pipeline_extends_a_tiny_model_of_every_rope_family(tmp_path, 
     assert "within +1 % of the unpatched model (the mean): " in report and "(n 6)" in report
     for row in {"yarn", "self_extend"} - set(baselines):   # left out, saying why
         assert f"; no {row}: method '{row}' " in report
-    if family == "gemma3_text":
+    if not searched:
         assert "one RoPE per layer type" in report
 
 

@@ -17,7 +17,7 @@ from hf_posenc.config import RopeMethodConfig
 from hf_posenc.families.rope_models import TESTED_MODEL_TYPES
 from hf_posenc.registry import METHODS
 from hf_posenc.export.serving import _written_rope_type
-from tiny import logits, tiny_config, token_ids
+from tiny import ROPE_FAMILIES, logits, tiny_config, token_ids
 
 CTX = 64  # the tiny models' original context (tiny.TINY)
 LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
@@ -26,41 +26,7 @@ LONG = 3 * CTX // 2  # past the original context, inside the factor-2 target
 ROPE = sorted(n for n, c in METHODS.items() if issubclass(c, RopeMethodConfig))
 STOCK = [n for n in ROPE if METHODS[n].stock_checkpoint]
 
-# model_type -> config overrides on top of tiny.TINY (and the attention implementation to use).
-FAMILIES = {
-    "llama": {},
-    "mistral": {"sliding_window": 16},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "qwen2": {},
-    "qwen3": {},
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    "gemma": {},
-    "gemma2": {"attn_implementation": "eager", "sliding_window": 16},  # soft-capping: no sdpa
-    # nested rope_parameters, one dict per layer type: only full_attention is rescaled by default
-    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
-    "phi": {},  # partial_rotary_factor 0.5: rotary dim 8 of head_dim 16
-    "gpt_neox": {},  # partial_rotary_factor 0.25: rotary dim 4
-    # its default pad_token_id is outside the tiny vocabulary; its top-level original context (4096 by
-    # default) is the one transformers uses for longrope
-    "phi3": {"pad_token_id": 0, "original_max_position_embeddings": CTX},
-    "olmo": {},
-    "olmo2": {},
-    "stablelm": {},  # partial_rotary_factor 0.25
-    "granite": {},
-    "cohere": {},  # interleaved (repeat_interleave) rotary layout
-    "starcoder2": {},
-    "smollm3": {"pad_token_id": 0},
-    # multi-head latent attention: RoPE on a qk_rope_head_dim slice, kept apart from the rest of the head
-    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
-                    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16,
-                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
-                    # MLA expands k and v to every head, so DeepSeek's configs have as many kv heads as heads
-                    # (stock transformers' SDPA fails on any float or padding mask otherwise)
-                    "num_key_value_heads": 4},
-    "olmo3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},  # nested, one theta
-    "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 2,  # complex-valued rotary, chunked layers
-                    "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 16},
-}
+FAMILIES = ROPE_FAMILIES   # model_type -> config overrides on top of tiny.TINY (tests/tiny.py)
 
 # The rope_types a family's own config check accepts, where it restricts them (so transformers could neither save
 # nor load the others): hf_posenc refuses a method that writes another at patch time, before the model is touched.
@@ -269,3 +235,29 @@ def test_factor_one_is_bit_identical(family, method):
         torch.testing.assert_close(logits(model, ids), baseline(family, ids), atol=tolerance, rtol=tolerance)
     else:
         assert torch.equal(logits(model, ids), baseline(family, ids))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_decoder_under_the_head_rebuilds_the_models_logits(family):
+    """The long losses and probes run the decoder and the output layer apart (never [n, vocab] logits of the whole
+    window): every family's decoder is found, Llama 4's text LM included (its base_model is the LM itself)."""
+    from hf_posenc import causal_lm
+
+    model = build(family)
+    assert causal_lm.decoder(model) is not model
+    ids = token_ids(12)
+    hidden = causal_lm.hidden_states(model, ids, torch.ones_like(ids))
+    torch.testing.assert_close(causal_lm.output_logits(model, hidden), logits(model, ids))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_auto_attention_is_one_the_family_runs(family, monkeypatch):
+    """"auto" on a CPU: sdpa where the family's class runs it, eager where it does not (Gemma 2); a given one kept."""
+    from hf_posenc.train.hardware import choose_attention
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = tiny_config(family, **{k: v for k, v in FAMILIES[family].items() if k != "attn_implementation"})
+    chosen = choose_attention("auto", config)
+    assert chosen == attn_of(family)
+    AutoModelForCausalLM.from_config(config, attn_implementation=chosen)   # transformers builds it so
+    assert choose_attention("eager", config) == "eager" and choose_attention("auto") == "sdpa"

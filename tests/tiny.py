@@ -15,6 +15,44 @@ TINY = dict(
 )
 
 
+# Every RoPE family the registry covers (hf_posenc.families.rope_models.TESTED_MODEL_TYPES): model_type -> config
+# overrides on top of TINY (and the attention implementation its contract tests use).
+ROPE_FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": 16},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "gemma": {},
+    "gemma2": {"attn_implementation": "eager", "sliding_window": 16},  # soft-capping: no sdpa
+    # nested rope_parameters, one dict per layer type: only full_attention is rescaled by default
+    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    "phi": {},  # partial_rotary_factor 0.5: rotary dim 8 of head_dim 16
+    "gpt_neox": {},  # partial_rotary_factor 0.25: rotary dim 4
+    # its default pad_token_id is outside the tiny vocabulary; its top-level original context (4096 by
+    # default) is the one transformers uses for longrope
+    "phi3": {"pad_token_id": 0, "original_max_position_embeddings": TINY["max_position_embeddings"]},
+    "olmo": {},
+    "olmo2": {},
+    "stablelm": {},  # partial_rotary_factor 0.25
+    "granite": {},
+    "cohere": {},  # interleaved (repeat_interleave) rotary layout
+    "starcoder2": {},
+    "smollm3": {"pad_token_id": 0},
+    # multi-head latent attention: RoPE on a qk_rope_head_dim slice, kept apart from the rest of the head
+    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
+                    # MLA expands k and v to every head, so DeepSeek's configs have as many kv heads as heads
+                    # (stock transformers' SDPA fails on any float or padding mask otherwise)
+                    "num_key_value_heads": 4},
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},  # nested, one theta
+    "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 2,  # complex-valued rotary, chunked layers
+                    "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 16},
+}
+
+
 def tiny_config(model_type: str = "llama", **overrides):
     kwargs = {**TINY, **overrides}
     return AutoConfig.for_model(model_type, **kwargs)

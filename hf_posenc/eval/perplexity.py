@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from .. import _compat
 from ..config import check_bool, check_number
 from ..errors import InvalidInputError, ParameterTypeError, UnsupportedModelError
-from ..causal_lm import check_causal_lm, check_token_ids, output_logits, vocabulary_size
+from ..causal_lm import check_causal_lm, check_token_ids, decoder, output_logits, vocabulary_size
 from ..record_reader import method_class, read_record
 from ..registry import find_family
 
@@ -56,7 +56,7 @@ def _chunked_head(model: torch.nn.Module):
     """(body, head) when logits are exactly head(body(ids)), checked on a few tokens: the head is the output
     layer with the families' scalings (soft-capping, logit_scale: `causal_lm.output_logits`), so those models' long
     passes never hold [1, n, vocab] logits either; else None (the caller then uses the full forward)."""
-    body = getattr(model, "base_model", model)
+    body = decoder(model)
     if model.get_output_embeddings() is None or body is model:
         return None
 

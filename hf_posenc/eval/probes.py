@@ -18,7 +18,7 @@ import torch
 from .. import _compat
 from ..config import check_bool
 from ..errors import InvalidInputError, InvalidParameterError
-from ..causal_lm import check_causal_lm, check_token_ids
+from ..causal_lm import check_causal_lm, check_token_ids, decoder
 from .perplexity import check_length, is_length_dependent, token_list
 
 
@@ -74,7 +74,7 @@ def _prefill(model, context: torch.Tensor, cache) -> None:
     if _keeps_logits(model):
         model(context, use_cache=True, logits_to_keep=1, **{_compat.cache_argument(model): cache})
         return
-    body = getattr(model, "base_model", model)   # the decoder under the head, where the forward cannot skip it
+    body = decoder(model)   # the decoder under the head, where the forward cannot skip it
     body(context, use_cache=True, **{_compat.cache_argument(body): cache})
 
 

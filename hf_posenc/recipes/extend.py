@@ -77,6 +77,7 @@ class Facts:
     layer_types: list
     apart: str | None = None  # why documents cannot be kept apart under spread ids (None: they can)
     baselines: dict = field(default_factory=dict)   # training-free method -> None (it applies) or why not
+    passes: str = "sdpa"        # the judge's passes (and an "auto" search's): eager where the class has no sdpa
 
 
 def model_facts(args: ExtendConfig) -> Facts:
@@ -112,14 +113,14 @@ def model_facts(args: ExtendConfig) -> Facts:
     attention = text.num_hidden_layers * heads * (getattr(text, "head_dim", None) or text.hidden_size // heads)
     from hf_posenc.recipes.finetune_checks import check_attention
     from hf_posenc.train.documents import why_not_per_document
-    from hf_posenc.train.hardware import choose_attention
+    from hf_posenc.train.hardware import choose_attention, runs_attention
 
     check_attention(args.model, skeleton)   # an implementation transformers refuses: now, not after plan.json
-    apart = why_not_per_document(config, choose_attention(args.model.attn_implementation))
+    apart = why_not_per_document(config, choose_attention(args.model.attn_implementation, config))
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
     return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters,
-                 attention, layers, apart, baselines)
+                 attention, layers, apart, baselines, "sdpa" if runs_attention(config, "sdpa") else "eager")
 
 
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with
@@ -591,7 +592,8 @@ def search_stage_config(plan: Plan, model: recipe_config.ModelArgs, output_dir: 
 
     v = plan.value
     return SearchConfig(
-        model=dataclasses.replace(model, attn_implementation=model.attention()),
+        model=dataclasses.replace(model, attn_implementation=plan.facts.passes if model.attn_implementation == "auto"
+                                  else model.attn_implementation),
         data=recipe_config.DataArgs(corpus=v("search.corpus")),
         search=SearchArgs(
             target=v("target"), mode="static", budget=v("search.candidates"), passages=v("search.passages"),

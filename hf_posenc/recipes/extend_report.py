@@ -182,7 +182,8 @@ def load_row(run, row: str, dtype):
     from hf_posenc import eval as hpe
 
     folder = {"extended": run.trained, "start": run.out / "search" / "best"}.get(row)
-    model = hp.load_model(str(folder) if folder else run.plan.facts.ref, dtype=dtype, attn_implementation="sdpa")
+    model = hp.load_model(str(folder) if folder else run.plan.facts.ref, dtype=dtype,
+                          attn_implementation=run.plan.facts.passes)
     if row in ("yarn", "self_extend"):
         hp.patch(model, row, **hpe.variant_params(model, row, {}, run.plan.value("target")))
     return model.eval()

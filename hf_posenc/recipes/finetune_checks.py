@@ -131,7 +131,8 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
     long_training = dataclasses.replace(long_training, mixed_share=cfg.train.mixed_windows if switched else 0.0,
                                         switched=switched, short_tokens=short_tokens,
                                         document_mask=check_documents(cfg, model, causal, positions,
-                                                                  choose_attention(cfg.model.attn_implementation)))
+                                                                  choose_attention(cfg.model.attn_implementation,
+                                                                                   model.config)))
     if exact:
         from ..families.learned_tables import check_length
 
@@ -387,7 +388,7 @@ def check_corpus(field: str, spec: str, args: FinetuneDataArgs) -> None:
 
 
 def check_attention(args: FinetuneModelArgs, model) -> None:
-    requested = choose_attention(args.attn_implementation)
+    requested = choose_attention(args.attn_implementation, model.config)
     try:
         model.set_attn_implementation(requested)
     except (ValueError, ImportError) as err:

@@ -537,10 +537,12 @@ def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teache
 
 def load_model(cfg: FinetuneConfig):
     """The model to train, with the attention implementation and the dtype the hardware runs."""
-    kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation)}
+    ref = resolve_alias(cfg.model.name)
+    config = loading.load_config(ref, gguf_file=cfg.model.gguf_file) if cfg.model.attn_implementation == "auto" else None
+    kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation, config)}
     if cfg.model.dtype != "auto":
         kwargs["dtype"] = getattr(torch, cfg.model.dtype)
-    return loading.load_model(resolve_alias(cfg.model.name), gguf_file=cfg.model.gguf_file, **kwargs)
+    return loading.load_model(ref, gguf_file=cfg.model.gguf_file, **kwargs)
 
 
 def load_tokenizer(cfg: FinetuneConfig):

@@ -26,6 +26,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from .. import causal_lm
 from ..errors import InvalidInputError, UnsupportedModelError
 
 # Attention implementations that mask packed documents from restarting position ids (transformers 5): the
@@ -217,9 +218,10 @@ def decoder_of(model: nn.Module) -> nn.Module:
     for _ in range(4):
         inner = getattr(inner, "module", inner)   # DDP
         inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner   # PEFT
-    if not hasattr(inner, "base_model"):
+    body = causal_lm.decoder(inner)
+    if body is inner:
         raise UnsupportedModelError(f"{type(model).__name__} has no decoder (base_model) to keep documents apart in")
-    return inner.base_model
+    return body
 
 
 def check_model(model_type: str, attn_implementation: str, batch_size: int) -> None:
