@@ -5,6 +5,7 @@ bad input refused before anything is written, and the extended folder's card hol
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -384,6 +385,36 @@ def test_the_short_stage_mixes_the_fine_tunes_long_windows_at_its_share(tmp_path
     message = one_line_refusal(capsys, run_extend, [*argv, "--train.short_long_share", "0.25"])
     assert "train.short_long_share: 0 there, 0.25 now" in message
     assert sorted((p.name, p.stat().st_mtime_ns) for p in old.rglob("*") if p.name != "plan.json") == before
+
+
+def test_a_short_stage_variant_is_the_pipelines_stage_but_where_asked(tmp_path, texts, capsys, monkeypatch):
+    """benchmarks/train_short_variant.py re-plans the run: at the run's own share (0) it trains the pipeline's short
+    stage bit for bit; at 0.5 other weights, twice the steps; a run given other flags than it is told is refused."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import train_short_variant as script
+
+    model = save_family(tmp_path / "llama", "llama")
+    argv = tiny_argv(model, texts, tmp_path / "out", "--judge.mode", "skip")
+    out = run_extend(argv)
+    given = [a for i, a in enumerate(argv) if not {a, argv[i - 1]} & {"--model", "--target", "--output_dir"}]
+
+    def variant(share: str, to: str, *flags: str):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        monkeypatch.setattr(sys, "argv", ["train_short_variant.py", "--run", str(out), "--model", str(model),
+                                          "--share", share, "--out", str(tmp_path / to), *flags])
+        script.main()
+        return tmp_path / to
+
+    same = variant("0", "same", "--", *given)
+    assert (same / "model.safetensors").read_bytes() == (out / "short" / "model.safetensors").read_bytes()
+    mixed = variant("0.5", "mixed", "--", *given)
+    assert (mixed / "model.safetensors").read_bytes() != (out / "short" / "model.safetensors").read_bytes()
+    ran = {folder: json.loads((folder / "finetune_config.json").read_text())["train"] for folder in (same, mixed)}
+    assert ran[mixed]["steps"] == 2 * ran[same]["steps"] and ran[mixed]["positions"].endswith("contiguous_share=0.5")
+    message = one_line_refusal(capsys, lambda _: variant("0.5", "bare"), None)   # the run's flags not given
+    assert "was planned with other settings than the model and target give now (" in message
+    assert "train.tokens: 64 there" in message and not (tmp_path / "bare").exists()
 
 
 def test_a_resumed_stage_counts_what_earlier_runs_spent_in_its_estimate(tmp_path, monkeypatch, capsys):

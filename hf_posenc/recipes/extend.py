@@ -775,29 +775,31 @@ class ExtendRun:
         self.train_in("short", str(self.out / "finetune"), *short_sections(self.plan), posenc=None)
 
     def train_in(self, folder: str, start: str, data, train, posenc) -> None:
-        """One fine-tune recipe run in out/folder from `start`, resumed from its last checkpoint where it has one."""
-        from hf_posenc.recipes import finetune_config as fc
-        from hf_posenc.recipes.finetune import RUN
-        from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
-        from hf_posenc.train import checkpoints as ckpt
-
-        out = self.out / folder
-        started = out.is_dir() and any(out.iterdir())
-        resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
-        cfg = fc.FinetuneConfig(
-            model=fc.FinetuneModelArgs(name=start, dtype=self.args.model.dtype,
-                                       attn_implementation=self.args.model.attn_implementation),
-            data=data, train=train, eval=fc.FinetuneEvalArgs(lengths=[]), posenc=posenc,
-            output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
-        recipe = FinetuneRecipe(cfg, progress=RUN)
-        recipe.setup()
-        recipe.train()
+        train_stage(self.args.model, self.out / folder, start, data, train, posenc)
 
     def stage_judge(self) -> None:
         extend_report.judge(self)
 
     def stage_export(self) -> None:
         extend_report.export(self)
+
+
+def train_stage(model: recipe_config.ModelArgs, out: Path, start: str, data, train, posenc) -> None:
+    """One fine-tune recipe run in `out` from `start`, resumed from its last checkpoint where it has one."""
+    from hf_posenc.recipes import finetune_config as fc
+    from hf_posenc.recipes.finetune import RUN
+    from hf_posenc.recipes.finetune_recipe import FinetuneRecipe
+    from hf_posenc.train import checkpoints as ckpt
+
+    started = out.is_dir() and any(out.iterdir())
+    resume = started and ckpt.latest_checkpoint(str(out))[0] is not None
+    cfg = fc.FinetuneConfig(
+        model=fc.FinetuneModelArgs(name=start, dtype=model.dtype, attn_implementation=model.attn_implementation),
+        data=data, train=train, eval=fc.FinetuneEvalArgs(lengths=[]), posenc=posenc,
+        output_dir=str(out), resume=resume, overwrite_output_dir=started and not resume)
+    recipe = FinetuneRecipe(cfg, progress=RUN)
+    recipe.setup()
+    recipe.train()
 
 
 def model_key(ref: str) -> str:
