@@ -347,8 +347,10 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
     put("train.seed", asked(ta, "seed"), 42, "the data order")
     steps = settings_tokens(args, facts, machine, settings, put, window)
     mixed = put("train.short_long_share", ta.short_long_share, SHORT_LONG_SHARE,
-                "the short stage's windows drawn as the fine-tune's long ones: they keep the distances it trained "
-                "while the contiguous ones take perplexity back (RESULTS: 'The short stage')")
+                "the share of the short stage's windows drawn as the fine-tune's long ones, to keep the distances it "
+                "trained while the contiguous ones take perplexity back"
+                + ("" if SHORT_LONG_SHARE else ": none, contiguous windows alone, until a share is shown to keep both")
+                + " (RESULTS: 'The short stage')")
     put("train.short_steps", ta.short_steps, math.ceil(math.ceil(steps / 4) / (1 - mixed)),
         f"then a short stage: contiguous {min(window, L)}-token windows inside the original context"
         f"{f' ({mixed:g} of its windows long ones)' if mixed else ''}, cross-entropy, as many contiguous ones as a "
