@@ -156,3 +156,29 @@ def test_a_half_written_checkpoint_is_named_when_resuming(tmp_path, tiny_dir, te
     assert "step 6 incomplete (the run stopped while saving it), resuming from step 4" in said
     assert "the 4 steps left take about " in said          # the pace of the logged steps
     assert [r["step"] for r in ckpt.read_log(out)] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("family, chosen", [("gemma2", "eager"), ("llama", "sdpa")])
+def test_auto_attention_loads_what_the_models_class_runs(tmp_path, family, chosen):
+    """The search and evaluate recipes resolve "auto" by the model's class (Gemma 2 has no sdpa: transformers refuses
+    it at load), before the evaluation's config is saved; a given implementation stays."""
+    from hf_posenc.recipes import search as search_recipe
+    from hf_posenc.recipes import search_config
+    from transformers import AutoModelForCausalLM
+
+    from tiny import ROPE_FAMILIES, tiny_config
+
+    overrides = {k: v for k, v in ROPE_FAMILIES[family].items() if k != "attn_implementation"}
+    AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).save_pretrained(tmp_path / "m")
+    (tmp_path / "text.txt").write_text("words " * 200)
+    common = ["--model.name", str(tmp_path / "m"), "--data.corpus", str(tmp_path / "text.txt")]
+    evaluation = eval_recipe.EvaluateRecipe(evaluate_config.parse_args(
+        [*common, "--output_dir", str(tmp_path / "e"), "--eval.variants", "none", "--eval.perplexity_lengths", "32"]))
+    assert evaluation.config["model"]["attn_implementation"] == chosen
+    small = ["--search.target", "256", "--search.guard_length", "16", "--search.passages", "4",
+             "--search.passage_tokens", "8", "--search.far_from", "32"]
+    search = search_recipe.SearchRecipe(search_config.parse_args([*common, "--output_dir", str(tmp_path / "s"), *small]))
+    assert search.args.model.attn_implementation == chosen
+    given = search_config.parse_args([*common, "--output_dir", str(tmp_path / "g"), *small,
+                                      "--model.attn_implementation", "eager"])
+    assert search_recipe.SearchRecipe(given).args.model.attn_implementation == "eager"

@@ -461,8 +461,12 @@ class EvaluateRecipe:
     the grids and the variants (results.json written after each), `save` writes summary.md and the figures."""
 
     def __init__(self, args: EvalConfig):
+        from hf_posenc import loading
+
         self.args = args
         self.ref = check_model_and_paths(args)
+        # "auto": sdpa, or eager where the model's class has none; resolved before the config is compared and saved
+        args.model.attn_implementation = args.model.attention(loading.load_config(self.ref))
         self.out = Path(args.output_dir)
         self.results_path = self.out / "results.json"
         self.config = dataclasses.asdict(args)

@@ -102,7 +102,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> EvalCo
     args = recipe_config.parse(EvalConfig, argv, usage=f"{recipe_config.program('evaluate', prog)} {USAGE}",
                                about=ABOUT, shipped=lambda name: name.startswith("eval_"))
     check_args(args)
-    args.model.attn_implementation = args.model.attention()   # "auto" is sdpa here, and is saved as such
     return args
 
 

@@ -95,9 +95,14 @@ class ModelArgs:
         need(isinstance(self.attn_implementation, str) and bool(self.attn_implementation.strip()),
              "model.attn_implementation is empty")
 
-    def attention(self) -> str:
-        """The implementation to load with where the recipe does not choose its own for "auto": sdpa."""
-        return "sdpa" if self.attn_implementation == "auto" else self.attn_implementation
+    def attention(self, config=None) -> str:
+        """The implementation to load with where the recipe does not choose its own for "auto": sdpa, or eager where
+        the causal-LM class of `config` (when given) has no sdpa (Gemma 2)."""
+        from ..train.hardware import runs_attention
+
+        if self.attn_implementation != "auto":
+            return self.attn_implementation
+        return "sdpa" if config is None or runs_attention(config, "sdpa") else "eager"
 
 
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_posenc.corpora.bos_prefix's bos=

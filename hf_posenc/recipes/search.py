@@ -104,6 +104,7 @@ class SearchRecipe:
         inputs = [p for p in (Path(self.ref), Path(args.data.corpus)) if p.exists()]
         self.out = user_input.output_folder(args.output_dir, "output_dir", inputs)
         self.original = original_context(self.ref)
+        args.model.attn_implementation = args.model.attention(loading.load_config(self.ref))   # "auto": by the class
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype, self.why = loading.resolve_dtype(args.model.dtype, self.device)
         self.settings = settings(args, args.model.name, self.original, str(self.dtype).removeprefix("torch."))

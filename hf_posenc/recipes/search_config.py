@@ -70,7 +70,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Search
     args = recipe_config.parse(SearchConfig, argv, usage=f"{recipe_config.program('search', prog)} {USAGE}",
                                about=ABOUT, shipped=lambda name: "_search_" in name)
     check_args(args)
-    args.model.attn_implementation = args.model.attention()   # "auto" is sdpa here, and is saved as such
     return args
 
 
