@@ -177,7 +177,8 @@ def test_auto_attention_loads_what_the_models_class_runs(tmp_path, family, chose
     assert evaluation.config["model"]["attn_implementation"] == chosen
     small = ["--search.target", "256", "--search.guard_length", "16", "--search.passages", "4",
              "--search.passage_tokens", "8", "--search.far_from", "32"]
-    search = search_recipe.SearchRecipe(search_config.parse_args([*common, "--output_dir", str(tmp_path / "s"), *small]))
+    search = search_recipe.SearchRecipe(search_config.parse_args([*common, "--output_dir", str(tmp_path / "s"),
+                                                                  *small]))
     assert search.args.model.attn_implementation == chosen
     given = search_config.parse_args([*common, "--output_dir", str(tmp_path / "g"), *small,
                                       "--model.attn_implementation", "eager"])

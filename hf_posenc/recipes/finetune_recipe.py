@@ -538,7 +538,8 @@ def evaluate(model, tokenizer, cfg: FinetuneConfig, preflight: Preflight, teache
 def load_model(cfg: FinetuneConfig):
     """The model to train, with the attention implementation and the dtype the hardware runs."""
     ref = resolve_alias(cfg.model.name)
-    config = loading.load_config(ref, gguf_file=cfg.model.gguf_file) if cfg.model.attn_implementation == "auto" else None
+    auto = cfg.model.attn_implementation == "auto"   # chosen by the model's class
+    config = loading.load_config(ref, gguf_file=cfg.model.gguf_file) if auto else None
     kwargs = {"attn_implementation": choose_attention(cfg.model.attn_implementation, config)}
     if cfg.model.dtype != "auto":
         kwargs["dtype"] = getattr(torch, cfg.model.dtype)
