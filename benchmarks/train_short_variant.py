@@ -42,6 +42,19 @@ def variant_plan(run: Path, model: str, share: float, steps: int | None, given: 
     return plan, args
 
 
+def check_out(out: Path, run: Path) -> None:
+    """--out is new, empty, or this script's earlier variant of this run (it resumes or, killed before its first
+    checkpoint, starts again): the stage would otherwise replace a folder it did not write."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    try:
+        start = json.loads((out / "finetune_config.json").read_text())["model"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        start = None
+    if start is None or Path(start).resolve() != (run / "finetune").resolve():
+        common.refuse(f"--out {out} holds files other than a short-stage variant of {run}: give a new folder")
+
+
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="the output folder of `hf-posenc extend`, its fine-tune done")
@@ -59,6 +72,7 @@ def main() -> None:
     check_model(run, args.model)
     if out.resolve().is_relative_to(run.resolve()):
         common.refuse(f"--out {out} is inside the run's folder: give a folder outside it")
+    check_out(out, run)
     plan, planned = variant_plan(run, args.model, args.share, args.steps, args.given)
     print(f"short stage variant: {plan.value('train.short_steps')} steps, long share "
           f"{plan.value('train.short_long_share'):g}, from {run / 'finetune'} into {out}")

@@ -415,6 +415,13 @@ def test_a_short_stage_variant_is_the_pipelines_stage_but_where_asked(tmp_path, 
     message = one_line_refusal(capsys, lambda _: variant("0.5", "bare"), None)   # the run's flags not given
     assert "was planned with other settings than the model and target give now (" in message
     assert "train.tokens: 64 there" in message and not (tmp_path / "bare").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")   # a folder the script did not write is never replaced
+    message = one_line_refusal(capsys, lambda _: variant("0.5", "mine", "--", *given), None)
+    assert message == f"error: --out {tmp_path / 'mine'} holds files other than a short-stage variant of {out}: give " \
+                      f"a new folder"
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+    variant("0.5", "mixed", "--", *given)   # its own earlier variant: taken up again from its last checkpoint
 
 
 def test_a_resumed_stage_counts_what_earlier_runs_spent_in_its_estimate(tmp_path, monkeypatch, capsys):
