@@ -113,14 +113,14 @@ def model_facts(args: ExtendConfig) -> Facts:
     attention = text.num_hidden_layers * heads * (getattr(text, "head_dim", None) or text.hidden_size // heads)
     from hf_posenc.recipes.finetune_checks import check_attention
     from hf_posenc.train.documents import why_not_per_document
-    from hf_posenc.train.hardware import choose_attention, runs_attention
+    from hf_posenc.train.hardware import choose_attention
 
     check_attention(args.model, skeleton)   # an implementation transformers refuses: now, not after plan.json
     apart = why_not_per_document(config, choose_attention(args.model.attn_implementation, config))
     baselines = {name: applies(skeleton, name, args.target) for name in BASELINES}
     del skeleton
     return Facts(ref, base_name(args.model.name), config.model_type, original, len(inv_freq), critical, parameters,
-                 attention, layers, apart, baselines, "sdpa" if runs_attention(config, "sdpa") else "eager")
+                 attention, layers, apart, baselines, choose_attention("auto", config, flash=False))
 
 
 BASELINES = ("yarn", "self_extend")   # the training-free methods the report card compares with

@@ -98,11 +98,9 @@ class ModelArgs:
     def attention(self, config=None) -> str:
         """The implementation to load with where the recipe does not choose its own for "auto": sdpa, or eager where
         the causal-LM class of `config` (when given) has no sdpa (Gemma 2)."""
-        from ..train.hardware import runs_attention
+        from ..train.hardware import choose_attention
 
-        if self.attn_implementation != "auto":
-            return self.attn_implementation
-        return "sdpa" if config is None or runs_attention(config, "sdpa") else "eager"
+        return choose_attention(self.attn_implementation, config, flash=False)
 
 
 FRAMINGS = {"auto": "auto", "bos": True, "none": False}   # data.framing -> hf_posenc.corpora.bos_prefix's bos=

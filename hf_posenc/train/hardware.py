@@ -13,12 +13,14 @@ import torch
 SUPPORT_FLAGS = {"flash_attention_2": "_supports_flash_attn", "sdpa": "_supports_sdpa"}
 
 
-def choose_attention(requested: str, config=None) -> str:
-    """`requested`, or for "auto" flash_attention_2 on a GPU where it is installed, else sdpa: each only where the
-    causal-LM class of `config` (when given) runs it, else eager (Gemma 2 soft-caps its scores: no sdpa)."""
+def choose_attention(requested: str, config=None, flash: bool = True) -> str:
+    """`requested`, or for "auto" flash_attention_2 on a GPU where it is installed (unless `flash` is False: the
+    recipes' plain passes), else sdpa: each only where the causal-LM class of `config` (when given) runs it, else
+    eager (Gemma 2 soft-caps its scores: no sdpa)."""
     if requested != "auto":
         return requested
-    ladder = ["flash_attention_2"] if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") else []
+    ladder = ["flash_attention_2"] if flash and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") \
+        else []
     return next((impl for impl in [*ladder, "sdpa"] if config is None or runs_attention(config, impl)), "eager")
 
 
