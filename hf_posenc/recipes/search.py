@@ -45,13 +45,13 @@ def settings(args: SearchConfig, ref: str, original: int, dtype: str):
         raise ConfigError(f"search: {err}") from None
 
 
-def original_context(ref: str) -> int:
-    """The model's context before any patch, from its config alone; a model the search cannot take is refused."""
-    from hf_posenc import _compat, loading
+def original_context(ref: str, config) -> int:
+    """The model's context before any patch, from its config (`loading.load_config(ref)`); a model the search cannot
+    take is refused."""
+    from hf_posenc import _compat
     from hf_posenc.record_reader import read_record
 
     user_input.model_mechanism(ref, methods=["longrope"])   # a learned table or a bias model: refused here
-    config = loading.load_config(ref)
     text = config.get_text_config()
     if read_record(config) is not None:
         raise ConfigError(f"model.name {ref} is already patched ({read_record(config).method}): search from the "
@@ -103,8 +103,9 @@ class SearchRecipe:
         self.ref = user_input.model_ref(args.model.name)
         inputs = [p for p in (Path(self.ref), Path(args.data.corpus)) if p.exists()]
         self.out = user_input.output_folder(args.output_dir, "output_dir", inputs)
-        self.original = original_context(self.ref)
-        args.model.attn_implementation = args.model.attention(loading.load_config(self.ref))   # "auto": by the class
+        config = loading.load_config(self.ref)
+        self.original = original_context(self.ref, config)
+        args.model.attn_implementation = args.model.attention(config)   # "auto": by the model's class
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype, self.why = loading.resolve_dtype(args.model.dtype, self.device)
         self.settings = settings(args, args.model.name, self.original, str(self.dtype).removeprefix("torch."))
