@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_posenc import loading, user_input
 from hf_posenc.recipes import CONFIGS
 from hf_posenc.recipes import evaluate_config
 from hf_posenc.recipes import extend as extend_recipe
@@ -107,7 +108,9 @@ def test_every_suggested_command_passes_the_checks(tmp_path, name, config, flags
         assert plan.value("train.steps") >= 1
     elif "_search_" in config:
         args = search_config.parse_args(argv)
-        search_recipe.settings(args, args.model.name, search_recipe.original_context(args.model.name), "float32")
+        ref = user_input.model_ref(args.model.name)
+        original = search_recipe.original_context(ref, loading.load_config(ref))
+        search_recipe.settings(args, args.model.name, original, "float32")
     else:
         args = evaluate_config.parse_args(argv)
         evaluate_config.check_model_and_paths(args)
