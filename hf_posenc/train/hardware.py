@@ -19,8 +19,8 @@ def choose_attention(requested: str, config=None, flash: bool = True) -> str:
     eager (Gemma 2 soft-caps its scores: no sdpa)."""
     if requested != "auto":
         return requested
-    ladder = ["flash_attention_2"] if flash and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") \
-        else []
+    gpu_flash = flash and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    ladder = ["flash_attention_2"] if gpu_flash else []
     return next((impl for impl in [*ladder, "sdpa"] if config is None or runs_attention(config, impl)), "eager")
 
 
