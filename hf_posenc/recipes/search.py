@@ -53,9 +53,9 @@ def original_context(ref: str, config) -> int:
 
     user_input.model_mechanism(ref, methods=["longrope"])   # a learned table or a bias model: refused here
     text = config.get_text_config()
-    if read_record(config) is not None:
-        raise ConfigError(f"model.name {ref} is already patched ({read_record(config).method}): search from the "
-                          f"unpatched model")
+    record = read_record(config)
+    if record is not None:
+        raise ConfigError(f"model.name {ref} is already patched ({record.method}): search from the unpatched model")
     rope_type = (getattr(text, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope_type != "default":   # the seeds and candidates rescale plain RoPE (the recipe has no replace_native)
         raise ConfigError(f"model.name {ref} already ships rope_type={rope_type!r} scaling: the factor search rescales "
