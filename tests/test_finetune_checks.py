@@ -117,6 +117,8 @@ CASES = [
      ["--overwrite_output_dir"], r"contains the folder of the model's \.gguf file|is the folder of the model's"),
     ("output-is-a-file", {"output_dir": "{w}/corpus/a.txt"}, [], r"output_dir '.*a\.txt' is a file"),
     ("output-not-empty", {"output_dir": "{w}/empty"}, [], r"exists and is not empty; pass --resume"),
+    ("resume-in-a-folder-not-a-run", {"output_dir": "{w}/empty"}, ["--resume"],   # was written over, exit 0
+     r"--resume: '.*empty' holds nothing\.txt but no finetune_config\.json: not a fine-tune run"),
     # refused after finetune_config.json was written, before
     ("method-typo", {"posenc": {"method": "yrn", "factor": 2}}, [], r"unknown method 'yrn'"),
     ("sinusoidal-on-rope", {"posenc": {"method": "sinusoidal", "max_position_embeddings": 256}}, [],
@@ -256,6 +258,20 @@ def test_refused_before_anything_is_written(work, models, changes, argv, message
         run_recipe("--config", config, *argv)
     assert re.search(message, str(refusal.value)), str(refusal.value)
     assert snapshot(work, models) == before          # nothing written, touched or deleted
+
+
+@pytest.mark.parametrize("out", [".", ".."])
+def test_overwrite_never_deletes_the_current_folder(work, models, monkeypatch, out):
+    """--overwrite_output_dir replaces its folder whole: one that is or holds the current folder was deleted, then
+    the run failed on it."""
+    (work / "empty" / "sub").mkdir()
+    monkeypatch.chdir(work / "empty" / "sub")
+    config = write_case(work, models, {"output_dir": out})
+    before = snapshot(work, models)
+    with pytest.raises(ConfigError, match=r"is or contains the current folder, which --overwrite_output_dir would "
+                                          r"delete"):
+        run_recipe("--config", config, "--overwrite_output_dir")
+    assert snapshot(work, models) == before
 
 
 def test_config_file_problems_name_the_file_and_line(work, capsys):

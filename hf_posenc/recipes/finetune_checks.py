@@ -227,6 +227,11 @@ def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
             raise ConfigError(f"--resume: {str(out)!r} holds checkpoints but no finetune_config.json, so whether "
                               f"this is the same run cannot be told; put the run's finetune_config.json back, or "
                               f"{new_run}")
+        foreign = sorted(p.name for p in out.iterdir() if p.name != "finetune_config.json.tmp")
+        if foreign:   # a run writes finetune_config.json before anything else: this folder is not a run's
+            raise ConfigError(f"--resume: {str(out)!r} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+                              f" but no finetune_config.json: not a fine-tune run, which --resume would write over; "
+                              f"start a new run in another --output_dir")
         return ()   # nothing saved yet: the run starts at step 0 (resume says so)
     try:
         saved = json.loads(saved_file.read_text())
@@ -356,6 +361,10 @@ def check_output_dir(cfg: FinetuneConfig, ref: str) -> None:
     if out.exists() and any(out.iterdir()) and not (cfg.resume or cfg.overwrite_output_dir):
         raise ConfigError(f"output_dir {str(out)!r} exists and is not empty; pass --resume to continue its run, "
                           f"--overwrite_output_dir to replace it, or choose another --output_dir")
+    cwd = Path.cwd().resolve()
+    if cfg.overwrite_output_dir and not cfg.resume and (where == cwd or where in cwd.parents):
+        raise ConfigError(f"output_dir {cfg.output_dir!r} is or contains the current folder, which "
+                          f"--overwrite_output_dir would delete: name the run's own folder")
 
 
 def check_corpus(field: str, spec: str, args: FinetuneDataArgs) -> None:
