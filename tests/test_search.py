@@ -5,6 +5,7 @@ and the best candidate saves as a checkpoint stock transformers loads with the s
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -373,6 +374,46 @@ def test_recipe_refuses_bad_input_before_the_model_loads(checkpoint, corpus, tmp
                                                  "unpatched_guard_perplexity": 3.0}))
     assert "mode: \"static\" there, \"switched\" now" in refusal(capsys, base)
     assert sorted(p.name for p in out.iterdir()) == ["search.json"]
+
+
+def test_recipe_refuses_a_folder_it_would_write_over(finished, checkpoint, corpus, tmp_path, monkeypatch, capsys):
+    """A search writes its files into output_dir and replaces best/ whole: a user's folder, or one holding the
+    model it reads, was written over (exit 0)."""
+    monkeypatch.setattr(hp, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    mine = tmp_path / "mine"
+    (mine / "best").mkdir(parents=True)
+    (mine / "best" / "notes.txt").write_text("keep")
+    (mine / "summary.md").write_text("keep")
+    assert re.search(r"output_dir .*mine holds summary\.md, best but no search of its own \(search\.json\): not a "
+                     r"search's folder", refusal(capsys, recipe_args(checkpoint, corpus, mine)))
+    (mine / "notes.txt").write_text("keep")
+    assert "holds notes.txt but no search" in refusal(capsys, recipe_args(checkpoint, corpus, mine))
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy)
+    shutil.copytree(checkpoint, copy / "best", dirs_exist_ok=True)   # the input inside the folder it writes
+    assert re.search(r"output_dir .*copy contains the input .*copy/best, which the search could write over",
+                     refusal(capsys, recipe_args(copy / "best", corpus, copy)))
+    assert (mine / "summary.md").read_text() == "keep" and (mine / "best" / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("scored", [0, 2])
+def test_ctrl_c_says_what_the_search_kept(finished, checkpoint, corpus, tmp_path, monkeypatch, capsys, scored):
+    out = tmp_path / "out"
+    if scored:
+        shutil.copytree(finished, out)
+        lines = (out / "candidates.jsonl").read_text().splitlines()[:scored]
+        (out / "candidates.jsonl").write_text("".join(f"{line}\n" for line in lines))
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "run", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(recipe_args(checkpoint, corpus, out))
+    said = capsys.readouterr().err.strip()
+    assert stop.value.code == 130
+    assert said == (f"interrupted: 2 finished candidate(s) kept in {out / 'candidates.jsonl'}; run the same command "
+                    f"to go on" if scored else "interrupted before the first candidate was scored: nothing was kept")
 
 
 def test_kill_9_loses_no_finished_candidate(checkpoint, corpus, tmp_path):

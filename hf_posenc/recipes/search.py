@@ -66,14 +66,37 @@ def original_context(ref: str, config) -> int:
     return int(text.max_position_embeddings)
 
 
+def check_output_dir(out: Path, inputs: list[Path]) -> None:
+    """output_dir is new, empty or a search's (a resume goes on in it), and holds no input: the search writes its
+    files there and replaces best/ whole, so a folder of something else would be written over."""
+    for source in inputs:
+        if out in source.resolve().parents:
+            raise ConfigError(f"output_dir {out} contains the input {source}, which the search could write over; "
+                              f"write somewhere else")
+    if not out.is_dir():
+        return
+    own = {*OUTPUTS, ".lock"}
+    foreign = sorted(p.name for p in out.iterdir()
+                     if p.name not in own and not any(p.name.startswith(f".{name}.") for name in OUTPUTS))
+    orphans = [name for name in OUTPUTS[1:] if (out / name).exists()]   # search.json is written first
+    if (foreign or orphans) and not (out / "search.json").is_file():   # beside a search's own, files are kept
+        shown = ", ".join((foreign or orphans)[:3]) + (", ..." if len(foreign or orphans) > 3 else "")
+        raise ConfigError(f"output_dir {out} holds {shown} but no search of its own (search.json): not a search's "
+                          f"folder, which the search would write over; choose another --output_dir")
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     """The recipe's entry: a refusal is one line `error: ...` and exit code 2; Ctrl-C says what was kept."""
+    args = None
     try:
         with user_input.refusals():
-            return run(parse_args(argv, prog))
+            args = parse_args(argv, prog)
+            return run(args)
     except KeyboardInterrupt:
-        print("\ninterrupted: every finished candidate is in candidates.jsonl; run the same command to go on",
-              file=sys.stderr)
+        scored = Path(args.output_dir) / "candidates.jsonl" if args is not None else None
+        kept = len(scored.read_text().splitlines()) if scored is not None and scored.is_file() else 0
+        print(f"\ninterrupted: {kept} finished candidate(s) kept in {scored}; run the same command to go on" if kept
+              else "\ninterrupted before the first candidate was scored: nothing was kept", file=sys.stderr)
     raise SystemExit(130)
 
 
@@ -103,6 +126,7 @@ class SearchRecipe:
         self.ref = user_input.model_ref(args.model.name)
         inputs = [p for p in (Path(self.ref), Path(args.data.corpus)) if p.exists()]
         self.out = user_input.output_folder(args.output_dir, "output_dir", inputs)
+        check_output_dir(self.out, inputs)
         config = loading.load_config(self.ref)
         self.original = original_context(self.ref, config)
         args.model.attn_implementation = args.model.attention(config)   # "auto": by the model's class
