@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import assets
-from .errors import MethodNotApplicableError
+from .errors import AlreadyPatchedError, MethodNotApplicableError
 from .user_input import (
     UsageError,
     _check_methods,
@@ -43,11 +43,15 @@ def dry_run(ref: str, gguf_file: str | None, method: str, params: dict):
     Returns the patched skeleton, or None for a method that needs the weights to resolve (sinusoidal's fit),
     which is checked when it runs."""
     from . import api, loading
+    from .record_reader import read_record
 
     skeleton = loading.meta_model(ref, gguf_file=gguf_file)
     _check_methods(skeleton, [method])
     try:
         return api.patch(skeleton, method, **params)
+    except AlreadyPatchedError:   # the API's advice (hp.unpatch) is not one a command can follow
+        raise AlreadyPatchedError(f"{ref} is already patched (method {read_record(skeleton.config).method!r}); a "
+                                  f"patch does not go on top of another: patch the model it was patched from") from None
     except (NotImplementedError, RuntimeError) as err:
         if "meta" not in str(err):
             raise
@@ -151,11 +155,10 @@ def cmd_export(args) -> None:
     if Path(args.out).suffix != ".gguf":
         raise UsageError(f"--out {args.out} must name a .gguf file")
     out = _gguf_out(args, Path(ref))
-    # the tokenizer written: --vocab-from's, else the model's own (the embedded SmolLM2's is the file it came from)
-    vocab = Path(args.vocab_from).expanduser() if args.vocab_from else assets.smollm2_gguf() if ref == "smollm2" \
-        else None
-    if Path(ref).suffix == ".gguf":
-        raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch --out X.gguf")
+    vocab = Path(args.vocab_from).expanduser() if args.vocab_from else None   # else the folder's own tokenizer
+    if Path(ref).suffix == ".gguf":   # the embedded smollm2 too
+        raise UsageError(f"{args.model} is a GGUF file already: add a patch to it with hf-posenc patch {args.model} "
+                         f"--method M --out X.gguf")
     with reading(ref):   # a patch no GGUF file can hold (attention itself, a length-following rope): said as such
         serving.check_config_exports(loading.load_config(ref), "a GGUF file", serving.GGUF_ROPE_TYPES)
         tokenizer = _folder_tokenizer(ref)
@@ -178,8 +181,6 @@ def _folder_tokenizer(ref: str):
     folder without one is refused (its vocabulary could not be told from another of the same size)."""
     from . import loading
 
-    if ref == "smollm2" or Path(ref).suffix == ".gguf":
-        return loading.load_tokenizer(ref)
     if not any((Path(ref) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise UsageError(f"{ref} holds no tokenizer: the export writes the folder's own, or checks that --vocab-from's "
                          f"tokens are this model's, id by id; save the model's tokenizer into the folder "
@@ -241,9 +242,10 @@ def cmd_demo(args) -> None:
 
     methods = _names(args.methods, "--methods", demo.DEMO_METHODS)
     long_variants = _names(args.long_variants, "--long-variants", None)  # None: the demo's default for the dtype
+    model = model_ref(args.model)
     if args.out is not None:
-        output_folder(args.out, "--out")
-    demo.run(model_ref(args.model), tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
+        output_folder(args.out, "--out", _input_paths(model, None))
+    demo.run(model, tokens=args.tokens, methods=methods, long_tokens=args.long_tokens,
              long_variants=long_variants, passkey=args.passkey, dtype=args.dtype, corpus=args.corpus, out=args.out)
 
 
@@ -285,19 +287,27 @@ def cmd_plot(args) -> None:
         if what not in analysis.PLOTS_FOR[mechanism]:
             raise UsageError(f"the {what} plot does not apply to this {model_type} model's {mechanism} positions; "
                              f"plots that do: {', '.join(analysis.PLOTS_FOR[mechanism])}")
+    _check_table_patches(ref, args, wanted, methods, params)
     # the plots run on the CPU: auto asks the CPU whether it runs bfloat16 natively
     model = api.from_pretrained(ref, gguf_file=args.gguf_file, dtype=loading.resolve_dtype(args.dtype, "cpu")[0]).eval()
-    results = []
+    if "attention" in wanted:   # a length whose attention weights this machine cannot hold: before any plot
+        from .analysis.attention import attention_lengths, check_memory
+
+        for length in attention_lengths(model, lengths, True, params):
+            check_memory(model, length)
+    def show(result) -> None:   # each as it is drawn: Ctrl-C says the ones listed are saved
+        extra = {k: result.info[k] for k in ("check_relative", "check_rotation") if k in result.info}
+        print(f"{result.png}  (+ .csv, .json){'  ' + json.dumps(extra) if extra else ''}", flush=True)
+
     for what in wanted:
         if what == "table":
             for method in [None, *methods]:
-                results.append(analysis.plot_table(model, args.out, method=method, **(params if method else {})))
+                show(analysis.plot_table(model, args.out, method=method, **(params if method else {})))
         elif what == "similarity":
-            results.append(analysis.plot_similarity(model, args.out, measure=args.measure,
-                                                    variants=args.variants.split(","), **params))
+            show(analysis.plot_similarity(model, args.out, measure=args.measure, variants=args.variants.split(","),
+                                          **params))
         elif what in ("wavelengths", "decay"):
-            results.append(analysis.PLOTS[what](model, args.out, methods=methods or analysis.rope.DEFAULT_METHODS,
-                                                **params))
+            show(analysis.PLOTS[what](model, args.out, methods=methods or analysis.rope.DEFAULT_METHODS, **params))
         else:
             tokenizer = loading.load_tokenizer(ref, gguf_file=args.gguf_file)
             ids = tokenizer(assets.shakespeare_text(args.play), return_tensors="pt", verbose=False).input_ids[0]
@@ -305,11 +315,30 @@ def cmd_plot(args) -> None:
             shown = lengths or "half the original context and the new one"
             print(f"attention: {args.play}, lengths {shown}, methods {methods or default} (eager attention: "
                   f"minutes on a CPU past a few thousand tokens)", file=sys.stderr)
-            results.append(analysis.plot_attention(model, ids, args.out, lengths=lengths, methods=methods or default,
-                                                   queries=args.queries, **params))
-    for result in results:
-        extra = {k: result.info[k] for k in ("check_relative", "check_rotation") if k in result.info}
-        print(f"{result.png}  (+ .csv, .json){'  ' + json.dumps(extra) if extra else ''}")
+            show(analysis.plot_attention(model, ids, args.out, lengths=lengths, methods=methods or default,
+                                         queries=args.queries, **params))
+
+
+def _check_table_patches(ref: str, args, wanted: list[str], methods: list[str], params: dict) -> None:
+    """The patches the table and similarity plots draw, each tried on the skeleton: the plots write a file each as
+    they go, so what a patch refuses (a RoPE method, a target below the table) is refused before the first one."""
+    from . import analysis
+    from .analysis import tables
+    from .analysis._model import target_params
+
+    patches = [(method, {}) for method in methods] if "table" in wanted else []
+    if "similarity" in wanted:
+        variants = [v for v in args.variants.split(",") if v]
+        unknown = [v for v in variants if v not in tables.VARIANTS] or ([] if variants else [args.variants])
+        if unknown:
+            raise UsageError(f"--variants: unknown similarity variant(s) {unknown}; known: {', '.join(tables.VARIANTS)}")
+        patches += [tables.VARIANTS[v][:2] for v in variants if tables.VARIANTS[v][0]]
+    if patches:
+        from . import loading
+
+        original = analysis.contexts(loading.meta_model(ref, gguf_file=args.gguf_file))[0]
+        for method, extra in patches:
+            dry_run(ref, args.gguf_file, method, {**target_params(params, original), **extra})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a saved model (a fine-tune's or a search's folder) as a whole GGUF file "
                                       "llama.cpp runs, its patch included")
-    p.add_argument("model", help="a saved folder (safetensors: hf-posenc finetune, search or patch), or 'smollm2'")
+    p.add_argument("model", help="a saved folder (safetensors: hf-posenc finetune, search or patch)")
     p.add_argument("--out", required=True, help="the .gguf file to write")
     p.add_argument("--dtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
                    help="the weights' format (default f16; vectors and norms stay f32)")
@@ -433,7 +462,18 @@ def main(argv: list[str] | None = None) -> None:
         return run_recipe(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     with refusals():
-        args.func(args)
+        try:
+            args.func(args)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {INTERRUPTED.get(args.command, 'nothing was written')}", file=sys.stderr)
+            raise SystemExit(130) from None
+
+
+# what Ctrl-C leaves, by command (the others write nothing)
+INTERRUPTED = {"patch": "nothing was saved (--out is written whole at the end; a folder there is as it was)",
+               "export": "nothing was written (the .gguf file is written whole at the end)",
+               "demo": "nothing was saved (the figure is written at the end)",
+               "plot": "the plots listed above are saved; the others were not drawn"}
 
 
 if __name__ == "__main__":

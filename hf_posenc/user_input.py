@@ -52,10 +52,11 @@ def refusals():
 @contextlib.contextmanager
 def reading(path):
     """Any exception raised while transformers reads the user's file `path` (a GGUF whose tensors do not
-    make the model its header describes: a RuntimeError deep in loading) is a refusal naming the file."""
+    make the model its header describes: a RuntimeError deep in loading; one cut short in its tensor data: numpy's
+    ValueError) is a refusal naming the file; the project's own refusals pass as they are."""
     try:
         yield
-    except (*INPUT_ERRORS, OverflowError):
+    except (PosEncError, UsageError):
         raise
     except Exception as err:
         raise UsageError(f"{path}: cannot be loaded as a model ({type(err).__name__}: {err})") from err

@@ -286,7 +286,8 @@ def root(tmp_path_factory):
     YAML configs: everything a case may name, in one folder that is snapshotted around each case."""
     path = tmp_path_factory.mktemp("bad_inputs")
     save_text_models(path, llama=tiny_model(vocab_size=TINY_TEXT_VOCAB),
-                     gpt2=tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0))
+                     gpt2=tiny_model("gpt2", vocab_size=TINY_TEXT_VOCAB, bos_token_id=0, eos_token_id=0),
+                     patched=hp.patch(tiny_model(vocab_size=TINY_TEXT_VOCAB), "yarn", factor=2))
     write_corpus(path / "corpus", ROOT_TEXT)
     (path / "afile").write_text("not a model")
     (path / "full").mkdir()
@@ -401,6 +402,7 @@ def ggufs(tmp_path_factory):
     pytest.importorskip("gguf")
     root = tmp_path_factory.mktemp("ggufs")
     write_gguf_file(root / "good.gguf")
+    (root / "cut.gguf").write_bytes((root / "good.gguf").read_bytes()[:-4096])   # the header whole, the data not
     write_gguf_file(root / "heads.gguf", heads=32)
     write_gguf_file(root / "part.gguf", tensors="embedding")
     write_gguf_file(root / "shape.gguf", tensors="wrong-shape")

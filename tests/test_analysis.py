@@ -223,6 +223,22 @@ def test_attention_profile_matches_the_models_own_weights(tmp_path):
     assert info["lengths"] == [40, 2 * CTX] and info["skipped"] == {}
 
 
+def test_attention_refuses_a_length_whose_weights_the_machine_cannot_hold(tmp_path, monkeypatch):
+    """Eager attention at 99999 tokens asked the allocator for 40 GB: a RuntimeError traceback deep in the forward
+    (or, just under the machine's memory, the OOM killer). Refused before the pass, naming what it would need."""
+    import psutil
+
+    model = tiny_model()
+    heads = model.config.num_attention_heads
+    free = 2 * heads * 40 ** 2 * 4 + 1   # room for 40 tokens, not for 41
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": free})())
+    assert analysis.attention_profile(model, token_ids(40)[0], queries=4).shape[0] == 2
+    with pytest.raises(hp.InvalidParameterError, match=rf"41 tokens: eager attention holds {heads} heads x 41 x 41 "
+                                                       rf"weights per layer .* use shorter lengths"):
+        analysis.plot_attention(model, token_ids(64)[0], tmp_path, lengths=[41], queries=4)
+    assert not any(tmp_path.iterdir())
+
+
 def test_attention_skips_lengths_past_a_learned_table(tmp_path):
     model = tiny_learned("bert")
     result = analysis.plot_attention(model, token_ids(2 * N, vocab=100)[0], tmp_path, methods="interpolate",

@@ -202,6 +202,19 @@ CLI_CASES = [
                                            "--out", "{out}"], r"hierarchical positions reach n\^2 = 4096 from this 64-position table"),
     ("patch-method-not-applicable", ["patch", "{root}/gpt2", "--method", "yarn", "--factor", "2", "--out", "{out}"],
      r"method 'yarn' applies to rope positions, but this gpt2 model uses learned positions"),
+    ("patch-already-patched", ["patch", "{root}/patched", "--method", "ntk", "--factor", "2", "--out", "{out}"],
+     r"patched is already patched \(method 'yarn'\); a patch does not go on top of another: patch the model it "
+     r"was patched from"),   # was the API's advice, hp.unpatch(model)
+    # the table plots write a file each as they go: the patches refused before the first one
+    ("plot-table-rope-method-on-a-table", ["plot", "{root}/gpt2", "--what", "table", "--method", "yarn", "--out",
+                                           "{out}"], r"method 'yarn' applies to rope positions"),
+    ("plot-similarity-target-below-the-table", ["plot", "{root}/gpt2", "--what", "table,similarity", "--variants",
+                                                "model,tile", "--max-position-embeddings", "16", "--out", "{out}"],
+     r"max_position_embeddings=16 .*64"),
+    ("plot-unknown-variant", ["plot", "{root}/gpt2", "--variants", "bogus", "--out", "{out}"],
+     r"--variants: unknown similarity variant\(s\) \['bogus'\]; known: model, sinusoidal"),
+    ("plot-attention-past-memory", [*PLOT, "--what", "attention", "--lengths", "64,3000000"],
+     r"3000000 tokens: eager attention holds 4 heads x 3000000 x 3000000 weights per layer \(~\d+\.\d GiB\)"),
     ("plot-lengths-abc", [*PLOT, "--what", "attention", "--lengths", "abc"],
      r"--lengths must be comma-separated token counts >= 2 .*got 'abc'"),
     ("plot-lengths-one", [*PLOT, "--what", "attention", "--lengths", "1,64"], r"--lengths must be .* got '1,64'"),
@@ -235,13 +248,16 @@ CLI_CASES = [
     ("demo-learned-method", [*DEMO, "--methods", "yarn,interpolate"],
      r"the demo compares RoPE methods; 'interpolate' applies to learned positions"),
     ("demo-out-is-a-file", [*DEMO[:-1], "{root}/afile"], r"--out .*afile is a file"),
+    ("demo-out-is-the-input", [*DEMO[:-1], "{root}/llama"], r"--out .*llama is or lies inside the input .*llama"),
+    ("export-the-embedded-gguf", ["export", "smollm2", "--out", "{root}/s.gguf"],
+     r"smollm2 is a GGUF file already: add a patch to it with hf-posenc patch smollm2 --method M --out X\.gguf"),
     ("demo-missing-corpus", ["demo", "--model", "{root}/llama", "--corpus", "/missing/*.txt", "--tokens", "32"],
      r"no corpus files match '/missing/\*.txt'"),
 ]
 
 
 # refused after reading the text or the weights (their progress bars come first)
-CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey"}
+CLI_AFTER_READING = {"demo-long-tokens-past-text", "demo-long-tokens-too-short-for-passkey", "plot-attention-past-memory"}
 
 
 @pytest.mark.parametrize("argv,pattern", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
@@ -256,6 +272,25 @@ def test_patch_refuses_an_output_that_contains_the_current_folder(root, capsys, 
                   r"contains the input .*llama|is or contains the current folder", root, capsys)
     check_refusal(cli.main, [*PATCH, "--factor", "2", "--out", ".", "--overwrite"],
                   r"--out \. is or contains the current folder", root, capsys)
+
+
+@pytest.mark.parametrize("command", ["patch", "plot"])
+def test_ctrl_c_says_what_was_kept_in_one_line(root, capsys, monkeypatch, command):
+    """Ctrl-C while the weights load printed a KeyboardInterrupt traceback (patch, export, demo, plot)."""
+    from hf_posenc import api, loading
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "load_model", interrupted)
+    monkeypatch.setattr(api, "from_pretrained", interrupted)
+    argv = [*PATCH, "--factor", "2", "--out", "{out}"] if command == "patch" else PLOT
+    before = snapshot(root)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(fill(argv, root))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 130 and lines == [f"interrupted: {cli.INTERRUPTED[command]}"], lines
+    assert snapshot(root) == before and not (root / "out").exists()
 
 
 # -- real processes: what a shell sees -----------------------------------------------------------------

@@ -196,6 +196,8 @@ GGUF_CASES = [
                                            "{root}/o"], r"part\.gguf: the GGUF file holds no tensor for 10", False),
     ("patch-gguf-wrong-shape", ["patch", "{root}/shape.gguf", "--method", "yarn", "--factor", "2", "--out",
                                 "{root}/o.gguf"], r"shape\.gguf: cannot be loaded as a model \(RuntimeError: ", False),
+    ("patch-gguf-cut-short", ["patch", "{root}/cut.gguf", "--method", "yarn", "--factor", "2", "--out", "{root}/o"],
+     r"cut\.gguf: cannot be loaded as a model \(ValueError: ", False),   # numpy's message alone, no file named
 ]
 
 

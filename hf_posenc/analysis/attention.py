@@ -70,6 +70,35 @@ def _eager(model: torch.nn.Module):
             model.set_attn_implementation(previous)
 
 
+def check_memory(model: torch.nn.Module, length: int) -> None:
+    """Eager attention holds a layer's weights for every head, query and key (twice: the scores and their softmax,
+    in float32): a length whose weights this machine cannot hold is refused before the pass, not left to the
+    allocator (an error deep in the forward, or the kernel's OOM killer once memory ran out)."""
+    import psutil
+
+    text = model.config.get_text_config()
+    heads = next((getattr(text, k) for k in ("num_attention_heads", "n_head") if getattr(text, k, None)), None)
+    device = next(model.parameters()).device
+    if heads is None or device.type not in ("cpu", "cuda"):
+        return
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+    need = 2 * heads * length ** 2 * 4
+    if need > free:
+        raise InvalidParameterError(
+            f"{length} tokens: eager attention holds {heads} heads x {length} x {length} weights per layer "
+            f"(~{need / 2**30:.1f} GiB), more than the {free / 2**30:.1f} GiB free on the {device.type}; use "
+            f"shorter lengths (the attention plot runs every length it is given whole)")
+
+
+def attention_lengths(model: torch.nn.Module, lengths: Sequence[int] | None, patched: bool, params: dict) -> list[int]:
+    """The lengths plot_attention runs: those given, else half the original context and the target (the
+    original when nothing is patched)."""
+    original, _ = _model.contexts(model)
+    params = _model.target_params(params, original)
+    target = int(params.get("max_position_embeddings") or round(original * params["factor"]))
+    return sorted({int(n) for n in (lengths or (original // 2, target if patched else original))})
+
+
 @torch.inference_mode()
 def attention_profile(model: torch.nn.Module, ids: torch.Tensor, *, queries: int = 256) -> torch.Tensor:
     """(layers, L) for token ids of shape (L,) or (1, L): entry [l, d] is the mean over heads and over the
@@ -84,6 +113,7 @@ def attention_profile(model: torch.nn.Module, ids: torch.Tensor, *, queries: int
     if queries < 1:
         raise InvalidParameterError(f"queries must be >= 1, got {queries!r}")
     check_length(model, ids.shape[1])
+    check_memory(model, ids.shape[1])
     hook = _ProfileHook(queries)
     handles = [m.register_forward_hook(hook) for m in model.modules() if "Attention" in type(m).__name__]
     device = next(model.parameters()).device
@@ -115,11 +145,10 @@ def plot_attention(model: torch.nn.Module, ids: torch.Tensor, out: str | Path, *
     means over layers together. Writes out/attention.png/.csv/.json; the CSV has a `distance` column,
     then one per condition, length and layer."""
     require_matplotlib()  # before minutes of forward passes
-    original, _ = _model.contexts(model)
     methods = [methods] if isinstance(methods, (str, MethodConfig)) else list(methods or ())
+    original, _ = _model.contexts(model)
     params = _model.target_params(params, original)
-    target = int(params.get("max_position_embeddings") or round(original * params["factor"]))
-    lengths = sorted({int(n) for n in (lengths or (original // 2, target if methods else original))})
+    lengths = attention_lengths(model, lengths, bool(methods), params)
     ids = torch.as_tensor(ids).reshape(-1)
     if lengths[0] < 2:
         raise InvalidParameterError(f"lengths must be >= 2 tokens, got {lengths}")
