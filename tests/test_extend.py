@@ -483,6 +483,8 @@ BAD = [
                                               "got 1e+300"),
     (["--target", "256", "--train.lr", "-1"], "error: train.lr must be a positive number"),
     (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
+    (["--target", "256", "--search.passages", "0"], "search.passages must be >= 1 (or null: the rule), got 0"),
+    (["--target", "256", "--search.candidates", "-3"], "search.candidates must be >= 0 (or null: the rule), got -3"),
     (["--target", "256", "--judge.bin", "512"], "judge.bin 512 is wider than the window it bins (the target 256)"),
     (["--target", "256", "--hours", "inf"], "--hours must be a number from 0 to 8760"),
     (["--target", str(2**21)], "past the longest context the search and the judge lay out"),
@@ -662,8 +664,8 @@ def test_models_extend_cannot_take_are_refused_before_weights_load(tmp_path, cap
                                                                                            "rope_type='yarn'"),
                               (llama, "busy", "holds files but no plan.json")):
         got = one_line_refusal(capsys, run_extend, ["--model", str(model), "--target", "256",
-                                                   "--output_dir", str(tmp_path / out)])
-        assert words in got, got
+                                                   "--output_dir", str(tmp_path / out)], alone=True)
+        assert words in got, got   # the folder refused before the plan is shown (35 lines, then the refusal)
     assert (tmp_path / "busy" / "mine.txt").read_text() == "keep" and not (tmp_path / "o1").exists()
 
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from transformers import GPT2Config, GPT2LMHeadModel, MambaConfig, MambaForCausalLM
 
+import hf_posenc as hp
 from hf_posenc import PosEncError
 from hf_posenc import corpora
 from hf_posenc.errors import ConfigError
@@ -45,7 +46,9 @@ def models(tmp_path_factory):
     tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=256, rope_parameters={
         "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0,
     }).save_pretrained(root / "yarn")   # a checkpoint that ships its own scaling
-    for name in ("llama", "gpt2", "mamba", "yarn"):
+    hp.patch(tiny_model(vocab_size=TINY_TEXT_VOCAB, max_position_embeddings=128), "yarn", factor=2).save_pretrained(
+        root / "patched")   # a folder hf-posenc patch saved
+    for name in ("llama", "gpt2", "mamba", "yarn", "patched"):
         tiny_tokenizer().save_pretrained(root / name)
     return root
 
@@ -129,6 +132,9 @@ CASES = [
     ("attn-bogus", {"model": {"attn_implementation": "bogus"}}, [], r"model\.attn_implementation='bogus'"),
     ("no-positions", {"model": {"name": "{mamba}"}, "posenc": None}, [],   # an AttributeError, before
      r"is a mamba model with no max_position_embeddings"),
+    ("already-patched", {"model": {"name": "{patched}"}, "posenc": {"method": "ntk", "factor": 2}}, [],
+     r"the model is already patched \(method 'yarn'\); leave posenc out to train the patch it carries, or start "
+     r"from the model it was patched from"),   # was the API's advice, hp.unpatch(model)
     ("native-scaling-advice", {"model": {"name": "{yarn}"}}, [],   # advised hp.patch's keyword alone, before
      r"ships rope_type='yarn' scaling .*--posenc\.replace_native true\) to replace"),
     ("flex-on-cpu", {"model": {"attn_implementation": "flex_attention"}}, [],   # step 1's traceback, before
@@ -230,7 +236,8 @@ CASES = [
 def _fill(value, work: Path, models: Path):
     if isinstance(value, str):
         return (value.replace("{w}", str(work)).replace("{gpt2}", str(models / "gpt2"))
-                .replace("{mamba}", str(models / "mamba")).replace("{yarn}", str(models / "yarn")))
+                .replace("{mamba}", str(models / "mamba")).replace("{yarn}", str(models / "yarn"))
+                .replace("{patched}", str(models / "patched")))
     if isinstance(value, dict):
         return {k: _fill(v, work, models) for k, v in value.items()}
     if isinstance(value, list):

@@ -817,9 +817,9 @@ def run(args: ExtendConfig) -> Path | None:
     """The plan (printed before any weights load), then the stages."""
     started = time.perf_counter()
     plan = make_plan(args, model_facts(args), machine_kind(args.model.dtype))
+    pipeline = ExtendRun(args, plan)   # an output_dir it cannot use: refused in one line, before the plan is shown
     print(plan.text(), file=sys.stderr)
     print(f"(planned in {time.perf_counter() - started:.1f} s; output_dir {args.output_dir})", file=sys.stderr)
-    pipeline = ExtendRun(args, plan)
     if args.plan_only:
         return None
     return pipeline.run()

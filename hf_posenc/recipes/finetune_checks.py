@@ -17,7 +17,8 @@ import torch
 from ..train import checkpoints as ckpt
 from .. import corpora
 from .. import loading
-from ..errors import ConfigError, PosEncError
+from ..errors import AlreadyPatchedError, ConfigError, PosEncError
+from ..record_reader import read_record
 from ..train.positions import Contiguous, PositionScheme, scheme
 from ..train.data import load_documents
 from ..errors import one_line
@@ -416,6 +417,10 @@ def check_posenc(cfg: FinetuneConfig, ref: str, model, original: int):
     try:
         api.patch(model, cfg.posenc["method"], **params)
         return int(model.config.get_text_config().max_position_embeddings), model, True
+    except AlreadyPatchedError:   # the API's advice (hp.unpatch) is not one a config can follow
+        raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: the model is already patched (method "
+                          f"{read_record(model.config).method!r}); leave posenc out to train the patch it carries, "
+                          f"or start from the model it was patched from") from None
     except PosEncError as err:
         raise ConfigError(f"posenc {_compact(cfg.posenc)} on {ref!r}: {one_line(err)}") from None
     except (NotImplementedError, RuntimeError) as err:
