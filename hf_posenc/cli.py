@@ -457,6 +457,7 @@ def run_recipe(name: str, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")   # a hub that does not answer: its retries, not a line each
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in RECIPES:  # their own parsers (--help lists their fields)
         return run_recipe(argv[0], argv[1:])

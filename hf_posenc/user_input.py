@@ -59,6 +59,8 @@ def reading(path):
     except (PosEncError, UsageError):
         raise
     except Exception as err:
+        if isinstance(err, OSError) and not Path(path).exists():   # a hub id the hub did not serve: said as such
+            raise
         raise UsageError(f"{path}: cannot be loaded as a model ({type(err).__name__}: {err})") from err
 
 
