@@ -295,6 +295,7 @@ def cmd_plot(args) -> None:
 
         for length in attention_lengths(model, lengths, True, params):
             check_memory(model, length)
+
     def show(result) -> None:   # each as it is drawn: Ctrl-C says the ones listed are saved
         extra = {k: result.info[k] for k in ("check_relative", "check_rotation") if k in result.info}
         print(f"{result.png}  (+ .csv, .json){'  ' + json.dumps(extra) if extra else ''}", flush=True)
@@ -331,7 +332,8 @@ def _check_table_patches(ref: str, args, wanted: list[str], methods: list[str], 
         variants = [v for v in args.variants.split(",") if v]
         unknown = [v for v in variants if v not in tables.VARIANTS] or ([] if variants else [args.variants])
         if unknown:
-            raise UsageError(f"--variants: unknown similarity variant(s) {unknown}; known: {', '.join(tables.VARIANTS)}")
+            raise UsageError(f"--variants: unknown similarity variant(s) {unknown}; known: "
+                             f"{', '.join(tables.VARIANTS)}")
         patches += [tables.VARIANTS[v][:2] for v in variants if tables.VARIANTS[v][0]]
     if patches:
         from . import loading

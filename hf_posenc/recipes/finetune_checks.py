@@ -230,9 +230,9 @@ def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
                               f"{new_run}")
         foreign = sorted(p.name for p in out.iterdir() if p.name != "finetune_config.json.tmp")
         if foreign:   # a run writes finetune_config.json before anything else: this folder is not a run's
-            raise ConfigError(f"--resume: {str(out)!r} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
-                              f" but no finetune_config.json: not a fine-tune run, which --resume would write over; "
-                              f"start a new run in another --output_dir")
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ConfigError(f"--resume: {str(out)!r} holds {shown} but no finetune_config.json: not a fine-tune "
+                              f"run, which --resume would write over; start a new run in another --output_dir")
         return ()   # nothing saved yet: the run starts at step 0 (resume says so)
     try:
         saved = json.loads(saved_file.read_text())
