@@ -110,10 +110,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     for name in ("far_from", "band_width", "passage_tokens"):   # the search reads 0 as its default for the first two
         value = getattr(args.search, name)
         need(value is None or value >= 1, f"search.{name} must be >= 1 token (or null: the rule), got {value}")
-    for name in ("passages", "candidates"):
+    for name, least in (("passages", 1), ("candidates", 0)):
         value = getattr(args.search, name)
-        need(value is None or value >= (name == "passages"),
-             f"search.{name} must be >= {int(name == 'passages')} (or null: the rule), got {value}")
+        need(value is None or value >= least, f"search.{name} must be >= {least} (or null: the rule), got {value}")
     for name in ("passages", "bin"):
         value = getattr(args.judge, name)
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")
