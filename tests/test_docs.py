@@ -134,6 +134,19 @@ def test_the_summary_states_each_interval_as_the_section_it_links():
     assert not problems, problems
 
 
+def unlisted_sections(text: str) -> dict[str, list[str]]:
+    """The measured sections (### headings) that the dated log or the sections by topic do not link."""
+    measured = {slug(m.group(1)) for m in re.finditer(r"^### (.*)$", text, re.M)}
+    lists = {"the dated log": text.split("\n# The dated log\n", 1)[1],
+             "sections by topic": text.split("\n## Sections by topic\n", 1)[1].split("\n## ", 1)[0]}
+    return {name: sorted(measured - set(re.findall(r"\]\(#([^)\s]+)\)", part))) for name, part in lists.items()}
+
+
+def test_the_dated_log_and_the_topics_list_every_section():
+    """RESULTS.md says the dated log lists every section: a new section is added to it and to its topic."""
+    assert unlisted_sections(RESULTS.read_text(encoding="utf-8")) == {"the dated log": [], "sections by topic": []}
+
+
 def test_an_interval_its_section_does_not_state_is_caught():
     text = RESULTS.read_text(encoding="utf-8")
     row = ("| q | +0.72 [+0.58, +0.85] past 16k; +0.72 [+0.58, +0.86] |"

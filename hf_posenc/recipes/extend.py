@@ -20,8 +20,9 @@ from --hours and this machine's measured rates). The stages run in order, each i
     (root)      the extended checkpoint, its model card (README.md) and REPORT.md with the figures
 
 A killed run resumes at its stage (the search and the fine-tune resume inside theirs); a rerun with other settings
-is refused naming each; an output_dir that holds anything but this run is refused. A model with one RoPE per layer
-type (Gemma 3) skips the search (it takes one RoPE) and starts the fine-tune from YaRN, the plan says so.
+is refused naming each, but for the judge's (those judge the same checkpoint again); an output_dir that holds
+anything but this run is refused. A model with one RoPE per layer type (Gemma 3) skips the search (it takes one
+RoPE) and starts the fine-tune from YaRN, the plan says so.
 The two-config path (hf-posenc search, then hf-posenc finetune) is this pipeline's first two stages by hand."""
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ def make_plan(args: ExtendConfig, facts: Facts, machine: tuple) -> Plan:
         f"joined: {facts.apart}, so transformers' masks would read PoSE's jumps as new documents")
     put("train.longce_window", ta.longce_window, max(1, L // 16), "LongCE weighs tokens the far context predicts "
                                                                    "better than this short window does")
-    put("train.lr", asked(ta, "lr"), 6e-5, "the shipped fine-tune's, constant after 10 warmup steps")
+    put("train.lr", asked(ta, "lr"), 6e-5, "the shipped fine-tune's, constant after min(10, steps / 5) warmup steps")
     put("train.seed", asked(ta, "seed"), 42, "the data order")
     steps = settings_tokens(args, facts, machine, settings, put, window)
     mixed = put("train.short_long_share", ta.short_long_share, SHORT_LONG_SHARE,

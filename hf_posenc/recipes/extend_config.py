@@ -29,7 +29,8 @@ class SearchPlanArgs:
     far_from: int | None = field(default=None, metadata={
         "help": "the fitness reads passages at least this far back (null: half the original context)"})
     band_width: int | None = field(default=None, metadata={
-        "help": "distance bands the fitness weighs alike (null: target / 8, wider where the passages are few)"})
+        "help": "distance bands the fitness weighs alike (null: about target / 8, the span past far_from split "
+                "evenly; wider where the passages are few)"})
     passages: int | None = field(default=None, metadata={
         "help": "recall passages over 2 sequences (null: what fills 56 % of them, as the shipped search)"})
     passage_tokens: int | None = field(default=None, metadata={
@@ -44,7 +45,8 @@ class TrainPlanArgs:
     corpus: str = field(default="stdlib", metadata={"help": "the fine-tune's text (long documents)"})
     seq_len: int | None = field(default=None, metadata={
         "help": "tokens of a training window (null: half the original context)"})
-    lr: float = field(default=6e-5, metadata={"help": "AdamW learning rate (constant after 10 warmup steps)"})
+    lr: float = field(default=6e-5, metadata={
+        "help": "AdamW learning rate (constant after min(10, steps / 5) warmup steps)"})
     longce_window: int | None = field(default=None, metadata={
         "help": "LongCE's short window (null: 1/16 of the original context)"})
     seed: int = field(default=42, metadata={"help": "seed of the data order"})
@@ -77,9 +79,10 @@ class ExtendConfig:
     tokens: int = field(default=0, metadata={
         "help": "the fine-tune's training tokens (0: 9.375 x target, the shipped 307k at 32k; or from --hours)"})
     hours: float = field(default=0.0, metadata={
-        "help": "wall time for the search and the fine-tune on this machine (0: --tokens' rule): the fine-tune "
-                "gets what the search leaves, at this machine's measured rate; the judge comes on top (the plan "
-                "says its minutes; --judge.mode quick or skip cuts it)"})
+        "help": "wall time for the search, the fine-tune and the short stage on this machine (0: --tokens' "
+                "rule): the fine-tune and its short stage share what the search leaves, at this machine's "
+                "measured rate; the judge comes on top (the plan says its minutes; --judge.mode quick or skip "
+                "cuts it)"})
     search: SearchPlanArgs = field(default_factory=SearchPlanArgs, metadata={"help": "the factor search"})
     train: TrainPlanArgs = field(default_factory=TrainPlanArgs, metadata={"help": "the fine-tune"})
     judge: JudgePlanArgs = field(default_factory=JudgePlanArgs, metadata={"help": "the report card"})
