@@ -3,23 +3,24 @@ perplexity inside the original context without paying far recall?
 
 For each row: recall at the run's target on the judge's passages (the same seeds, layout and text as the run's
 judge/cells-*.json, so every row pairs passage by passage with the run's `extended` row and its untrained
-Self-Extend), and perplexity at the original length over --windows windows of the held-out text, each window one
-forward pass from a fresh start, paired window by window with the unpatched model (the `+1 %` goal) and with the
-run's checkpoint.
+Self-Extend), and perplexity at the original length on the judge's windows of the held-out text (the windows the
+card's `+1 %` goal is read on, each one forward pass from a fresh start), paired window by window with the unpatched
+model and with the run's checkpoint.
 
 Rows: NAME=FOLDER (a saved checkpoint), NAME=FOLDER:switched (that checkpoint with its short factors set to 1: the
 unpatched frequencies for an input inside the original context, the searched ones past it, as transformers'
 longrope switches them per forward; its attention factor stays, and its recall at the target is the folder's).
 `unpatched`, `extended` (the run's checkpoint: its short stage's weights where it has one) and `start` (its
-untrained search result) are always measured for the perplexity windows; their recall is the judge's. A run with a
+untrained search result) are always in the perplexity table; their recall is the judge's, and so are the perplexity
+windows of `unpatched` and `extended` where the judge has measured them (one answer: the card's figure). A run with a
 short stage adds `finetune` (the fine-tune alone), recall and perplexity measured here.
 
 Every cell is saved as it completes (--out); a rerun goes on where the last one stopped. --report prints the tables.
 
-    OMP_NUM_THREADS=2 nice python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_16384 \\
-        --rows switched=runs/extend_smollm2_16384/finetune:switched --out benchmarks/results/extend_variants_16k.json
-    python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_16384 --report \\
-        --out benchmarks/results/extend_variants_16k.json
+    OMP_NUM_THREADS=2 nice python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_24576 \\
+        --rows share50=runs/variants24k/share50 --out benchmarks/results/extend_variants_24k_judge_windows.json
+    python benchmarks/bench_extend_variants.py --run runs/extend_smollm2_24576 --report \\
+        --out benchmarks/results/extend_variants_24k_judge_windows.json
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ import common
 import hf_posenc as hp
 from hf_posenc import corpora
 from hf_posenc.eval import stats
-from hf_posenc.eval.perplexity import token_nll
 from hf_posenc.recipes import extend_report
 
-JUDGED = ("unpatched", "extended", "start")   # always measured here (perplexity); their recall is the judge's
+JUDGED = ("unpatched", "extended", "start")   # always in the tables; their recall is the judge's
 
 
 def run_rows(run: Path, model: str, settings: dict) -> dict:
@@ -111,24 +111,26 @@ def load_row(folder: str, switched: bool, dtype):
     return model
 
 
-def perplexity_windows(model, ids: list[int], prefix: list[int], length: int, windows: int) -> dict:
-    """Mean token NLL of `windows` windows of `length` tokens, spread evenly over the text (each from its BOS)."""
-    step = (len(ids) - length) // windows
-    offsets = [k * step for k in range(windows)]
-    nll = []
-    for offset in offsets:
-        seq = torch.tensor([prefix + ids[offset:offset + length - len(prefix)]])
-        with torch.inference_mode():
-            nll.append(float(token_nll(model, seq).mean()))
-        print(f"  window at {offset}: perplexity {math.exp(nll[-1]):.3f}", flush=True)
-    return {"length": length, "offsets": offsets, "nll": nll}
+JUDGE_PERPLEXITY = {"unpatched": "base/short_perplexity", "extended": "extended/short_perplexity"}
+
+
+def judge_perplexity(judged: dict) -> dict:
+    """The rows whose perplexity windows the judge has measured (the card's figure): NAME -> its cell."""
+    return {name: judged[key] for name, key in JUDGE_PERPLEXITY.items() if key in judged}
+
+
+def todo_cells(name: str, switched: bool, seeds: int, cells: dict, judged: dict) -> list[str]:
+    """The cells this bench still measures of a row: its perplexity windows unless saved here or the judge's, and its
+    recall unless the judge's (the judged rows) or the folder's (a switched row reads past L with its long set)."""
+    todo = [] if name in judge_perplexity(judged) else ["short_perplexity"]
+    todo += [f"recall_seed{k}" for k in range(seeds)] if not (name in JUDGED or switched) else []
+    return [c for c in todo if f"{name}/{c}" not in cells]
 
 
 def main() -> None:
     parser = common.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="the output folder of `hf-posenc extend`")
     parser.add_argument("--rows", nargs="*", default=[], help="NAME=FOLDER or NAME=FOLDER:switched")
-    parser.add_argument("--windows", type=common.count(2), default=6, help="perplexity windows at the original length")
     parser.add_argument("--out", required=True)
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--model", default="smollm2", help="the unpatched model: the run's base (checked)")
@@ -163,7 +165,7 @@ def main() -> None:
             if kind != "longrope":
                 common.refuse(f"row {name}: {folder} carries {kind!r}, not longrope: nothing to switch")
     judged = judge_cells(run, settings)
-    results, save = common.results_file(args.out, {"run": str(run), "windows": args.windows,
+    results, save = common.results_file(args.out, {"run": str(run), "windows": "the judge's",
                                                    "extended": rows["extended"][0]}, ["cells"])
     cells = results["cells"]
     if args.report:
@@ -177,16 +179,15 @@ def main() -> None:
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16
     print(common.machine(), flush=True)
     for name, (folder, switched) in rows.items():
-        own = name in JUDGED or switched   # a switched row reads the recall sequences (past L) with its long set
-        todo = [f"ppl{L}"] + ([f"recall_seed{k}" for k in range(seeds)] if not own else [])
-        todo = [c for c in todo if f"{name}/{c}" not in cells]
+        todo = todo_cells(name, switched, seeds, cells, judged)
         if not todo:
             continue
         model = load_row(folder, switched, dtype)
         for cell in todo:
             print(f"{name}: {cell}", flush=True)
-            if cell.startswith("ppl"):
-                cells[f"{name}/{cell}"] = perplexity_windows(model, ids, prefix, L, args.windows)
+            if cell == "short_perplexity":
+                windows = cells[f"{name}/{cell}"] = extend_report.short_perplexity(model, ids, prefix, L)
+                print("  perplexity by window: " + ", ".join(f"{math.exp(x):.3f}" for x in windows["nll"]), flush=True)
             else:
                 cells[f"{name}/{cell}"] = extend_report.recall_cell(model, tokenizer, ids, prefix, settings, L,
                                                                     int(cell.removeprefix("recall_seed")))
@@ -198,9 +199,10 @@ def main() -> None:
 def report(rows: dict, settings: dict, judged: dict, cells: dict) -> None:
     T, seeds = settings["target"], settings["judge.seeds"]
     every = {**{k: v for k, v in judged.items() if "/recall_seed" in k}, **cells}
-    ppl = {key.split("/")[0]: cell for key, cell in cells.items() if key.split("/")[1].startswith("ppl")}
-    print("Perplexity at the original length on windows of the held-out text; each row's ratio - 1 to the unpatched "
-          "model and to the run's checkpoint, paired window by window (95 % bootstrap):")
+    ppl = {key.split("/")[0]: cell for key, cell in cells.items() if key.endswith("/short_perplexity")}
+    ppl.update(judge_perplexity(judged))
+    print("Perplexity at the original length on the judge's windows of the held-out text; each row's ratio - 1 to the "
+          "unpatched model and to the run's checkpoint, paired window by window (95 % bootstrap):")
     for name, cell in sorted(ppl.items(), key=lambda item: list(rows).index(item[0]) if item[0] in rows else len(rows)):
         mean = math.exp(sum(cell["nll"]) / len(cell["nll"]))
         against = [f"{other} {extend_report.percent(extend_report.perplexity_ratio(cell, ppl[other]))}"

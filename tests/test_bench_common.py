@@ -403,6 +403,31 @@ def test_bench_extend_variants_reads_the_runs_checkpoint_from_its_last_trained_s
                                                               "extended": (str(alone / "finetune"), False)}
 
 
+def test_bench_extend_variants_reads_the_judges_perplexity_windows_not_its_own(capsys):
+    """One answer per question: the unpatched model's and the checkpoint's windows are the judge's cells (the card's
+    +1 % figure), measured here only where the judge has not; every other row reads the same windows."""
+    import bench_extend_variants as bench
+
+    def cell(*nll):
+        return {"length": 64, "offsets": [0, 500], "nll": list(nll)}
+
+    judged = {"base/short_perplexity": cell(2.0, 2.2), "extended/short_perplexity": cell(2.1, 2.2),
+              "start/perplexity": {"lengths": [64], "perplexity": [9.0]}}
+    assert bench.todo_cells("unpatched", False, 2, {}, judged) == []
+    assert bench.todo_cells("extended", False, 2, {}, judged) == []
+    assert bench.todo_cells("extended", False, 2, {}, {}) == ["short_perplexity"]   # the judge has not run it yet
+    assert bench.todo_cells("start", False, 2, {}, judged) == ["short_perplexity"]
+    assert bench.todo_cells("mine", False, 2, {"mine/recall_seed0": {}}, judged) == ["short_perplexity", "recall_seed1"]
+    assert bench.todo_cells("mine", True, 2, {}, judged) == ["short_perplexity"]   # switched: recall is the folder's
+    rows = {"unpatched": ("smollm2", False), "extended": ("run/short", False), "start": ("run/search/best", False)}
+    measured = {"start/short_perplexity": cell(2.2, 2.4), "extended/short_perplexity": cell(9.0, 9.0)}
+    bench.report(rows, {"target": 256, "judge.seeds": 2, "judge.bin": 64}, judged, measured)
+    out = capsys.readouterr().out
+    assert "unpatched      8.166" in out   # exp(2.1): the judge's windows
+    assert "extended       8.585  unpatched +5.1%" in out   # the judge's cell wins over one measured before it
+    assert "start          9.974  unpatched +22.1%" in out and "extended +16.2%" in out
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--rows", "a=MISSING"], "error: row a: no checkpoint at MISSING (no config.json)"),
     (["--rows", "finetune=RUN/short"], "error: row 'finetune=RUN/short': a row is NAME=FOLDER or NAME=FOLDER:switched, "
