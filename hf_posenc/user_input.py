@@ -91,6 +91,11 @@ def model_ref(ref: str, gguf_file: str | None = None) -> str:
     return str(path)
 
 
+def first_names(names: list[str], most: int = 3) -> str:
+    """The first `most` of `names`, then ", ..." where there are more: what a refusal shows of a folder's files."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def output_folder(out: str, flag: str, inputs=(), *, replaces: bool = False) -> Path:
     """`out` as a folder to write to, checked before anything loads: not a file, not under a file, not an
     input nor inside one, and (when `replaces`: the folder is replaced whole) containing no input nor the

@@ -89,6 +89,7 @@ def test_a_broken_link_is_caught(tmp_path):
 
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+ANCHOR_LINK = re.compile(r"\]\(#([^)\s]+)\)")   # a link to a heading of the same page: its anchor
 INTERVAL = re.compile(r"[+-]?\d+(?:\.\d+)? \[[+-]?\d+(?:\.\d+)?, [+-]?\d+(?:\.\d+)?\]")
 
 
@@ -118,7 +119,7 @@ def summary_entries(text: str) -> list[str]:
 def uncopied_figures(entry: str, text: str) -> list[str]:
     """The intervals an entry gives that no section it links states, word for word."""
     found = sections(text)
-    linked = [found[a] for a in re.findall(r"\]\(#([^)\s]+)\)", entry) if a in found]
+    linked = [found[a] for a in ANCHOR_LINK.findall(entry) if a in found]
     if not linked:
         return [f"links no section of RESULTS.md: {entry[:80]}"]
     return [f for f in INTERVAL.findall(" ".join(entry.split())) if not any(f in s for s in linked)]
@@ -139,7 +140,7 @@ def unlisted_sections(text: str) -> dict[str, list[str]]:
     measured = {slug(m.group(1)) for m in re.finditer(r"^### (.*)$", text, re.M)}
     lists = {"the dated log": text.split("\n# The dated log\n", 1)[1],
              "sections by topic": text.split("\n## Sections by topic\n", 1)[1].split("\n## ", 1)[0]}
-    return {name: sorted(measured - set(re.findall(r"\]\(#([^)\s]+)\)", part))) for name, part in lists.items()}
+    return {name: sorted(measured - set(ANCHOR_LINK.findall(part))) for name, part in lists.items()}
 
 
 def test_the_dated_log_and_the_topics_list_every_section():

@@ -17,6 +17,7 @@ import torch
 from ..train import checkpoints as ckpt
 from .. import corpora
 from .. import loading
+from .. import user_input
 from ..errors import AlreadyPatchedError, ConfigError, PosEncError
 from ..record_reader import read_record
 from ..train.positions import Contiguous, PositionScheme, scheme
@@ -230,9 +231,9 @@ def check_resume(cfg: FinetuneConfig) -> tuple[str, ...]:
                               f"{new_run}")
         foreign = sorted(p.name for p in out.iterdir() if p.name != "finetune_config.json.tmp")
         if foreign:   # a run writes finetune_config.json before anything else: this folder is not a run's
-            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise ConfigError(f"--resume: {str(out)!r} holds {shown} but no finetune_config.json: not a fine-tune "
-                              f"run, which --resume would write over; start a new run in another --output_dir")
+            raise ConfigError(f"--resume: {str(out)!r} holds {user_input.first_names(foreign)} but no "
+                              f"finetune_config.json: not a fine-tune run, which --resume would write over; start a "
+                              f"new run in another --output_dir")
         return ()   # nothing saved yet: the run starts at step 0 (resume says so)
     try:
         saved = json.loads(saved_file.read_text())

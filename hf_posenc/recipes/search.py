@@ -80,9 +80,9 @@ def check_output_dir(out: Path, inputs: list[Path]) -> None:
                      if p.name not in own and not any(p.name.startswith(f".{name}.") for name in OUTPUTS))
     orphans = [name for name in OUTPUTS[1:] if (out / name).exists()]   # search.json is written first
     if (foreign or orphans) and not (out / "search.json").is_file():   # beside a search's own, files are kept
-        shown = ", ".join((foreign or orphans)[:3]) + (", ..." if len(foreign or orphans) > 3 else "")
-        raise ConfigError(f"output_dir {out} holds {shown} but no search of its own (search.json): not a search's "
-                          f"folder, which the search would write over; choose another --output_dir")
+        raise ConfigError(f"output_dir {out} holds {user_input.first_names(foreign or orphans)} but no search of its "
+                          f"own (search.json): not a search's folder, which the search would write over; choose "
+                          f"another --output_dir")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
