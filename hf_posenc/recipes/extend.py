@@ -562,6 +562,12 @@ def save_every(plan: Plan, steps: int, window: int, cost: float = 1.0, share: in
     return max(1, min(steps // share, round(CHECKPOINT_SECONDS / step_seconds)))
 
 
+def warmup_steps(steps: int) -> int:
+    """Each stage's warmup: 10 steps, or a fifth of a shorter stage (a stage of 1-4 steps warms up for none: a step
+    at lr 0 would train nothing)."""
+    return min(10, steps // 5)
+
+
 def short_sections(plan: Plan):
     """The short stage's data and train sections: the fine-tune's text, contiguous ids (or, window by window at
     train.short_long_share, the fine-tune's long ones), cross-entropy."""
@@ -572,7 +578,7 @@ def short_sections(plan: Plan):
     positions = f"{v('train.positions')} contiguous_share={1 - mixed:g}" if mixed else "contiguous"
     return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=short_window(plan), packing=v("train.packing")),
             fc.TrainArgs(objective="lm", positions=positions, loss="ce", steps=steps, lr=v("train.short_lr"),
-                         warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",
+                         warmup_steps=warmup_steps(steps), scheduler="constant_with_warmup",
                          save_every=save_every(plan, steps, short_window(plan), SHORT_STEP_COST, share=2),
                          seed=v("train.seed") + 1))   # other windows than before
 
@@ -586,7 +592,7 @@ def finetune_sections(plan: Plan):
     return (fc.FinetuneDataArgs(corpus=v("train.corpus"), seq_len=v("train.seq_len"), packing=v("train.packing")),
             fc.TrainArgs(objective="lm", positions=v("train.positions"), loss="longce",
                          longce_window=v("train.longce_window"), steps=steps, lr=v("train.lr"),
-                         warmup_steps=min(10, steps // 5), scheduler="constant_with_warmup",   # a step at lr 0: none
+                         warmup_steps=warmup_steps(steps), scheduler="constant_with_warmup",
                          save_every=save_every(plan, steps, v("train.seq_len")), seed=v("train.seed")))
 
 
