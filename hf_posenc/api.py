@@ -195,8 +195,10 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
         model = _load(path, stock, gguf_file=gguf_file, source=source, **kwargs)
     else:
         extra = {"ignore_mismatched_sizes": True} if removed else {}
-        with _compat.quiet_load_report((*removed, *attention.SAVED_SUFFIXES, *family.read_back(record))):
-            model = loading.load_model(path, gguf_file=gguf_file, config=stock, **extra, **kwargs)
+        ours = (*removed, *attention.SAVED_SUFFIXES, *family.read_back(record))   # what the patch puts back itself
+        with _compat.quiet_load_report(ours):
+            model = loading.load_model(path, gguf_file=gguf_file, config=stock, expected_missing=ours, **extra,
+                                       **kwargs)
         if family.rebuild_saved_patch(model, path, record):
             return model
         if removed:  # the tables the patch removed, as they were before it
@@ -211,15 +213,6 @@ def _load(path, config, *, gguf_file: str | None = None, source: str | None = No
 
 
 # -- a damaged or edited checkpoint: one clear error naming the file and what disagrees -------------------
-
-def _weights_name(name: str) -> str:
-    """The weights file(s) of the checkpoint `name` (a folder: its safetensors file or index; else `name`)."""
-    if os.path.isdir(name):
-        for file in ("model.safetensors", "model.safetensors.index.json"):
-            if os.path.isfile(os.path.join(name, file)):
-                return os.path.join(name, file)
-    return str(name)
-
 
 def _shape_disagreement(name: str, config, limit: int = 4) -> str:
     """Which saved tensors have another shape than the model `config` describes (the skeleton built on the
@@ -258,7 +251,7 @@ def _readable_weights(name: str, config, source: str, gguf_file: str | None):
     try:
         yield
     except SafetensorError as err:
-        damaged = loading.damaged_safetensors(name) or [f"{_weights_name(name)} ({err})"]
+        damaged = loading.damaged_safetensors(name) or [f"{loading.weights_file(name)} ({err})"]
         raise CheckpointMismatchError(
             f"{'; '.join(damaged)}: not a complete safetensors file: truncated or overwritten since it was saved "
             f"(a copy or download cut short, a full disk). Save or download the checkpoint again"
@@ -268,9 +261,9 @@ def _readable_weights(name: str, config, source: str, gguf_file: str | None):
             raise
         detail = _shape_disagreement(name, config) or str(err).splitlines()[0]
         raise CheckpointMismatchError(
-            f"{_weights_name(name)}: its tensors do not have the shapes {source} gives ({detail}); the config or the "
-            f"weights were edited after saving (or come from different models). Save the model again, or load the "
-            f"config and weights that belong together"
+            f"{loading.weights_file(name)}: its tensors do not have the shapes {source} gives ({detail}); the config "
+            f"or the weights were edited after saving (or come from different models). Save the model again, or load "
+            f"the config and weights that belong together"
         ) from None
 
 
@@ -283,6 +276,6 @@ def _attention_disagreement(model: torch.nn.Module, path, record: PatchRecord, s
              for key in wanted if key in saved and saved[key].shape != expected[key].shape]
     listed = "; ".join(found[:3]) + (" ..." if len(found) > 3 else "")
     name, _ = loading.resolve(path)
-    return (f"{_weights_name(name)}: the hf_posenc record in {source} (method {record.method!r}, parameters "
+    return (f"{loading.weights_file(name)}: the hf_posenc record in {source} (method {record.method!r}, parameters "
             f"{record.params}) does not fit the tensors saved beside it ({listed}); the record or the weights were "
             f"edited after saving. Save the model again from the patched one")

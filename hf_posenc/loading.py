@@ -111,17 +111,19 @@ def _gguf_cache(folder: str, gguf_file: str) -> Path:
 
 
 def load_model(ref: str | os.PathLike, *, gguf_file: str | None = None, auto_class=None, cache: bool = True,
-               **kwargs):
+               expected_missing: tuple[str, ...] = (), **kwargs):
     """Load a model the way transformers does. For GGUF files the de-quantized weights are kept as a
     plain checkpoint in the hf_posenc cache (unless cache=False), so the next load is fast and the
-    model can `save_pretrained`."""
+    model can `save_pretrained`. A checkpoint without a tensor for one of the model's weights is refused (transformers
+    would start it from random values and only log it), but for keys ending in `expected_missing` (what the caller
+    puts back itself)."""
     with _hub_hint(ref):
-        model = _load_model(ref, gguf_file, auto_class, cache, **kwargs)
+        model = _load_model(ref, gguf_file, auto_class, cache, expected_missing, **kwargs)
     _compat.write_legacy_rope_keys(model.config)   # saved again, transformers 4.x reads it as this model too
     return model
 
 
-def _load_model(ref, gguf_file, auto_class, cache, **kwargs):
+def _load_model(ref, gguf_file, auto_class, cache, expected_missing, **kwargs):
     name, extra = resolve(ref, gguf_file)
     if "gguf_file" in extra:
         cached = _gguf_cache(name, extra["gguf_file"])
@@ -148,7 +150,30 @@ def _load_model(ref, gguf_file, auto_class, cache, **kwargs):
                 shutil.rmtree(fresh, ignore_errors=True)
             del model
             name, extra = str(cached), {}
-    return _auto_class(name, extra, auto_class, kwargs.get("config")).from_pretrained(name, **extra, **kwargs)
+    cls = _auto_class(name, extra, auto_class, kwargs.get("config"))
+    model, info = cls.from_pretrained(name, **extra, **kwargs, output_loading_info=True)
+    missing = sorted(k for k in info.get("missing_keys") or [] if not k.endswith(tuple(expected_missing)))
+    if missing:
+        raise InvalidInputError(f"{weights_file(name)}: holds no tensor for {_some(missing)} of the "
+                                f"{model.config.model_type} model its config describes (transformers would start "
+                                f"them from random values): the weights belong to another model or were cut short. "
+                                f"Save or download the checkpoint again")
+    return model
+
+
+def _some(keys: list[str]) -> str:
+    """'N weight(s) (first three, and M more)': which, without a wall of names."""
+    shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    return f"{len(keys)} weight(s) ({shown})"
+
+
+def weights_file(name: str) -> str:
+    """The weights file(s) of the checkpoint `name` (a folder: its safetensors file or index; else `name`)."""
+    if os.path.isdir(name):
+        for file in ("model.safetensors", "model.safetensors.index.json"):
+            if os.path.isfile(os.path.join(name, file)):
+                return os.path.join(name, file)
+    return str(name)
 
 
 def _from_gguf(cls, name: str, extra: dict, **kwargs):
@@ -157,10 +182,8 @@ def _from_gguf(cls, name: str, extra: dict, **kwargs):
     model, info = cls.from_pretrained(name, **extra, **kwargs, output_loading_info=True)
     missing = sorted(info.get("missing_keys") or [])
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise InvalidInputError(f"{os.path.join(name, extra['gguf_file'])}: the GGUF file holds no tensor for "
-                                f"{len(missing)} weight(s) of the model its header describes ({shown}): not a whole "
-                                f"model")
+                                f"{_some(missing)} of the model its header describes: not a whole model")
     return model
 
 
@@ -246,6 +269,49 @@ def damaged_safetensors(name: str) -> list[str]:
                 except Exception as err:  # noqa: BLE001  (the point is to name every file that fails)
                     damaged.append(f"{os.path.join(name, file)} ({err})")
     return damaged
+
+
+def weights_problem(name: str, skeleton) -> str | None:
+    """What is wrong with a local folder's weights for the model its config describes (`skeleton`, that model on the
+    meta device), read from the safetensors headers alone (no tensor loads): none saved, a file safetensors cannot
+    open, another model's tensors (under half of the skeleton's weight names among them), or tensors saved at other
+    shapes. None where nothing is, or where the headers cannot tell (a hub id, .bin files, a quantized checkpoint).
+    What only the load can tell (one weight of many absent) `load_model` refuses."""
+    from safetensors import safe_open
+
+    folder = Path(name)
+    if not folder.is_dir():
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and not any(folder.glob("*.bin")):
+        return f"{name} holds a config but no weights (*.safetensors or *.bin)"
+    damaged = damaged_safetensors(name)
+    if damaged:
+        return (f"{'; '.join(damaged)}: not a complete safetensors file (a copy or download cut short, a full disk); "
+                f"save or download the checkpoint again")
+    if not files or getattr(skeleton.config, "quantization_config", None):
+        return None
+    saved = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            saved.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
+    expected = {key: tuple(p.shape) for key, p in skeleton.named_parameters()}   # a tied weight once
+    # a name transformers maps on load (a prefix added or dropped) still counts as found
+    found = [k for k in expected if k in saved or any(s.endswith("." + k) or k.endswith("." + s) for s in saved)]
+    where = weights_file(name)
+    if len(found) * 2 < len(expected):
+        absent = [k for k in expected if k not in found]
+        return (f"{where}: holds no tensor for {_some(absent)} of the {skeleton.config.model_type} model its config "
+                f"describes ({len(found)} of {len(expected)} found; it holds {_some(sorted(saved))}): the weights of "
+                f"another model. Save or download the checkpoint again, or load the config and weights that belong "
+                f"together")
+    shapes = [f"{k}: saved {saved[k]}, the config gives {shape}" for k, shape in expected.items()
+              if k in saved and saved[k] != shape]
+    if shapes:
+        return (f"{where}: its tensors do not have the shapes its config gives ({'; '.join(shapes[:3])}"
+                f"{' ...' if len(shapes) > 3 else ''}); the config or the weights were edited after saving (or come "
+                f"from different models). Load the config and weights that belong together")
+    return None
 
 
 def meta_model(ref: str | os.PathLike, *, gguf_file: str | None = None):

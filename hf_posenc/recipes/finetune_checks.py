@@ -86,14 +86,10 @@ def check_config(cfg: FinetuneConfig) -> Preflight:
         model = loading.meta_model(ref, gguf_file=cfg.model.gguf_file)
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"cannot read the model config of {ref!r}: {one_line(err)}") from None
-    folder = Path(ref)
-    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)] if folder.is_dir() else []
-    if folder.is_dir() and not cfg.model.gguf_file and not weights:
-        raise ConfigError(f"the model folder {ref!r} holds a config but no weights (*.safetensors or *.bin)")
-    damaged = loading.damaged_safetensors(ref) if folder.is_dir() and not cfg.model.gguf_file else []
-    if damaged:   # refused now, not as a SafetensorError once the output folder is written and the data packed
-        raise ConfigError(f"model.name {ref!r}: {'; '.join(damaged)}: not a complete safetensors file (a copy or "
-                          f"download cut short, a full disk); save or download the checkpoint again")
+    # refused now, not as a SafetensorError or random weights once the output folder is written and the data packed
+    problem = None if cfg.model.gguf_file else loading.weights_problem(ref, model)
+    if problem:
+        raise ConfigError(f"model.name {ref!r}: {problem}")
     model_config = model.config
     archs = getattr(model_config, "architectures", None) or []
     causal = not archs or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
