@@ -243,7 +243,14 @@ def load_corpus(spec: str, *, split: str = "train", text_column: str = "text") -
         corpus = corpus.rename_column(text_column, "text")
     if "text" not in corpus.column_names:
         raise InvalidInputError(
-            f"corpus {spec!r} has no 'text' column (columns: {corpus.column_names}); pass text_column=")
+            f"corpus {spec!r} has no 'text' column (columns: {corpus.column_names}): its documents are read from a "
+            f"'text' field (load_corpus(..., text_column=) reads another)")
+    kind = getattr(corpus.features["text"], "dtype", None)
+    empty = corpus.data.column("text").null_count   # Arrow counts them: no pass over the documents
+    if kind not in ("string", "large_string") or empty:
+        found = f"{empty} document(s) without one (null)" if kind in ("string", "large_string") else f"{kind} values"
+        raise InvalidInputError(f"corpus {spec!r}: its 'text' field must hold a string in every document; it has "
+                                f"{found}")
     return corpus
 
 
