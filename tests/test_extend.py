@@ -430,6 +430,7 @@ def test_a_resumed_stage_counts_what_earlier_runs_spent_in_its_estimate(tmp_path
     argv = ["--model", str(model), "--target", "16384", "--output_dir", str(tmp_path / "out")]
     for stage in extend.STAGES:   # the stages' work is not what this reads
         monkeypatch.setattr(extend.ExtendRun, f"stage_{stage}", lambda self: None)
+    monkeypatch.setattr(extend.ExtendRun, "check_weights", lambda self: None)   # nor the weights they would load
 
     def killed(self):
         raise KeyboardInterrupt
@@ -483,7 +484,8 @@ BAD = [
                                               "got 1e+300"),
     (["--target", "256", "--train.lr", "-1"], "error: train.lr must be a positive number"),
     (["--target", "256", "--judge.passages", "0"], "judge.passages must be >= 1"),
-    (["--target", "256", "--search.passages", "0"], "search.passages must be >= 1 (or null: the rule), got 0"),
+    (["--target", "256", "--search.passages", "1"], "search.passages must be >= 2 (or null: the rule), got 1"),
+    (["--target", "256", "--search.candidates", "1000000"], "search.candidates must be <= 100000, got 1000000"),
     (["--target", "256", "--search.candidates", "-3"], "search.candidates must be >= 0 (or null: the rule), got -3"),
     (["--target", "256", "--judge.bin", "512"], "judge.bin 512 is wider than the window it bins (the target 256)"),
     (["--target", "256", "--hours", "inf"], "--hours must be a number from 0 to 8760"),
@@ -503,7 +505,9 @@ BAD = [
      "train.short_long_share 0.5 with train.short_steps 0: there is no short stage to mix long windows into"),
     (["--target", "256", "--train.short_steps", "ten"], "--train.short_steps must be an integer or null, got 'ten'"),
     ([], "--target is needed"),
-    (["--target", "-5"], "--target must be a positive number of tokens, got -5"),
+    (["--target", "-5"], "--target is needed, a positive number of tokens: the context to extend to (e.g. --target "
+                         "32768), got -5"),
+    (["--target", "0"], "--target is needed, a positive number of tokens"),
     (["--target", "256", "--search.far_from", "256"], "search.far_from 256 and search.passage_tokens 8 leave no "
                                                       "distance to search"),
     (["--target", "256", "--search.passage_tokens", "100000"], "search.far_from 32 and search.passage_tokens 100000 "
@@ -599,6 +603,46 @@ def test_an_unreadable_text_is_refused_naming_its_setting(tmp_path, texts, capsy
     got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out", "--train.corpus",
                                                         str(tmp_path / "bad.jsonl")))
     assert got.startswith("error: train.corpus: ") and "bad.jsonl cannot be read as JSON" in got, got
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_text_field_that_is_not_a_string_is_refused_naming_its_setting(tmp_path, texts, capsys):
+    model = save_family(tmp_path / "llama", "llama")
+    for name, line, found in (("num", '{"text": 5}', "int64 values"),
+                              ("gap", '{"text": "a"}\n{"text": null}', "1 document(s) without one (null)")):
+        (tmp_path / f"{name}.jsonl").write_text(line + "\n")
+        got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out", "--judge.corpus",
+                                                            str(tmp_path / f"{name}.jsonl")))
+        assert got.startswith("error: judge.corpus: ") and found in got, got
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("foreign", "weight(s) (model.embed_tokens.weight, "),   # another model's: none of the config's names
+    ("cut", "not a complete safetensors file"),
+    ("narrow", "its tensors do not have the shapes its config gives (model.embed_tokens.weight: saved "),
+    ("none", "holds a config but no weights"),
+])
+def test_weights_that_are_not_the_configs_model_are_refused_before_anything_is_written(tmp_path, texts, capsys,
+                                                                                       damage, message):
+    """Not trained from random weights (transformers starts missing ones so and only logs it), not a traceback
+    from the search once plan.json has claimed the folder for them."""
+    from safetensors.torch import save_file
+
+    model = save_family(tmp_path / "llama", "llama")
+    weights = model / "model.safetensors"
+    if damage == "foreign":
+        save_file({f"transformer.h.{i}.attn.weight": torch.zeros(2) for i in range(3)}, weights)
+    elif damage == "cut":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "narrow":
+        narrow = tiny_config("llama", vocab_size=TINY_TEXT_VOCAB, **{**FAMILIES["llama"], "hidden_size": 32})
+        AutoModelForCausalLM.from_config(narrow).save_pretrained(tmp_path / "narrow")
+        weights.write_bytes((tmp_path / "narrow" / "model.safetensors").read_bytes())
+    else:
+        weights.unlink()
+    got = one_line_refusal(capsys, run_extend, tiny_argv(model, texts, tmp_path / "out"))
+    assert got.startswith(f"error: --model {model}: ") and message in got, got
     assert not (tmp_path / "out").exists()
 
 
@@ -710,6 +754,9 @@ def test_other_judge_settings_judge_the_same_checkpoint_again(tmp_path, texts, c
     assert (out / "model.safetensors").read_bytes() == trained
     assert json.loads((out / "plan.json").read_text())["settings"]["judge.passages"] == 6
     assert "6 passages a seed" in (out / "REPORT.md").read_text()
+    assert (out / extend_report.FIGURE).is_file()
+    run_extend([*argv, "--judge.mode", "skip"])   # not judged now: no figure of an earlier judgement beside it
+    assert not (out / extend_report.FIGURE).exists() and "Not judged" in (out / "REPORT.md").read_text()
 
 
 @pytest.mark.parametrize("judged, trained", [

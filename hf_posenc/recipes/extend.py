@@ -718,14 +718,26 @@ class ExtendRun:
         written (in a folder of a run, once no other run works in it)."""
         fresh = not self.out.exists()
         if fresh:
+            self.check_weights()
             self.check_texts()
         self.out.mkdir(parents=True, exist_ok=True)
         done = ", ".join(self.done) or "none"
         with user_input.folder_lock(self.out, f"output_dir {self.args.output_dir} (stages done: {done})"):
             if not fresh:
                 self.check_folder()   # again: the run that held the folder may have moved on
+                self.check_weights()
                 self.check_texts()
             return self.run_stages()
+
+    def check_weights(self) -> None:
+        """A model folder's weights read as its config's model (their headers, no tensor loads): a damaged file or
+        another model's weights refused before plan.json claims the folder for them."""
+        from hf_posenc import loading
+
+        name, extra = loading.resolve(self.plan.facts.ref)
+        problem = None if "gguf_file" in extra else loading.weights_problem(name, loading.meta_model(name))
+        if problem:
+            raise ConfigError(f"--model {self.args.model.name}: {problem}")
 
     def check_texts(self) -> None:
         kept = {k: v for k, v in self.done.items() if k in TRAINED} if self.rejudge else self.done
@@ -752,7 +764,7 @@ class ExtendRun:
             here = max(0.0, estimates[stage] - spent)
             left = here + sum(estimates[s] for s in stages[i:] if s not in self.done)
             resumed = (f"{spent:.0f} min of it spent by earlier runs, " + (f"~{here:.0f} min left in it" if here else
-                       "past its estimate: its own progress says what is left") + ", ") if spent >= 0.5 else ""
+                       "past its estimate: its own progress says what is left") + ", ") if spent >= 1 else ""
             print(f"[{i}/{len(stages)} {stage}] ~{estimates[stage]:.0f} min for this stage, {resumed}~{left:.0f} min "
                   f"left in all (estimates)", file=sys.stderr)
             self.clocked(stage)

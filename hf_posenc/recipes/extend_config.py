@@ -101,21 +101,23 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> Extend
     args = recipe_config.parse(ExtendConfig, argv, usage=f"{recipe_config.program('extend', prog)} {USAGE}",
                                about=ABOUT, shipped=lambda name: name.startswith("extend_"))
     from hf_posenc.eval.retrieval import MAX_LENGTH
+    from hf_posenc.search.record import MAX_BUDGET, MIN_PASSAGES
 
     world = os.environ.get("WORLD_SIZE", "1")
     need(not world.isdigit() or int(world) <= 1, f"hf-posenc extend runs in one process (WORLD_SIZE is {world}): its "
                                                  f"stages would all run once a process; start it without torchrun or "
                                                  f"accelerate launch")
-    need(args.target >= 0, f"--target must be a positive number of tokens, got {args.target}")
-    need(args.target > 0, "--target is needed: the context to extend to, in tokens (e.g. --target 32768)")
+    need(args.target > 0, f"--target is needed, a positive number of tokens: the context to extend to (e.g. --target "
+                          f"32768){'' if args.target == 0 else f', got {args.target}'}")
     need(args.target <= MAX_LENGTH, f"--target {args.target} is past the longest context the search and the judge lay "
                                     f"out ({MAX_LENGTH} tokens)")
     for name in ("far_from", "band_width", "passage_tokens"):   # the search reads 0 as its default for the first two
         value = getattr(args.search, name)
         need(value is None or value >= 1, f"search.{name} must be >= 1 token (or null: the rule), got {value}")
-    for name, least in (("passages", 1), ("candidates", 0)):
+    for name, least, most in (("passages", MIN_PASSAGES, None), ("candidates", 0, MAX_BUDGET)):
         value = getattr(args.search, name)
         need(value is None or value >= least, f"search.{name} must be >= {least} (or null: the rule), got {value}")
+        need(value is None or most is None or value <= most, f"search.{name} must be <= {most}, got {value}")
     for name in ("passages", "bin"):
         value = getattr(args.judge, name)
         need(value is None or value >= 1, f"judge.{name} must be >= 1 (or null: the rule), got {value}")

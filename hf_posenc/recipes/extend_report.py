@@ -486,6 +486,8 @@ def export(run) -> None:
     path = cells_path(run)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     drew = bool(cells) and figure(run, cells, run.out / FIGURE)
+    if not drew:   # an earlier judgement's figure is not this report's
+        (run.out / FIGURE).unlink(missing_ok=True)
     text = report(run)
     if not drew:
         text = text.replace(f"![recall by distance]({FIGURE})", "(no figure: the plot extra, matplotlib, is not "

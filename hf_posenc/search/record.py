@@ -24,6 +24,8 @@ from ..eval import recall
 from ..export.serving import whole_file
 from .factors import MODES, FactorSpace
 
+MAX_BUDGET = 100000   # CMA-ES candidates a search takes at most
+MIN_PASSAGES = 2      # the fitness's passages: its repeats' interval needs two
 
 @dataclass
 class SearchSettings:
@@ -58,8 +60,8 @@ class SearchSettings:
                                         f"{self.original}: there is nothing to extend")
         if self.mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        check_number("budget", self.budget, minimum=0, maximum=100000, integer=True, optional=False)
-        check_number("passages", self.passages, minimum=2, integer=True, optional=False)
+        check_number("budget", self.budget, minimum=0, maximum=MAX_BUDGET, integer=True, optional=False)
+        check_number("passages", self.passages, minimum=MIN_PASSAGES, integer=True, optional=False)
         check_number("far_from", self.far_from, minimum=0, maximum=self.target - 1, integer=True)
         check_number("guard_length", self.guard_length, minimum=2, maximum=self.original, integer=True,
                      optional=False)
