@@ -257,7 +257,7 @@ class Plan:
 
     def text(self) -> str:
         width = max(len(s.name) for s in self.settings)
-        lines = [f"plan: {self.facts.name} ({self.facts.model_type}, {self.facts.parameters / 1e6:.0f}M parameters) "
+        lines = [f"plan: {self.facts.name} ({self.facts.model_type}, {count_words(self.facts.parameters)} parameters) "
                  f"from {self.facts.original} to {self.value('target')} tokens; machine: {self.machine[1]}"]
         for s in self.settings:
             lines.append(f"  {s.name:<{width}}  {format_value(s.value):<22} {'(given) ' if s.given else ''}{s.reason}")
@@ -555,6 +555,11 @@ def short_window(plan: Plan) -> int:
 CHECKPOINT_SECONDS = 600   # a killed fine-tune or short stage loses at most about this much training
 
 
+def count_words(n: int) -> str:
+    """A parameter count as a plan line says it: 135M, 1544M; a tiny model's in thousands (not 0M)."""
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
 def save_every(plan: Plan, steps: int, window: int, cost: float = 1.0, share: int = 3) -> int:
     """Steps between a stage's checkpoints: a `share` of its steps, or fewer where those would take longer than
     CHECKPOINT_SECONDS at this machine's rate (a step of `window` tokens costing `cost` fine-tune tokens each)."""
@@ -720,7 +725,11 @@ class ExtendRun:
         if fresh:
             self.check_weights()
             self.check_texts()
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"output_dir {self.args.output_dir} cannot be made ({err.strerror}): choose a folder "
+                              f"this user can write") from None
         done = ", ".join(self.done) or "none"
         with user_input.folder_lock(self.out, f"output_dir {self.args.output_dir} (stages done: {done})"):
             if not fresh:

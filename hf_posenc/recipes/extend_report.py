@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -534,7 +535,8 @@ def card(run, cells: dict) -> str:
             judged += f" {QUICK}"
     return "\n".join([
         *front_matter(facts.ref), f"# {base_name(facts.ref)} extended to {v('target')} tokens", "",
-        f"Extended with hf_posenc (`hf-posenc extend --model {base_name(facts.ref)} --target {v('target')}`) from "
+        f"Extended with hf_posenc (`hf-posenc extend --model {shlex.quote(base_name(facts.ref))} --target "
+        f"{v('target')}`) from "
         f"{facts.original} to {v('target')} tokens{given_words(run)}.", "",
         f"- **Positions**: {carried}. Stock transformers loads it as is "
         f"(`AutoModelForCausalLM.from_pretrained(folder)`); `hf-posenc export folder model.gguf` writes it for "
