@@ -297,7 +297,7 @@ def weights_problem(name: str, skeleton) -> str | None:
             saved.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
     expected = {key: tuple(p.shape) for key, p in skeleton.named_parameters()}   # a tied weight once
     # a name transformers maps on load (a prefix added or dropped) still counts as found
-    found = [k for k in expected if k in saved or any(s.endswith("." + k) or k.endswith("." + s) for s in saved)]
+    found = {k for k in expected if k in saved or any(s.endswith("." + k) or k.endswith("." + s) for s in saved)}
     where = weights_file(name)
     if len(found) * 2 < len(expected):
         absent = [k for k in expected if k not in found]
